@@ -1,0 +1,32 @@
+# Two entry points for a fresh machine: `make run` (the server on the embedded default profile)
+# and `make test` (lint, format check, the whole suite). Both create and reuse .venv.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SHIM := app/runtime/libmlxcel_sgemm.so
+
+.PHONY: run test bench install
+
+install: $(STAMP) $(SHIM)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	touch $(STAMP)
+
+# OpenBLAS for MLX's CPU matrix products (app/runtime/blas.py explains why).
+$(SHIM): app/runtime/sgemm_rows.c $(STAMP)
+	MLXCEL_BLAS=reference $(BIN)/python -c "from app.runtime.blas import build; build()"
+
+run: install
+	$(BIN)/mlxcel generate -p "def fibonacci(n):" -n 64 --temp 0 --no-chat-template
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest
+
+bench: install
+	$(BIN)/mlxcel bench

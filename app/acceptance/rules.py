@@ -1,0 +1,103 @@
+"""The acceptance rules, as functions over drafted tokens and probability rows.
+
+Vocabulary (as in the speculative-sampling papers): a round drafts k tokens d_1..d_k; the
+target's rows p_1..p_{k+1} come from one verify forward (row i is the distribution of the token
+after d_{i-1}); the rule walks the chain and stops at its first rejection. It emits the accepted
+drafts, then either a *recovered* token (on the rejection) or a *bonus* token (after a full
+accept), so every round emits accepted + 1 tokens. `p` rows are the target's final rows from the
+sampler pipeline; `q` rows are what the drafter actually drew from, through the same pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from app.sampling import RowRng
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a rule decided for one round."""
+
+    accepted: int  # drafts accepted, a prefix of the chain
+    tokens: list[int]  # emitted: the accepted drafts plus one recovered or bonus token
+    tested: int  # positions tested: accepted, plus the rejecting one if any
+
+    @property
+    def rejected(self) -> bool:
+        return self.tested > self.accepted
+
+
+def _longest_matching_prefix(drafts: Sequence[int], reference: Sequence[int]) -> Verdict:
+    n = 0
+    while n < len(drafts) and drafts[n] == reference[n]:
+        n += 1
+    tested = n + 1 if n < len(drafts) else n
+    return Verdict(accepted=n, tokens=[*drafts[:n], reference[n]], tested=tested)
+
+
+def greedy_argmax(drafts: Sequence[int], target_argmax: Sequence[int]) -> Verdict:
+    """Temperature 0: accept while the draft equals the target's argmax; emit the argmax after.
+
+    Sampler-match where the sampler is argmax, so it is exactly greedy target decoding.
+    `target_argmax` has k+1 entries (the last is the bonus after a full accept).
+    """
+    return _longest_matching_prefix(drafts, target_argmax)
+
+
+def argmax_against_argmax(drafts: Sequence[int], target_argmax: Sequence[int]) -> Verdict:
+    """The block loops' rule: compare with the target argmax whatever the temperature.
+
+    Identical arithmetic to `greedy_argmax`, but run at T > 0 it serves the target's greedy
+    stream instead of a sample from p, so it is biased there. Accepts with probability q(argmax p).
+    """
+    return _longest_matching_prefix(drafts, target_argmax)
+
+
+def sampler_match(drafts: Sequence[int], p_rows: mx.array, rng: RowRng) -> Verdict:
+    """Accept iff the draft equals a fresh draw from p; emit that draw on both branches.
+
+    Lossless: every emitted token is a fresh conditional draw from the target. Accepts with
+    probability sum_x p(x) q(x). One categorical draw per verified position (bonus included).
+    """
+    emitted: list[int] = []
+    for i, draft in enumerate(drafts):
+        drawn = rng.categorical(p_rows[i])
+        emitted.append(drawn)
+        if drawn != draft:
+            return Verdict(accepted=i, tokens=emitted, tested=i + 1)
+    emitted.append(rng.categorical(p_rows[len(drafts)]))
+    return Verdict(accepted=len(drafts), tokens=emitted, tested=len(drafts))
+
+
+def modified_rejection(drafts: Sequence[int], p_rows: mx.array, q_rows: mx.array, rng: RowRng) -> Verdict:
+    """Leviathan et al. / Chen et al.: accept iff u * q(t) <= p(t), u ~ U[0, 1).
+
+    On the first rejection emit a draw from normalize(relu(p - q)) and end the chain; after a
+    full accept emit a bonus draw from p. Lossless because min(p, q) + relu(p - q) == p, and
+    acceptance-optimal: it accepts with probability sum_x min(p(x), q(x)).
+    """
+    k = len(drafts)
+    idx = mx.array(list(drafts), dtype=mx.int32)
+    rows = mx.arange(k)
+    p_at, q_at = mx.array(p_rows[rows, idx]).tolist(), mx.array(q_rows[rows, idx]).tolist()
+    for i in range(k):
+        if rng.uniform() * q_at[i] <= p_at[i]:
+            continue
+        residual = mx.maximum(p_rows[i] - q_rows[i], 0.0)
+        recovered = rng.categorical(residual / mx.sum(residual))
+        return Verdict(accepted=i, tokens=[*drafts[:i], recovered], tested=i + 1)
+    return Verdict(accepted=k, tokens=[*drafts, rng.categorical(p_rows[k])], tested=k)
+
+
+def sum_min(p: mx.array, q: mx.array) -> mx.array:
+    """sum_x min(p, q) per row: the maximal-coupling ceiling, 1 - TV(p, q)."""
+    return mx.sum(mx.minimum(p, q), axis=-1)
+
+
+def sum_prod(p: mx.array, q: mx.array) -> mx.array:
+    """sum_x p * q per row: how often an independent draw from p equals one from q."""
+    return mx.sum(p * q, axis=-1)

@@ -1,0 +1,72 @@
+"""Which rule a round loop runs: decided once per request, before any distribution is built."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from enum import StrEnum
+
+from app.runtime.env import truthy
+from app.sampling import SamplingParams
+
+STOCHASTIC_ENV = "MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT"
+
+
+class Rule(StrEnum):
+    """Stable identifiers: they appear in summaries, events, /props and timings consumers."""
+
+    GREEDY_ARGMAX = "greedy-argmax"
+    SAMPLER_MATCH = "sampler-match"
+    STOCHASTIC = "stochastic"
+    SAMPLER_MATCH_NO_Q = "sampler-match-no-proposal-distribution"
+    ARGMAX_AGAINST_ARGMAX = "argmax-against-argmax"
+
+    @property
+    def lossless(self) -> bool:
+        return self is not Rule.ARGMAX_AGAINST_ARGMAX
+
+
+DESCRIPTIONS = {
+    Rule.GREEDY_ARGMAX: "greedy argmax (lossless)",
+    Rule.SAMPLER_MATCH: "sampler-match (lossless)",
+    Rule.STOCHASTIC: "stochastic (modified rejection sampling)",
+    Rule.SAMPLER_MATCH_NO_Q: (
+        "sampler-match (lossless): stochastic acceptance was requested but the drafter reports no "
+        "proposal distribution"
+    ),
+    Rule.ARGMAX_AGAINST_ARGMAX: "argmax-against-argmax (exact at temperature 0, biased above it)",
+}
+ONE_HOT_NOTE = (
+    "sampler-match (lossless): prompt-lookup proposals are one-hot, so sampler-match already "
+    "accepts at the ceiling sum_x min(p, q) = p(d) and there is nothing to opt into"
+)
+
+
+def stochastic_requested(override: bool | None = None, env: Mapping[str, str] | None = None) -> bool:
+    """The opt-in: a keyword on the generator wins over the environment variable."""
+    if override is not None:
+        return override
+    return truthy((env if env is not None else os.environ).get(STOCHASTIC_ENV))
+
+
+def select_rule(
+    sampling: SamplingParams, *, stochastic: bool, reports_distribution: bool, one_hot_proposals: bool = False
+) -> Rule:
+    """The contract's table for the classic and prompt-lookup paths.
+
+    Greedy samplers return the argmax rule first, so temperature-0 output never depends on the
+    opt-in and draws nothing.
+    """
+    if sampling.is_greedy:
+        return Rule.GREEDY_ARGMAX
+    if not stochastic or one_hot_proposals:
+        return Rule.SAMPLER_MATCH
+    if not reports_distribution:
+        return Rule.SAMPLER_MATCH_NO_Q
+    return Rule.STOCHASTIC
+
+
+def describe(rule: Rule, *, one_hot_proposals: bool = False) -> str:
+    if rule is Rule.SAMPLER_MATCH and one_hot_proposals:
+        return ONE_HOT_NOTE
+    return DESCRIPTIONS[rule]

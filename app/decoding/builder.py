@@ -1,0 +1,108 @@
+"""The loop builder: made once from a profile (or CLI flags), it makes one round loop per request."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+from app.acceptance import Rule, select_rule, stochastic_requested
+from app.decoding.generation import Generation
+from app.decoding.loop import SpeculativeLoop, TargetLoop
+from app.decoding.runner import ModelRunner
+from app.decoding.state import RowState
+from app.drafters.base import Drafter
+from app.drafters.draft_model import DraftModelDrafter
+from app.loading import LoadedModel, ModelLoadError, check_vocab_agreement
+from app.runtime.env import truthy
+from app.sampling import RowRng, SamplerPipeline, SamplingParams
+
+DIAG_ENV = "MLXCEL_SPECULATIVE_ACCEPT_DIAG"
+DEFAULT_CONTEXT = 4096
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """What the profile (or command line) says the round loop is."""
+
+    drafter_kind: str = "none"
+    num_draft_tokens: int = 4
+    stochastic: bool | None = None  # None: read MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT
+    max_kv_size: int | None = None
+
+
+@dataclass(frozen=True)
+class RowRequest:
+    """Per-request knobs the loop depends on."""
+
+    prompt: list[int]
+    sampling: SamplingParams
+    max_tokens: int
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    n_max: int | None = None  # speculative.n_max: caps the width; 0 opts the request out
+    p_min: float = 0.0
+
+
+class LoopBuilder:
+    def __init__(self, target: LoadedModel, drafter: LoadedModel | None, spec: LoopSpec) -> None:
+        if spec.drafter_kind == "draft-model":
+            if drafter is None:
+                raise ModelLoadError("drafter kind draft-model needs a drafter model (--draft-model)")
+            check_vocab_agreement(target, drafter)
+            ModelRunner(drafter.model).require_rewindable("drafter")
+            ModelRunner(target.model).require_rewindable("target")
+        self.target = target
+        self.drafter = drafter
+        self.spec = spec
+
+    @property
+    def context_limit(self) -> int:
+        return int(self.target.config.get("max_position_embeddings") or DEFAULT_CONTEXT)
+
+    def stochastic(self) -> bool:
+        return stochastic_requested(self.spec.stochastic)
+
+    def make_drafter(self, request: RowRequest) -> Drafter | None:
+        if self.spec.drafter_kind == "draft-model" and self.drafter is not None:
+            return DraftModelDrafter(self.drafter, self.target.vocab_size, p_min=request.p_min)
+        return None
+
+    def rule_for(self, sampling: SamplingParams, drafter: Drafter) -> Rule:
+        return select_rule(
+            sampling,
+            stochastic=self.stochastic(),
+            reports_distribution=drafter.reports_distribution,
+            one_hot_proposals=drafter.one_hot_proposals,
+        )
+
+    def build(self, request: RowRequest) -> Generation:
+        seed = request.seed if request.seed is not None and request.seed >= 0 else random.getrandbits(32)
+        state = RowState(
+            tokens=list(request.prompt),
+            sampler=SamplerPipeline(request.sampling, self.target.vocab_size),
+            rng=RowRng(seed),
+        )
+        target = ModelRunner(self.target.model, max_kv_size=self.spec.max_kv_size)
+        width = (
+            self.spec.num_draft_tokens
+            if request.n_max is None
+            else min(request.n_max, self.spec.num_draft_tokens)
+        )
+        drafter = self.make_drafter(request) if width > 0 else None
+        loop: TargetLoop
+        if drafter is None:
+            loop = TargetLoop(target)
+        else:
+            rule = self.rule_for(request.sampling, drafter)
+            loop = SpeculativeLoop(target, drafter, rule, width, diagnose=truthy(os.environ.get(DIAG_ENV)))
+        return Generation(
+            loop=loop,
+            state=state,
+            tokenizer=self.target.tokenizer,
+            max_tokens=request.max_tokens,
+            context_limit=self.context_limit,
+            stop=list(request.stop),
+            ignore_eos=request.ignore_eos,
+        )

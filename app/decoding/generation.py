@@ -1,0 +1,127 @@
+"""One request's decode from prompt to stop: limits, EOS, stop strings, text and timestamps."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from app.decoding.loop import TargetLoop
+from app.decoding.state import RowState
+
+
+class StopType(StrEnum):
+    NONE = "none"
+    EOS = "eos"
+    LIMIT = "limit"
+    WORD = "word"
+
+
+@dataclass
+class Delta:
+    """What one step added: decided tokens and the text that is now safe to stream."""
+
+    tokens: list[int]
+    text: str
+
+
+@dataclass
+class Generation:
+    """Drives a round loop for one row and turns its tokens into text.
+
+    `max_tokens` counts every decided token (an EOS included); -1 means until EOS or the context
+    limit. Stop strings are matched on the text; text that could still become a stop string is
+    held back from the stream until it cannot.
+    """
+
+    loop: TargetLoop
+    state: RowState
+    tokenizer: TokenizerWrapper
+    max_tokens: int
+    context_limit: int
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    emitted: list[int] = field(default_factory=list)
+    stop_type: StopType = StopType.NONE
+    stopping_word: str = ""
+    prefill_started: float = 0.0
+    prefill_finished: float = 0.0
+    last_token_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.prompt_n = len(self.state.tokens)
+        self._detokenizer = self.tokenizer.detokenizer
+        self._text = ""
+        self._streamed = 0
+        self._eos = set(self.tokenizer.eos_token_ids)
+        room = self.context_limit - self.prompt_n
+        self._limit = room if self.max_tokens < 0 else min(self.max_tokens, room)
+
+    @property
+    def finished(self) -> bool:
+        return self.stop_type is not StopType.NONE
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    def prefill(self) -> Delta:
+        self.prefill_started = time.perf_counter()
+        if self._limit <= 0:
+            self.prefill_finished = self.last_token_at = self.prefill_started
+            self.stop_type = StopType.LIMIT
+            return Delta([], "")
+        token = self.loop.prefill(self.state)
+        self.prefill_finished = self.last_token_at = time.perf_counter()
+        return self._accept([token])
+
+    def step(self) -> Delta:
+        tokens = self.loop.step(self.state, self._limit - len(self.emitted))
+        self.last_token_at = time.perf_counter()
+        return self._accept(tokens)
+
+    def _accept(self, tokens: list[int]) -> Delta:
+        kept: list[int] = []
+        for token in tokens:
+            kept.append(token)
+            if token in self._eos and not self.ignore_eos:
+                self.stop_type = StopType.EOS
+                break
+            self._detokenizer.add_token(token)
+            if len(self.emitted) + len(kept) >= self._limit:
+                self.stop_type = StopType.LIMIT
+                break
+        if len(kept) < len(tokens) and self.loop.stats is not None:
+            self.loop.stats.clamp_last_round(len(kept))
+        self.emitted.extend(kept)
+        if self.finished:
+            self._detokenizer.finalize()
+        self._text = self._detokenizer.text
+        self._match_stop_strings()
+        return Delta(kept, self._release())
+
+    def _match_stop_strings(self) -> None:
+        hits = [(self._text.find(s), s) for s in self.stop if s and s in self._text]
+        if hits:
+            at, word = min(hits)
+            self._text = self._text[:at]
+            self.stop_type, self.stopping_word = StopType.WORD, word
+
+    def _release(self) -> str:
+        """Text not streamed yet, minus any tail that may be the start of a stop string."""
+        end = len(self._text)
+        if not self.finished:
+            end -= max((_overlap(self._text, s) for s in self.stop if s), default=0)
+        chunk = self._text[self._streamed : max(end, self._streamed)]
+        self._streamed = max(end, self._streamed)
+        return chunk
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `stop`."""
+    for n in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0

@@ -1,0 +1,124 @@
+"""Round loops: target-only decoding, and verify rounds over a drafter's proposals."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from app.acceptance import (
+    AcceptanceStats,
+    Rule,
+    Verdict,
+    greedy_argmax,
+    modified_rejection,
+    sampler_match,
+    sum_min,
+    sum_prod,
+)
+from app.decoding.runner import ModelRunner
+from app.decoding.state import RowState
+from app.drafters.base import Drafter, Proposal
+
+
+class TargetLoop:
+    """Target-only decoding: one forward and one sampler decision per step."""
+
+    draft_kind: str | None = None
+    rule: Rule | None = None
+    stats: AcceptanceStats | None = None
+
+    def __init__(self, target: ModelRunner) -> None:
+        self.target = target
+
+    def prefill(self, state: RowState) -> int:
+        """Feed the prompt and decide the first token."""
+        logits = self.target.prefill(state.tokens)
+        token, _ = state.sampler.sample(logits, state.contexts([len(state.tokens)]), state.rng)
+        state.decide([token])
+        return token
+
+    def step(self, state: RowState, budget: int) -> list[int]:
+        """Decide at least one and at most `budget` tokens."""
+        return self.decode_one(state)
+
+    def decode_one(self, state: RowState) -> list[int]:
+        logits = self.target.forward(state.tokens[self.target.length :])[-1:]
+        token, _ = state.sampler.sample(logits, state.contexts([len(state.tokens)]), state.rng)
+        state.decide([token])
+        return [token]
+
+
+class SpeculativeLoop(TargetLoop):
+    """Draft k tokens, verify [last, d_1..d_k] in one target forward, let the rule decide, rewind.
+
+    The target cache always holds every decided token but the last; after a round that emitted
+    accepted + 1 tokens it is rewound by the k - accepted rejected rows.
+    """
+
+    def __init__(self, target: ModelRunner, drafter: Drafter, rule: Rule, width: int, diagnose: bool) -> None:
+        super().__init__(target)
+        self.target.require_rewindable("target")
+        self.drafter = drafter
+        self.draft_kind = drafter.kind
+        self.rule = rule
+        self.width = width
+        self.diagnose = diagnose
+        self.stats = AcceptanceStats()
+
+    def prefill(self, state: RowState) -> int:
+        token = super().prefill(state)
+        self.drafter.prefill(state)
+        return token
+
+    def step(self, state: RowState, budget: int) -> list[int]:
+        base = len(state.tokens)
+        k = min(self.width, budget - 1)
+        proposal = self.drafter.propose(state, k) if k > 0 else Proposal.empty()
+        if proposal.k == 0:
+            emitted = self.decode_one(state)
+            self.drafter.settle(state, base, proposal, None)
+            return emitted
+        logits = self.target.forward(
+            mx.concatenate([mx.array(state.tokens[self.target.length :]), proposal.tokens])
+        )
+        verdict = self.judge(state, proposal, logits[-(proposal.k + 1) :])
+        self.target.rewind(self.target.length - (base + verdict.accepted))
+        state.settle(verdict.tokens, verdict.accepted)
+        self.drafter.settle(state, base, proposal, verdict)
+        self.stats.observe(proposal.k, verdict)
+        return verdict.tokens
+
+    def judge(self, state: RowState, proposal: Proposal, logits: mx.array) -> Verdict:
+        """Apply the rule to the verify rows `[k+1, V]`."""
+        base, sampler = len(state.tokens), state.sampler
+        if sampler.needs_context:
+            drafts = proposal.tokens.tolist()
+            state.history.rewind(base)
+            state.history.extend(drafts)
+        contexts = state.contexts(range(base, base + proposal.k + 1))
+        if self.rule is Rule.GREEDY_ARGMAX:
+            argmax = sampler.greedy(logits, contexts)
+            mx.eval(proposal.tokens, argmax)
+            verdict = greedy_argmax(proposal.tokens.tolist(), argmax.tolist())
+            p = None
+        else:
+            p = sampler.distribution(logits, contexts, state.rng)
+            drafts = proposal.tokens.tolist()
+            if self.rule is Rule.STOCHASTIC and proposal.q is not None:
+                verdict = modified_rejection(drafts, p, proposal.q, state.rng)
+            else:
+                verdict = sampler_match(drafts, p, state.rng)
+        if self.diagnose:
+            self._diagnose(proposal, p, verdict, logits.shape[-1])
+        return verdict
+
+    def _diagnose(self, proposal: Proposal, p: mx.array | None, verdict: Verdict, vocab: int) -> None:
+        """Closed forms over the positions this round tested (one-hot rows where nothing is sampled)."""
+        tested = verdict.tested
+        # Greedy p is one-hot on the argmax, which is the emitted token at every tested row.
+        p = _one_hot(mx.array(verdict.tokens[:tested]), vocab) if p is None else p[:tested]
+        q = proposal.q[:tested] if proposal.q is not None else _one_hot(proposal.tokens[:tested], vocab)
+        self.stats.observe_closed_forms(sum_min(p, q).tolist(), sum_prod(p, q).tolist())
+
+
+def _one_hot(tokens: mx.array, vocab: int) -> mx.array:
+    return (mx.arange(vocab)[None, :] == tokens[:, None]).astype(mx.float32)

@@ -1,0 +1,91 @@
+"""The classic drafter: a small model sharing the target's tokenizer, with its own KV cache."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+from app.decoding.runner import ModelRunner
+from app.drafters.base import Proposal
+
+if TYPE_CHECKING:
+    from app.acceptance import Verdict
+    from app.decoding.state import RowState
+    from app.loading import LoadedModel
+
+
+class DraftModelDrafter:
+    """Drafts k tokens autoregressively through the request's own sampler pipeline.
+
+    The cache holds a prefix of the decided tokens plus the drafts it has forwarded. Whatever of
+    `state.tokens` it has not seen is *owed* and is fed at the head of the next proposal: after a
+    fully accepted round that is the last draft (proposed but never forwarded) and the bonus.
+    """
+
+    kind = "draft-model"
+    reports_distribution = True
+    one_hot_proposals = False
+
+    def __init__(self, drafter: LoadedModel, target_vocab_size: int, p_min: float = 0.0) -> None:
+        self.runner = ModelRunner(drafter.model)
+        self.runner.require_rewindable("drafter")
+        self.target_vocab_size = target_vocab_size
+        self.p_min = p_min
+
+    def owed(self, state: RowState) -> list[int]:
+        """Decided tokens not yet in the drafter's cache, excluding the last one."""
+        return state.tokens[self.runner.length : -1]
+
+    def prefill(self, state: RowState) -> None:
+        self.runner.prefill(state.tokens[:-1])
+        mx.eval([c.state for c in self.runner.cache])
+
+    def _fit(self, logits: mx.array) -> mx.array:
+        """Align the drafter's output rows with the target's vocabulary (padding rows differ)."""
+        width = logits.shape[-1]
+        if width > self.target_vocab_size:
+            return logits[:, : self.target_vocab_size]
+        if width < self.target_vocab_size:
+            pad = mx.full((logits.shape[0], self.target_vocab_size - width), -mx.inf, dtype=logits.dtype)
+            return mx.concatenate([logits, pad], axis=-1)
+        return logits
+
+    def propose(self, state: RowState, k: int) -> Proposal:
+        sampler = state.sampler
+        # Host values are only needed for penalty windows or the p_min cut; otherwise the whole
+        # chain stays lazy and is evaluated together with the verify forward.
+        needs_host = sampler.needs_context or self.p_min > 0.0
+        base = len(state.tokens)
+        logits = self._fit(self.runner.forward(state.tokens[self.runner.length :])[-1:])
+        drafts: list[mx.array] = []
+        rows: list[mx.array] = []
+        for i in range(k):
+            contexts = state.contexts([base + i])
+            if sampler.is_greedy:
+                adjusted = sampler.adjust(logits, contexts)
+                draft = mx.argmax(adjusted, axis=-1).astype(mx.int32)
+                q = mx.softmax(adjusted, axis=-1) if self.p_min > 0.0 else None
+            else:
+                q = sampler.distribution(logits, contexts, state.rng)
+                draft = state.rng.draw(q).astype(mx.int32)
+            if needs_host:
+                token = int(draft.item())
+                if q is not None and self.p_min > 0.0 and q[0, token].item() < self.p_min:
+                    break
+                state.history.extend([token])
+            drafts.append(draft)
+            if q is not None and not sampler.is_greedy:
+                rows.append(q)
+            if i + 1 < k:
+                logits = self._fit(self.runner.forward(draft)[-1:])
+        state.history.rewind(base)
+        if not drafts:
+            return Proposal.empty()
+        return Proposal(tokens=mx.concatenate(drafts), q=mx.concatenate(rows) if rows else None)
+
+    def settle(self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None) -> None:
+        """Keep the accepted drafts the cache holds; the rejected ones are rewound."""
+        accepted = verdict.accepted if verdict is not None else 0
+        keep = min(self.runner.length, base + accepted)
+        self.runner.rewind(self.runner.length - keep)

@@ -1,0 +1,87 @@
+"""Loading mlx-lm model directories: the embedded pair or a user's Llama/Qwen/Gemma checkpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load as mlx_lm_load
+
+from app.loading.checkpoint import Checkpoint, ModelLoadError, read_checkpoint, require_standalone
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EMBEDDED_TARGET = REPO_ROOT / "models" / "target"
+EMBEDDED_DRAFTER = REPO_ROOT / "models" / "drafter"
+
+# On the CPU backend half-precision products are slower than float32; small models are upcast.
+UPCAST_LIMIT_PARAMS = 1_000_000_000
+
+
+@dataclass
+class LoadedModel:
+    checkpoint: Checkpoint
+    model: nn.Module
+    tokenizer: TokenizerWrapper
+
+    @property
+    def path(self) -> Path:
+        return self.checkpoint.path
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.checkpoint.config
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the output layer (may exceed the tokenizer's size by padding)."""
+        return int(self.config.get("vocab_size") or self.config.get("text_config", {}).get("vocab_size"))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.model.layers)
+
+
+def compute_dtype(model: nn.Module, config: dict[str, Any], requested: str) -> mx.Dtype | None:
+    if requested != "auto":
+        return getattr(mx, requested)
+    if mx.default_device() != mx.cpu or "quantization" in config:
+        return None
+    n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
+    return mx.float32 if n_params <= UPCAST_LIMIT_PARAMS else None
+
+
+def load_model(path: str | Path, *, role: str = "target", dtype: str = "auto") -> LoadedModel:
+    """Load a standalone mlx-lm model directory, refusing anything else with ModelLoadError."""
+    checkpoint = read_checkpoint(path)
+    require_standalone(checkpoint, role)
+    try:
+        model, tokenizer = mlx_lm_load(str(checkpoint.path))
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load {checkpoint.path} as an mlx-lm model: {exc}") from exc
+    target_dtype = compute_dtype(model, checkpoint.config, dtype)
+    if target_dtype is not None:
+        model.set_dtype(target_dtype)
+        mx.eval(model.parameters())
+    return LoadedModel(checkpoint=checkpoint, model=model, tokenizer=tokenizer)
+
+
+def check_vocab_agreement(target: LoadedModel, drafter: LoadedModel) -> None:
+    """Refuse a pair whose tokenizers map text to different ids: proposals would be nonsense."""
+    target_vocab = target.tokenizer.get_vocab()
+    drafter_vocab = drafter.tokenizer.get_vocab()
+    if target_vocab == drafter_vocab:
+        return
+    differing = sorted(
+        set(target_vocab.keys() ^ drafter_vocab.keys())
+        | {t for t in target_vocab.keys() & drafter_vocab.keys() if target_vocab[t] != drafter_vocab[t]}
+    )
+    raise ModelLoadError(
+        f"drafter {drafter.path} does not share the target's vocabulary ({len(target_vocab)} vs "
+        f"{len(drafter_vocab)} tokens, {len(differing)} differ, e.g. {differing[:3]}): "
+        "pair models that use the same tokenizer"
+    )

@@ -1,0 +1,51 @@
+"""Point MLX's CPU matrix products at OpenBLAS, before `mlx.core` is first imported.
+
+The Linux `mlx-cpu` wheel links the netlib reference BLAS, which makes a k-token verify forward
+cost about k single-token steps and so defeats speculative decoding. `sgemm_rows.c` (built once by
+`build()`, which the Makefile runs) forwards `cblas_sgemm` to OpenBLAS.
+Set `MLXCEL_BLAS=reference` to keep the bundled BLAS.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+SHIM = Path(__file__).with_name("libmlxcel_sgemm.so")
+SOURCE = Path(__file__).with_name("sgemm_rows.c")
+
+
+def preload() -> str:
+    """Load the shim globally so MLX binds to it; return the BLAS MLX will use."""
+    if os.environ.get("MLXCEL_BLAS", "openblas") == "reference" or not SHIM.exists():
+        return "reference"
+    if "mlx.core" in sys.modules:
+        return "reference (mlx.core was imported before app)"
+    # One thread measured fastest for decode-sized products on 2 cores; operators may override.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    ctypes.CDLL(str(SHIM), mode=ctypes.RTLD_GLOBAL)
+    return "openblas"
+
+
+def build() -> Path | None:
+    """Compile the shim against the scipy-openblas32 wheel; None where it does not apply."""
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return None
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    try:
+        import scipy_openblas32
+    except ImportError:
+        return None
+    if compiler is None:
+        print("no C compiler found: MLX keeps its reference BLAS (slow verify forwards)", file=sys.stderr)
+        return None
+    lib_dir = scipy_openblas32.get_lib_dir()
+    command = [compiler, "-O2", "-shared", "-fPIC", str(SOURCE), "-o", str(SHIM),
+               f"-L{lib_dir}", "-lscipy_openblas", f"-Wl,-rpath,{lib_dir}"]  # fmt: skip
+    subprocess.run(command, check=True)
+    return SHIM

@@ -1,0 +1,54 @@
+"""Sampling parameters, with llama-server's names and defaults."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """What shapes the target's next-token distribution `p` (and the drafter's `q`)."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    logit_bias: dict[int, float] = {}
+
+    @property
+    def is_greedy(self) -> bool:
+        """Temperature 0 (or below) or top_k 1: the sampler is argmax and draws nothing."""
+        return self.temperature <= 0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        active = self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        return active and self.repeat_last_n != 0
+
+    def problems(self, vocab_size: int | None = None) -> list[str]:
+        """Human-readable reasons these parameters are invalid (empty when valid)."""
+        out = []
+        if self.top_k < 0:
+            out.append("top_k must be >= 0 (0 disables it)")
+        if not 0.0 <= self.top_p <= 1.0:
+            out.append("top_p must be within [0, 1]")
+        if not 0.0 <= self.min_p <= 1.0:
+            out.append("min_p must be within [0, 1]")
+        if self.repeat_penalty <= 0:
+            out.append("repeat_penalty must be > 0 (1.0 disables it)")
+        if self.repeat_last_n < -1:
+            out.append("repeat_last_n must be >= -1 (-1 means the whole context)")
+        if not 0.0 <= self.xtc_probability <= 1.0:
+            out.append("xtc_probability must be within [0, 1]")
+        if not 0.0 <= self.xtc_threshold <= 1.0:
+            out.append("xtc_threshold must be within [0, 1]")
+        if vocab_size is not None:
+            bad = [t for t in self.logit_bias if not 0 <= t < vocab_size]
+            if bad:
+                out.append(f"logit_bias names token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+        return out

@@ -1,0 +1,118 @@
+"""The sampler pipeline: logits to the final probability row `p` that acceptance rules read.
+
+Order (llama-server's, and the contract's): token bias, repetition penalty, frequency and
+presence penalties over the last `repeat_last_n` tokens, then top-k, top-p and min-p on the
+untempered distribution, XTC on the renormalised filtered row, and temperature last.
+Every function takes rows `[R, V]`, so a verify forward's k+1 positions go through in one call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+
+from app.sampling.params import SamplingParams
+from app.sampling.rng import RowRng
+
+
+class SamplerPipeline:
+    """One request's sampler, built once and applied to any number of rows."""
+
+    def __init__(self, params: SamplingParams, vocab_size: int) -> None:
+        self.params = params
+        self.vocab_size = vocab_size
+        self._bias: mx.array | None = None
+        if params.logit_bias:
+            ids = mx.array(list(params.logit_bias.keys()))
+            values = mx.array(list(params.logit_bias.values()), dtype=mx.float32)
+            self._bias = mx.zeros((vocab_size,), dtype=mx.float32).at[ids].add(values)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.params.is_greedy
+
+    @property
+    def needs_context(self) -> bool:
+        """Whether rows need their penalty windows (otherwise pass `contexts=None`)."""
+        return self.params.has_penalties
+
+    def adjust(self, logits: mx.array, contexts: Sequence[Sequence[int]] | None = None) -> mx.array:
+        """Token bias then penalties. `contexts[r]` is row r's penalty window."""
+        logits = logits.astype(mx.float32)
+        if self._bias is not None:
+            logits = logits + self._bias
+        if self.params.has_penalties and contexts is not None:
+            logits = mx.stack([self._penalise(row, ctx) for row, ctx in zip(logits, contexts, strict=True)])
+        return logits
+
+    def _penalise(self, row: mx.array, context: Sequence[int]) -> mx.array:
+        if not context:
+            return row
+        counts = mx.zeros(row.shape, dtype=mx.float32).at[mx.array(list(context))].add(1.0)
+        seen = counts > 0
+        p = self.params
+        repeated = mx.where(row <= 0, row * p.repeat_penalty, row / p.repeat_penalty)
+        row = mx.where(seen, repeated, row)
+        return row - counts * p.frequency_penalty - seen.astype(mx.float32) * p.presence_penalty
+
+    def greedy(self, logits: mx.array, contexts: Sequence[Sequence[int]] | None = None) -> mx.array:
+        """Argmax of the adjusted rows `[R]`: the whole sampler when it is greedy."""
+        return mx.argmax(self.adjust(logits, contexts), axis=-1)
+
+    def distribution(
+        self, logits: mx.array, contexts: Sequence[Sequence[int]] | None = None, rng: RowRng | None = None
+    ) -> mx.array:
+        """The final probability rows `p` `[R, V]` (for a non-greedy sampler)."""
+        adjusted = self.adjust(logits, contexts)
+        order = mx.argsort(-adjusted, axis=-1)
+        ranked = mx.take_along_axis(adjusted, order, axis=-1)
+        keep = self._filter(ranked, rng)
+        tempered = mx.where(keep, ranked / max(self.params.temperature, 1e-6), -mx.inf)
+        ranked_p = mx.softmax(tempered, axis=-1)
+        return mx.put_along_axis(mx.zeros_like(ranked_p), order, ranked_p, axis=-1)
+
+    def _filter(self, ranked: mx.array, rng: RowRng | None) -> mx.array:
+        """Keep-mask over rows sorted by descending logit, on the untempered distribution."""
+        p = self.params
+        rows, vocab = ranked.shape
+        rank = mx.broadcast_to(mx.arange(vocab)[None, :], ranked.shape)
+        probs = mx.softmax(ranked, axis=-1)
+        keep = mx.ones(ranked.shape, dtype=mx.bool_)
+        if 0 < p.top_k < vocab:
+            keep = rank < p.top_k
+            probs = _renormalise(probs, keep)
+        if p.top_p < 1.0:
+            keep = keep & ((mx.cumsum(probs, axis=-1) - probs) < p.top_p)
+            probs = _renormalise(probs, keep)
+        if p.min_p > 0.0:
+            keep = keep & (probs >= p.min_p * probs[:, :1])
+            probs = _renormalise(probs, keep)
+        if p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5 and rng is not None:
+            keep = keep & self._xtc_mask(probs, rank, rows, rng)
+        return keep
+
+    def _xtc_mask(self, probs: mx.array, rank: mx.array, rows: int, rng: RowRng) -> mx.array:
+        """Exclude Top Choices: drop every token above the threshold but the least likely of them."""
+        coins = mx.array([rng.uniform() for _ in range(rows)])
+        above = mx.sum(probs >= self.params.xtc_threshold, axis=-1, keepdims=True)
+        applies = (coins[:, None] <= self.params.xtc_probability) & (above >= 2)
+        return ~applies | (rank >= above - 1)
+
+    def draw(self, probs: mx.array, rng: RowRng) -> int:
+        """One token from a probability row `[V]`."""
+        return rng.categorical(probs)
+
+    def sample(
+        self, logits: mx.array, contexts: Sequence[Sequence[int]] | None, rng: RowRng
+    ) -> tuple[int, mx.array | None]:
+        """Decide one token from one row of logits `[1, V]`; returns (token, p or None if greedy)."""
+        if self.is_greedy:
+            return int(self.greedy(logits, contexts)[0].item()), None
+        p = self.distribution(logits, contexts, rng)[0]
+        return self.draw(p, rng), p
+
+
+def _renormalise(probs: mx.array, keep: mx.array) -> mx.array:
+    kept = mx.where(keep, probs, 0.0)
+    return kept / mx.sum(kept, axis=-1, keepdims=True)

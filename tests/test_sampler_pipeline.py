@@ -1,0 +1,144 @@
+"""Each sampler stage against the NumPy reference, on random rows."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from app.sampling import RowRng, SamplerPipeline, SamplingParams
+from tests.reference_sampler import final_distribution, penalise
+
+VOCAB = 64
+
+
+def rows(seed: int, n: int = 4, scale: float = 3.0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0.0, scale, size=(n, VOCAB)).astype(np.float32)
+
+
+def pipeline(**kw: object) -> SamplerPipeline:
+    base = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}
+    return SamplerPipeline(SamplingParams(**{**base, **kw}), VOCAB)
+
+
+def p_of(sampler: SamplerPipeline, logits: np.ndarray, rng: RowRng | None = None) -> np.ndarray:
+    return np.array(sampler.distribution(mx.array(logits), None, rng))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_token_bias_is_additive_and_minus_infinity_bans(seed: int) -> None:
+    logits = rows(seed)
+    bias = {3: 2.5, 7: -1.0, 11: float("-inf")}
+    sampler = pipeline(logit_bias=bias)
+    got = np.array(sampler.adjust(mx.array(logits)))
+    want = logits.copy()
+    for t, b in bias.items():
+        want[:, t] += b
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert np.all(p_of(sampler, logits)[:, 11] == 0.0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_penalties_follow_the_sign_aware_rule_over_the_window(seed: int) -> None:
+    logits = rows(seed, n=2)
+    history = [int(t) for t in np.random.default_rng(seed + 100).integers(0, VOCAB, size=40)]
+    params = {"repeat_penalty": 1.3, "frequency_penalty": 0.2, "presence_penalty": 0.5, "repeat_last_n": 16}
+    sampler = pipeline(**params)
+    contexts = [history[-16:], history[-16:-3]]
+    got = np.array(sampler.adjust(mx.array(logits), contexts))
+    for r, ctx in enumerate(contexts):
+        want = penalise(logits[r], ctx, 1.3, 0.2, 0.5)
+        np.testing.assert_allclose(got[r], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize(
+    "filters",
+    [
+        {"top_k": 5},
+        {"top_p": 0.7},
+        {"min_p": 0.1},
+        {"top_k": 12, "top_p": 0.6, "min_p": 0.05},
+        {"top_k": 3, "top_p": 0.99},
+    ],
+)
+def test_filters_match_reference_support_and_renormalisation(seed: int, filters: dict) -> None:
+    logits = rows(seed)
+    got = p_of(pipeline(**filters), logits)
+    for r in range(len(logits)):
+        want = final_distribution(logits[r], temperature=1.0, **filters)
+        assert set(np.nonzero(got[r])[0]) == set(np.nonzero(want)[0])
+        np.testing.assert_allclose(got[r], want, atol=1e-6)
+        assert got[r].sum() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_top_p_is_measured_after_top_k_renormalises() -> None:
+    # Top-2 mass renormalised is 0.6/0.9 = 0.67: top_p 0.65 keeps only one token after top_k=2,
+    # but would keep two if top_p were measured on the whole distribution (0.6 < 0.65).
+    probs = np.array([0.6, 0.3, 0.1] + [0.0] * (VOCAB - 3)) + 1e-9
+    logits = np.log(probs / probs.sum())[None, :].astype(np.float32)
+    got = p_of(pipeline(top_k=2, top_p=0.65), logits)[0]
+    assert np.count_nonzero(got) == 1
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.5])
+def test_temperature_is_applied_last_to_the_filtered_row(seed: int, temperature: float) -> None:
+    logits = rows(seed)
+    got = p_of(pipeline(top_k=10, top_p=0.9, temperature=temperature), logits)
+    for r in range(len(logits)):
+        want = final_distribution(logits[r], temperature=temperature, top_k=10, top_p=0.9)
+        np.testing.assert_allclose(got[r], want, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_xtc_removes_all_top_choices_but_the_least_likely(seed: int) -> None:
+    logits = rows(seed, scale=1.0)
+    logits[:, :3] += 3.0  # several tokens above the threshold
+    sampler = pipeline(top_k=20, xtc_probability=1.0, xtc_threshold=0.1)
+    got = p_of(sampler, logits, RowRng(seed))
+    for r in range(len(logits)):
+        want = final_distribution(logits[r], temperature=1.0, top_k=20, xtc=(0.0, 0.1))
+        np.testing.assert_allclose(got[r], want, atol=1e-6)
+
+
+def test_xtc_that_loses_its_coin_changes_nothing() -> None:
+    logits = rows(0)
+    got = p_of(pipeline(xtc_probability=1e-9, xtc_threshold=0.05), logits, RowRng(0))
+    np.testing.assert_allclose(got, p_of(pipeline(), logits), atol=1e-7)
+
+
+@pytest.mark.parametrize("params", [{"temperature": 0.0}, {"temperature": 0.9, "top_k": 1}])
+def test_greedy_is_argmax_of_adjusted_logits_and_draws_nothing(params: dict) -> None:
+    logits = rows(3, n=1)
+    sampler = SamplerPipeline(SamplingParams(**params, repeat_penalty=1.5), VOCAB)
+    context = [int(np.argmax(logits[0]))]
+    rng = RowRng(5)
+    token, p = sampler.sample(mx.array(logits), [context], rng)
+    want = int(np.argmax(penalise(logits[0], context, 1.5, 0.0, 0.0)))
+    assert (token, p) == (want, None)
+    assert rng.uniform() == RowRng(5).uniform()  # the stream was not touched
+
+
+def test_row_stream_replays_mlx_default_stream() -> None:
+    p = mx.softmax(mx.array(rows(9, n=1)[0]))
+    mx.random.seed(123)
+    default = [mx.random.uniform().item(), mx.random.categorical(mx.log(p)).item()]
+    rng = RowRng(123)
+    assert [rng.uniform(), rng.categorical(p)] == default
+
+
+def test_seeded_draws_reproduce() -> None:
+    sampler = pipeline(top_k=20, temperature=0.8)
+    logits = mx.array(rows(1, n=1))
+    first = [sampler.sample(logits, None, rng)[0] for rng in [RowRng(42)] for _ in range(20)]
+    again = [sampler.sample(logits, None, rng)[0] for rng in [RowRng(42)] for _ in range(20)]
+    assert first == again
+    assert len(set(first)) > 1
+
+
+def test_invalid_parameters_are_named() -> None:
+    problems = SamplingParams(top_p=1.5, top_k=-1, logit_bias={99999: 1.0}).problems(vocab_size=VOCAB)
+    assert any("top_p" in p for p in problems)
+    assert any("top_k" in p for p in problems)
+    assert any("logit_bias" in p for p in problems)
