@@ -1,17 +1,28 @@
-"""`mlxcel generate`: decode one prompt offline, streaming text to stdout."""
+"""`mlxcel generate`: decode one prompt offline, streaming text to stdout.
+
+With `--draft-model` it runs the classic speculative generator, with `--prompt-lookup` prompt
+lookup on the token loop; after either, the acceptance summary is printed on stdout.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import mlx.core as mx
+import structlog
 
 from app.acceptance import describe, diagnostic_line, summary_line
 from app.decoding.builder import DIAG_ENV, LoopBuilder, LoopSpec, RowRequest
-from app.loading import EMBEDDED_TARGET, load_model
+from app.decoding.generation import Generation
+from app.drafters.kinds import DrafterKind, Resolution, resolve_drafter_kind
+from app.loading import EMBEDDED_TARGET, LoadedModel, ModelLoadError, load_model, read_checkpoint
 from app.runtime.env import truthy
+from app.runtime.logging import configure_logging
 from app.sampling import SamplingParams
+
+DEFAULT_WIDTH = {DrafterKind.DRAFT_MODEL: 4, DrafterKind.PROMPT_LOOKUP: 7}
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -30,6 +41,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=-1, help="-1: a random seed")
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     p.add_argument("--max-kv-size", type=int, default=None, help="rotating KV cache of this many rows")
+    spec = p.add_argument_group("speculative decoding")
+    spec.add_argument("--draft-model", help="drafter model directory (the classic speculative generator)")
+    spec.add_argument("--prompt-lookup", action="store_true", help="draft from n-gram lookups in the context")
+    spec.add_argument("--draft-kind", choices=[k.value for k in DrafterKind if k is not DrafterKind.NONE])
+    spec.add_argument("--num-draft-tokens", type=int, default=None, help="draft width k (4; prompt lookup 7)")
+    spec.add_argument("--governor-policy", choices=["gated", "graded"], default="gated")
+    spec.add_argument(
+        "--no-governor-adaptive", action="store_true", help="prompt lookup: always propose the full block"
+    )
     p.set_defaults(handler=run)
 
 
@@ -46,52 +66,111 @@ def sampling_from(args: argparse.Namespace) -> SamplingParams:
     )
     problems = params.problems()
     if problems:
-        raise SystemExit(f"error: {'; '.join(problems)}")
+        raise ModelLoadError("; ".join(problems))
     return params
 
 
 def encode_prompt(tokenizer: object, prompt: str, use_template: bool) -> list[int]:
     if use_template and getattr(tokenizer, "chat_template", None):
-        return list(
-            tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        )
+        messages = [{"role": "user", "content": prompt}]
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
     return list(tokenizer.encode(prompt))
 
 
+def resolve(args: argparse.Namespace) -> Resolution:
+    """Which drafter runs; refuses the kinds this offline path does not construct."""
+    if args.prompt_lookup or args.draft_kind == DrafterKind.PROMPT_LOOKUP:
+        return resolve_drafter_kind(DrafterKind.PROMPT_LOOKUP, None)
+    checkpoint = read_checkpoint(args.draft_model) if args.draft_model else None
+    resolution = resolve_drafter_kind(args.draft_kind, checkpoint)
+    if resolution.kind.is_block_loop or (resolution.detected and resolution.detected.is_block_loop):
+        what = f"{checkpoint.path} is a {checkpoint.kind} drafter checkpoint" if checkpoint else "it"
+        raise ModelLoadError(
+            f"mlxcel generate runs the classic speculative generator and prompt lookup only; {what} needs "
+            f"the {resolution.detected or resolution.kind} round loop, which `mlxcel serve` drives "
+            f'(drafter.kind = "{resolution.detected or resolution.kind}")'
+        )
+    if resolution.kind is DrafterKind.DRAFT_MODEL and checkpoint is None:
+        raise ModelLoadError("--draft-kind draft-model needs --draft-model PATH")
+    return resolution
+
+
 def run(args: argparse.Namespace) -> int:
+    configure_logging(os.environ.get("MLXCEL_LOG"))
+    log = structlog.get_logger("mlxcel.generate")
+    resolution = resolve(args)
     target = load_model(args.model)
-    builder = LoopBuilder(target, None, LoopSpec(max_kv_size=args.max_kv_size))
+    drafter: LoadedModel | None = None
+    if resolution.kind is DrafterKind.DRAFT_MODEL:
+        drafter = load_model(args.draft_model, role="drafter")
+    if resolution.kind is not DrafterKind.NONE:
+        for line in resolution.lines():
+            print(line, file=sys.stderr)
+        if resolution.disagreement:
+            print(f"warning: {resolution.disagreement}", file=sys.stderr)
+        log.info("drafter_kind_resolved", kind=resolution.kind, explicit=resolution.explicit)
+    width = (
+        args.num_draft_tokens if args.num_draft_tokens is not None else DEFAULT_WIDTH.get(resolution.kind, 0)
+    )
+    spec = LoopSpec(
+        drafter_kind=resolution.kind,
+        num_draft_tokens=width,
+        max_kv_size=args.max_kv_size,
+        governor_policy=args.governor_policy,
+        governor_adaptive=not args.no_governor_adaptive,
+    )
+    builder = LoopBuilder(target, drafter, spec)
     if args.seed >= 0:
         mx.random.seed(args.seed)
     prompt = encode_prompt(target.tokenizer, args.prompt, not args.no_chat_template)
-    generation = builder.build(
-        RowRequest(prompt=prompt, sampling=sampling_from(args), max_tokens=args.n_predict, seed=args.seed)
+    request = RowRequest(
+        prompt=prompt, sampling=sampling_from(args), max_tokens=args.n_predict, seed=args.seed
     )
+    generation = builder.build(request)
+    if generation.loop.rule is not None:
+        log.info(
+            "acceptance_rule_active", rule=generation.loop.rule, drafter_kind=resolution.kind, width=width
+        )
+    stream(generation)
+    report(generation)
+    return 0
+
+
+def stream(generation: Generation) -> None:
     out = sys.stdout
     out.write(generation.prefill().text)
     while not generation.finished:
         out.write(generation.step().text)
         out.flush()
     out.write("\n")
-    report(generation)
-    return 0
 
 
-def report(generation: object) -> None:
+def report(generation: Generation) -> None:
     """The tokens/s line on stderr; after a speculative run, the acceptance summary on stdout."""
     decode_s = generation.last_token_at - generation.prefill_finished
     prefill_s = generation.prefill_finished - generation.prefill_started
     n = len(generation.emitted)
     rate = (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0
     print(
-        f"prompt: {generation.prompt_n} tokens in {prefill_s:.3f} s; generated: {n} tokens, "
-        f"{rate:.1f} tokens/s",
+        f"prompt: {generation.prompt_n} tokens in {prefill_s:.3f} s; generated: {n} tokens, {rate:.1f} tokens/s",
         file=sys.stderr,
     )
     loop = generation.loop
     if loop.stats is None or loop.rule is None:
         return
-    one_hot = getattr(loop, "drafter", None) is not None and loop.drafter.one_hot_proposals
+    one_hot = loop.drafter.one_hot_proposals
     print(summary_line(loop.rule, loop.stats, describe(loop.rule, one_hot_proposals=one_hot)))
-    if truthy(__import__("os").environ.get(DIAG_ENV)):
+    if truthy(os.environ.get(DIAG_ENV)):
         print(diagnostic_line(loop.stats))
+    stats = loop.stats
+    structlog.get_logger("mlxcel.generate").info(
+        "speculative_decode_finished",
+        rule=loop.rule,
+        rounds=stats.rounds,
+        proposed=stats.proposed,
+        positions_tested=stats.positions_tested,
+        accepted=stats.accepted,
+        per_position_acceptance=round(stats.per_position_acceptance, 4),
+        mean_accepted_len=round(stats.mean_accepted_len, 4),
+        predicted_n=n,
+    )

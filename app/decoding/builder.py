@@ -13,6 +13,8 @@ from app.decoding.runner import ModelRunner
 from app.decoding.state import RowState
 from app.drafters.base import Drafter
 from app.drafters.draft_model import DraftModelDrafter
+from app.drafters.governor import make_governor
+from app.drafters.prompt_lookup import PromptLookupDrafter
 from app.loading import LoadedModel, ModelLoadError, check_vocab_agreement
 from app.runtime.env import truthy
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
@@ -29,6 +31,9 @@ class LoopSpec:
     num_draft_tokens: int = 4
     stochastic: bool | None = None  # None: read MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT
     max_kv_size: int | None = None
+    governor_policy: str = "gated"
+    governor_adaptive: bool = True
+    governor_floor: float | None = None  # None: the CLI token loop's governor (no floor)
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,8 @@ class RowRequest:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     n_max: int | None = None  # speculative.n_max: caps the width; 0 opts the request out
-    p_min: float = 0.0
+    n_min: int = 0  # speculative.n_min: fewer proposals than this are retracted unverified
+    p_min: float = 0.0  # speculative.p_min: the draft model stops below this probability
 
 
 class LoopBuilder:
@@ -64,9 +70,15 @@ class LoopBuilder:
     def stochastic(self) -> bool:
         return stochastic_requested(self.spec.stochastic)
 
-    def make_drafter(self, request: RowRequest) -> Drafter | None:
-        if self.spec.drafter_kind == "draft-model" and self.drafter is not None:
+    def make_drafter(self, request: RowRequest, width: int) -> Drafter | None:
+        spec = self.spec
+        if spec.drafter_kind == "draft-model" and self.drafter is not None:
             return DraftModelDrafter(self.drafter, self.target.vocab_size, p_min=request.p_min)
+        if spec.drafter_kind == "prompt-lookup":
+            governor = make_governor(
+                width, policy=spec.governor_policy, adaptive=spec.governor_adaptive, floor=spec.governor_floor
+            )
+            return PromptLookupDrafter(governor)
         return None
 
     def rule_for(self, sampling: SamplingParams, drafter: Drafter) -> Rule:
@@ -90,13 +102,15 @@ class LoopBuilder:
             if request.n_max is None
             else min(request.n_max, self.spec.num_draft_tokens)
         )
-        drafter = self.make_drafter(request) if width > 0 else None
+        drafter = self.make_drafter(request, width) if width > 0 else None
         loop: TargetLoop
         if drafter is None:
             loop = TargetLoop(target)
         else:
             rule = self.rule_for(request.sampling, drafter)
-            loop = SpeculativeLoop(target, drafter, rule, width, diagnose=truthy(os.environ.get(DIAG_ENV)))
+            loop = SpeculativeLoop(
+                target, drafter, rule, width, diagnose=truthy(os.environ.get(DIAG_ENV)), n_min=request.n_min
+            )
         return Generation(
             loop=loop,
             state=state,

@@ -8,6 +8,7 @@ from app.acceptance import (
     AcceptanceStats,
     Rule,
     Verdict,
+    argmax_against_argmax,
     greedy_argmax,
     modified_rejection,
     sampler_match,
@@ -54,7 +55,9 @@ class SpeculativeLoop(TargetLoop):
     accepted + 1 tokens it is rewound by the k - accepted rejected rows.
     """
 
-    def __init__(self, target: ModelRunner, drafter: Drafter, rule: Rule, width: int, diagnose: bool) -> None:
+    def __init__(
+        self, target: ModelRunner, drafter: Drafter, rule: Rule, width: int, diagnose: bool, n_min: int = 0
+    ) -> None:
         super().__init__(target)
         self.target.require_rewindable("target")
         self.drafter = drafter
@@ -62,6 +65,7 @@ class SpeculativeLoop(TargetLoop):
         self.rule = rule
         self.width = width
         self.diagnose = diagnose
+        self.n_min = max(1, n_min)
         self.stats = AcceptanceStats()
 
     def prefill(self, state: RowState) -> int:
@@ -73,9 +77,9 @@ class SpeculativeLoop(TargetLoop):
         base = len(state.tokens)
         k = min(self.width, budget - 1)
         proposal = self.drafter.propose(state, k) if k > 0 else Proposal.empty()
-        if proposal.k == 0:
+        if proposal.k < self.n_min:  # nothing (or too little) to verify: retract, decode plainly
             emitted = self.decode_one(state)
-            self.drafter.settle(state, base, proposal, None)
+            self.drafter.settle(state, base, Proposal.empty(), None)
             return emitted
         logits = self.target.forward(
             mx.concatenate([mx.array(state.tokens[self.target.length :]), proposal.tokens])
@@ -95,10 +99,11 @@ class SpeculativeLoop(TargetLoop):
             state.history.rewind(base)
             state.history.extend(drafts)
         contexts = state.contexts(range(base, base + proposal.k + 1))
-        if self.rule is Rule.GREEDY_ARGMAX:
+        if self.rule in (Rule.GREEDY_ARGMAX, Rule.ARGMAX_AGAINST_ARGMAX):
             argmax = sampler.greedy(logits, contexts)
             mx.eval(proposal.tokens, argmax)
-            verdict = greedy_argmax(proposal.tokens.tolist(), argmax.tolist())
+            rule = greedy_argmax if self.rule is Rule.GREEDY_ARGMAX else argmax_against_argmax
+            verdict = rule(proposal.tokens.tolist(), argmax.tolist())
             p = None
         else:
             p = sampler.distribution(logits, contexts, state.rng)

@@ -65,15 +65,27 @@ class SamplerPipeline:
     ) -> mx.array:
         """The final probability rows `p` `[R, V]` (for a non-greedy sampler)."""
         adjusted = self.adjust(logits, contexts)
-        order = mx.argsort(-adjusted, axis=-1)
-        ranked = mx.take_along_axis(adjusted, order, axis=-1)
+        rows, vocab = adjusted.shape
+        top_k = self.params.top_k
+        if 0 < top_k < vocab:
+            # Only the top_k candidates can survive: sort those instead of the whole vocabulary.
+            candidates = mx.argpartition(-adjusted, kth=top_k - 1, axis=-1)[:, :top_k]
+            values = mx.take_along_axis(adjusted, candidates, axis=-1)
+        else:
+            candidates, values = None, adjusted
+        order = mx.argsort(-values, axis=-1)
+        ranked = mx.take_along_axis(values, order, axis=-1)
         keep = self._filter(ranked, rng)
         tempered = mx.where(keep, ranked / max(self.params.temperature, 1e-6), -mx.inf)
         ranked_p = mx.softmax(tempered, axis=-1)
-        return mx.put_along_axis(mx.zeros_like(ranked_p), order, ranked_p, axis=-1)
+        token_ids = order if candidates is None else mx.take_along_axis(candidates, order, axis=-1)
+        return mx.put_along_axis(mx.zeros((rows, vocab), dtype=ranked_p.dtype), token_ids, ranked_p, axis=-1)
 
     def _filter(self, ranked: mx.array, rng: RowRng | None) -> mx.array:
-        """Keep-mask over rows sorted by descending logit, on the untempered distribution."""
+        """Keep-mask over candidates sorted by descending logit, on the untempered distribution.
+
+        When `distribution` pre-selected the top_k candidates, the top-k step here is a no-op.
+        """
         p = self.params
         rows, vocab = ranked.shape
         rank = mx.broadcast_to(mx.arange(vocab)[None, :], ranked.shape)

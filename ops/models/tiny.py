@@ -58,6 +58,7 @@ def build_tiny_model(
     layers: int = 2,
     seed: int = 0,
     perturb_vocab: bool = False,
+    tie_embeddings: bool = True,
     tokenizer_source: Path = TOKENIZER_SOURCE,
 ) -> Path:
     """Write a loadable random-weight model directory and return its path."""
@@ -68,6 +69,7 @@ def build_tiny_model(
     _copy_tokenizer(out, tokenizer_source, perturb_vocab)
     config = _architecture(model_type, int(source_config["vocab_size"]), hidden, layers)
     config["eos_token_id"] = source_config.get("eos_token_id")
+    config["tie_word_embeddings"] = tie_embeddings
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))

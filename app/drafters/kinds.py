@@ -1,0 +1,76 @@
+"""Drafter kinds, and resolving one from an explicit flag or a drafter's config.json."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from app.loading import Checkpoint, CheckpointKind
+
+
+class DrafterKind(StrEnum):
+    """The names `--draft-kind`, profiles and `timings.draft_kind` use."""
+
+    NONE = "none"
+    DRAFT_MODEL = "draft-model"
+    PROMPT_LOOKUP = "prompt-lookup"
+    MTP = "mtp"
+    DFLASH = "dflash"
+
+    @property
+    def is_block_loop(self) -> bool:
+        return self in (DrafterKind.MTP, DrafterKind.DFLASH)
+
+
+DETECTED = {
+    CheckpointKind.STANDALONE: DrafterKind.DRAFT_MODEL,
+    CheckpointKind.DFLASH: DrafterKind.DFLASH,
+    CheckpointKind.DSPARK: DrafterKind.DFLASH,
+    CheckpointKind.MUSE: DrafterKind.DFLASH,
+    CheckpointKind.MTP: DrafterKind.MTP,
+}
+
+
+@dataclass(frozen=True)
+class Resolution:
+    kind: DrafterKind
+    explicit: bool
+    detected: DrafterKind | None
+    detail: str
+
+    @property
+    def disagreement(self) -> str | None:
+        """A warning when an explicit kind contradicts what config.json says."""
+        if self.explicit and self.detected is not None and self.detected is not self.kind:
+            return (
+                f"--draft-kind {self.kind} overrides the drafter's config.json, which describes a "
+                f"{self.detected} drafter ({self.detail})"
+            )
+        return None
+
+    def lines(self) -> list[str]:
+        """What the offline CLI prints about the drafter kind."""
+        source = "explicit" if self.explicit else "auto-detected from config.json"
+        out = [f"Resolved drafter kind: {self.kind} ({self.detail}, {source})"]
+        if not self.explicit:
+            out.append(
+                "Drafter kind was auto-detected only; running the classic speculative generator "
+                "(pass --draft-kind explicitly to select a kind-specific round loop)."
+            )
+        return out
+
+
+def describe_checkpoint(checkpoint: Checkpoint) -> str:
+    config = checkpoint.config
+    if checkpoint.kind is CheckpointKind.STANDALONE:
+        return f"{config.get('model_type')} model, {config.get('num_hidden_layers', '?')} layers"
+    block = config.get("block_size") or (config.get("dflash_config") or {}).get("block_size")
+    return f"{checkpoint.kind} checkpoint, block_size = {block if block else 'default'}"
+
+
+def resolve_drafter_kind(explicit: str | None, checkpoint: Checkpoint | None) -> Resolution:
+    detected = DETECTED[checkpoint.kind] if checkpoint is not None else None
+    detail = describe_checkpoint(checkpoint) if checkpoint is not None else "no drafter checkpoint"
+    if explicit is not None:
+        return Resolution(DrafterKind(explicit), True, detected, detail)
+    return Resolution(detected or DrafterKind.NONE, False, detected, detail)

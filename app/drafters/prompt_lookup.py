@@ -1,0 +1,42 @@
+"""Prompt lookup: propose what followed the latest earlier occurrence of the current suffix."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from app.drafters.base import Proposal
+from app.drafters.governor import Governor
+from app.drafters.ngram import NgramIndex
+
+if TYPE_CHECKING:
+    from app.acceptance import Verdict
+    from app.decoding.state import RowState
+
+
+class PromptLookupDrafter:
+    """Deterministic proposals, so q is one-hot on each draft: sampler-match accepts at p(d),
+    which is already the ceiling sum_x min(p, q), and the stochastic rule has nothing to add.
+    """
+
+    kind = "prompt-lookup"
+    reports_distribution = True
+    one_hot_proposals = True
+
+    def __init__(self, governor: Governor) -> None:
+        self.governor = governor
+        self.index = NgramIndex()
+
+    def prefill(self, state: RowState) -> None:
+        self.index.extend(state.tokens)
+
+    def propose(self, state: RowState, k: int) -> Proposal:
+        budget = min(k, self.governor.budget())
+        return Proposal.of(self.index.lookup(budget)) if budget > 0 else Proposal.empty()
+
+    def settle(self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None) -> None:
+        emitted = state.tokens[len(self.index) :]
+        self.index.extend(emitted)
+        if verdict is not None:
+            self.governor.observe_round(proposal.k, verdict.accepted)
+        else:
+            self.governor.observe_emitted(emitted, self.index.lookup)

@@ -1,0 +1,45 @@
+"""structlog set-up, done once per process by the command that runs."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TextIO
+
+import msgspec
+import structlog
+
+
+def _json(event: dict, **_: object) -> str:
+    return msgspec.json.encode(event).decode()
+
+
+def configure_logging(level: str | None, *, fmt: str = "json", stream: TextIO | None = None) -> None:
+    """Install structlog at `level` writing to `stream` (stderr by default); None silences it.
+
+    Silencing matters: unconfigured structlog prints to stdout, and offline commands promise
+    unchanged output when MLXCEL_LOG is unset.
+    """
+    if level is None:
+        structlog.configure(
+            processors=[],
+            wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
+            logger_factory=structlog.ReturnLoggerFactory(),
+            cache_logger_on_first_use=False,
+        )
+        return
+    level_no = logging.getLevelNamesMapping().get(level.upper())
+    if level_no is None:
+        raise ValueError(f"unknown log level {level!r} (use debug, info, warning, error)")
+    renderer = _json if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level_no),
+        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
+        cache_logger_on_first_use=False,
+    )

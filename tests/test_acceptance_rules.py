@@ -1,0 +1,155 @@
+"""The rules as pure functions over probability rows: guards that need no model."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from app.acceptance import (
+    Rule,
+    Verdict,
+    argmax_against_argmax,
+    greedy_argmax,
+    modified_rejection,
+    sampler_match,
+    select_rule,
+    stochastic_requested,
+    sum_min,
+    sum_prod,
+)
+from app.sampling import RowRng, SamplingParams
+from tests.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
+
+CATEGORIES = list(range(6))
+P = [0.35, 0.25, 0.15, 0.12, 0.08, 0.05]
+Q = [0.10, 0.15, 0.30, 0.05, 0.25, 0.15]
+K = 4
+
+
+def resample_from_p(drafts: list[int], p_rows: mx.array, q_rows: mx.array, rng: RowRng) -> Verdict:
+    """A known-wrong rule: rejection sampling that redraws from p instead of the residual."""
+    for i, draft in enumerate(drafts):
+        if rng.uniform() * q_rows[i, draft].item() > p_rows[i, draft].item():
+            return Verdict(accepted=i, tokens=[*drafts[:i], rng.categorical(p_rows[i])], tested=i + 1)
+    return Verdict(
+        accepted=len(drafts), tokens=[*drafts, rng.categorical(p_rows[len(drafts)])], tested=len(drafts)
+    )
+
+
+def stream_from(rule: str | Callable, n: int, seed: int = 1234) -> list[int]:
+    """Emit n tokens from fixed rows p (target) and q (drafter), k drafts per round."""
+    rng = RowRng(seed)
+    p_rows = mx.broadcast_to(mx.array(P)[None, :], (K + 1, len(P)))
+    q_rows = mx.broadcast_to(mx.array(Q)[None, :], (K, len(Q)))
+    out: list[int] = []
+    while len(out) < n:
+        drafts = [rng.categorical(q_rows[i]) for i in range(K)]
+        if rule == "sampler-match":
+            verdict = sampler_match(drafts, p_rows, rng)
+        elif rule == "stochastic":
+            verdict = modified_rejection(drafts, p_rows, q_rows, rng)
+        elif rule == "argmax":
+            verdict = argmax_against_argmax(drafts, [int(np.argmax(P))] * (K + 1))
+        else:
+            verdict = rule(drafts, p_rows, q_rows, rng)
+        out.extend(verdict.tokens)
+    return out[:n]
+
+
+@pytest.mark.parametrize("rule", ["sampler-match", "stochastic"])
+def test_lossless_rules_pass_the_chi_square(rule: str) -> None:
+    assert chi_square(stream_from(rule, sample_count()), CATEGORIES, P) < CRITICAL_DOF5_ALPHA_1E4
+
+
+@pytest.mark.parametrize(
+    "wrong_rule", [resample_from_p, "argmax"], ids=["resample-from-p", "argmax-vs-argmax"]
+)
+def test_chi_square_rejects_known_wrong_rules(wrong_rule: str | Callable) -> None:
+    """Power calibration: the same statistic, the same sample size, a rule known to be biased."""
+    assert chi_square(stream_from(wrong_rule, sample_count()), CATEGORIES, P) > CRITICAL_DOF5_ALPHA_1E4
+
+
+@pytest.mark.parametrize("token", [0, 2, 4])
+def test_accept_rate_is_min_one_p_over_q(token: int) -> None:
+    rng = RowRng(7)
+    p_rows, q_rows = mx.array([P, P]), mx.array([Q])
+    trials = 4000
+    accepted = sum(modified_rejection([token], p_rows, q_rows, rng).accepted for _ in range(trials))
+    expected = min(1.0, P[token] / Q[token])
+    se = max(np.sqrt(expected * (1 - expected) / trials), 1e-9)
+    assert abs(accepted / trials - expected) <= 4 * se + 1e-9
+
+
+def test_rejections_emit_the_normalised_residual() -> None:
+    rng = RowRng(11)
+    p_rows, q_rows = mx.array([P, P]), mx.array([Q])
+    residual = np.maximum(np.array(P) - np.array(Q), 0.0)
+    residual /= residual.sum()
+    recovered: list[int] = []
+    while len(recovered) < 6000:
+        verdict = modified_rejection([2], p_rows, q_rows, rng)  # q(2) = 0.30 > p(2): rejects half the time
+        if verdict.rejected:
+            recovered.append(verdict.tokens[-1])
+    support = [c for c in CATEGORIES if residual[c] > 0]
+    assert set(recovered) <= set(support)
+    counts = Counter(recovered)
+    stat = sum(
+        (counts[c] - len(recovered) * residual[c]) ** 2 / (len(recovered) * residual[c]) for c in support
+    )
+    assert stat < 18.4207  # chi-square, dof 2 (three residual categories): -2 ln(1e-4), alpha 1e-4
+
+
+def test_sum_min_is_never_below_sum_prod() -> None:
+    rng = np.random.default_rng(0)
+    rows = rng.dirichlet(np.full(50, 0.3), size=(2, 200)).astype(np.float32)
+    p, q = mx.array(rows[0]), mx.array(rows[1])
+    assert bool(mx.all(sum_min(p, q) >= sum_prod(p, q) - 1e-7))
+    assert sum_min(mx.array([P]), mx.array([Q])).item() == pytest.approx(sum(map(min, P, Q)))
+    assert sum_prod(mx.array([P]), mx.array([Q])).item() == pytest.approx(sum(a * b for a, b in zip(P, Q)))
+
+
+def test_greedy_rules_walk_the_chain() -> None:
+    assert greedy_argmax([5, 6, 7], [5, 6, 9, 1]) == Verdict(accepted=2, tokens=[5, 6, 9], tested=3)
+    assert greedy_argmax([5, 6], [5, 6, 8]) == Verdict(accepted=2, tokens=[5, 6, 8], tested=2)
+    assert argmax_against_argmax([4], [5, 6]) == Verdict(accepted=0, tokens=[5], tested=1)
+
+
+def test_sampler_match_emits_the_draw_on_both_branches() -> None:
+    one_hot = mx.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    assert sampler_match([1, 0], one_hot, RowRng(0)) == Verdict(accepted=1, tokens=[1, 2], tested=2)
+    assert sampler_match([1, 2], one_hot, RowRng(0)) == Verdict(accepted=2, tokens=[1, 2, 0], tested=2)
+
+
+@pytest.mark.parametrize("value", ["1", "true", "YES", "on"])
+def test_truthy_spellings_opt_in(value: str) -> None:
+    assert stochastic_requested(env={"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": value})
+
+
+@pytest.mark.parametrize("value", ["0", "false", "", "off", "2"])
+def test_other_spellings_do_not(value: str) -> None:
+    assert not stochastic_requested(env={"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": value})
+
+
+def test_keyword_overrides_the_environment() -> None:
+    env = {"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": "1"}
+    assert stochastic_requested(False, env) is False
+    assert stochastic_requested(True, {}) is True
+
+
+def test_rule_selection_follows_the_contract_table() -> None:
+    hot, greedy, top1 = (
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=0.0),
+        SamplingParams(top_k=1),
+    )
+    assert select_rule(greedy, stochastic=True, reports_distribution=True) is Rule.GREEDY_ARGMAX
+    assert select_rule(top1, stochastic=True, reports_distribution=True) is Rule.GREEDY_ARGMAX
+    assert select_rule(hot, stochastic=False, reports_distribution=True) is Rule.SAMPLER_MATCH
+    assert select_rule(hot, stochastic=True, reports_distribution=True) is Rule.STOCHASTIC
+    assert select_rule(hot, stochastic=True, reports_distribution=False) is Rule.SAMPLER_MATCH_NO_Q
+    one_hot = select_rule(hot, stochastic=True, reports_distribution=True, one_hot_proposals=True)
+    assert one_hot is Rule.SAMPLER_MATCH

@@ -1,0 +1,218 @@
+"""The contract's regression guards, run on real MLX models through the real round loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.acceptance import Rule
+from app.decoding.builder import LoopBuilder, LoopSpec, RowRequest
+from app.decoding.generation import Generation
+from app.decoding.loop import SpeculativeLoop
+from app.decoding.runner import ModelRunner
+from app.drafters.draft_model import DraftModelDrafter
+from app.loading import LoadedModel, load_model
+from app.sampling import SamplingParams
+from ops.models.tiny import build_tiny_model
+from tests.derived_models import anti_drafter, constant_output
+from tests.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
+
+TOKENS = list(range(10, 16))
+P = [0.35, 0.25, 0.15, 0.12, 0.08, 0.05]
+Q = [0.10, 0.15, 0.30, 0.05, 0.25, 0.15]
+SIX = SamplingParams(temperature=1.0, top_k=6, top_p=1.0, min_p=0.0)
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = [
+    "def merge_sorted(left, right):\n",
+    "class LRUCache:\n    def __init__(self, capacity):\n",
+    "import json\n\n\ndef load_config(path):\n",
+]
+
+
+def run(generation: Generation) -> Generation:
+    generation.prefill()
+    while not generation.finished:
+        generation.step()
+    return generation
+
+
+def speculative(
+    target: LoadedModel, drafter: LoadedModel, k: int = 4, stochastic: bool | None = None
+) -> LoopBuilder:
+    return LoopBuilder(
+        target, drafter, LoopSpec(drafter_kind="draft-model", num_draft_tokens=k, stochastic=stochastic)
+    )
+
+
+@pytest.fixture(scope="module")
+def constant_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, LoadedModel]:
+    root = tmp_path_factory.mktemp("constant")
+    base = build_tiny_model(root / "base", tie_embeddings=False, layers=1)
+    target = constant_output(base, root / "target", dict(zip(TOKENS, P, strict=True)))
+    drafter = constant_output(base, root / "drafter", dict(zip(TOKENS, Q, strict=True)))
+    return load_model(target), load_model(drafter)
+
+
+def emitted_stream(builder: LoopBuilder, n: int, rule: Rule | None = None) -> list[int]:
+    stream: list[int] = []
+    seed = 0
+    while len(stream) < n:
+        generation = builder.build(RowRequest(prompt=[1, 2, 3], sampling=SIX, max_tokens=2000, seed=seed))
+        if rule is not None:
+            generation.loop.rule = rule
+        stream.extend(run(generation).emitted)
+        seed += 1
+    return stream[:n]
+
+
+@pytest.mark.parametrize("stochastic", [False, True], ids=["sampler-match", "stochastic"])
+def test_speculative_stream_matches_the_target_distribution(constant_pair, stochastic: bool) -> None:
+    builder = speculative(*constant_pair, k=2, stochastic=stochastic)
+    generation = builder.build(RowRequest(prompt=[1], sampling=SIX, max_tokens=1))
+    assert generation.loop.rule is (Rule.STOCHASTIC if stochastic else Rule.SAMPLER_MATCH)
+    stat = chi_square(emitted_stream(builder, sample_count()), TOKENS, P)
+    assert stat < CRITICAL_DOF5_ALPHA_1E4
+
+
+def test_chi_square_rejects_argmax_against_argmax_in_the_loop(constant_pair) -> None:
+    """Power calibration at loop level: the biased block-loop rule, run at T > 0, is caught."""
+    stream = emitted_stream(
+        speculative(*constant_pair, k=2), sample_count() // 8, rule=Rule.ARGMAX_AGAINST_ARGMAX
+    )
+    assert chi_square(stream, TOKENS, P) > CRITICAL_DOF5_ALPHA_1E4
+
+
+@pytest.mark.parametrize("stochastic", [False, True], ids=["sampler-match", "stochastic"])
+def test_filtered_target_support_is_never_violated(
+    embedded_target, embedded_drafter, stochastic: bool
+) -> None:
+    """Zero tolerance: every emitted token is one of the target's top 2 at its position."""
+    sampling = SamplingParams(temperature=1.5, top_k=2, top_p=1.0, min_p=0.0)
+    builder = speculative(embedded_target, embedded_drafter, stochastic=stochastic)
+    for seed, text in enumerate(PROMPTS):
+        prompt = embedded_target.tokenizer.encode(text)
+        generation = run(
+            builder.build(RowRequest(prompt=prompt, sampling=sampling, max_tokens=48, seed=seed))
+        )
+        # Replay single-token steps: byte-exact with the verify rows (see app/runtime/blas.py).
+        runner = ModelRunner(embedded_target.model)
+        logits = runner.prefill(prompt)
+        for token in generation.emitted:
+            top2 = set(np.argsort(-np.array(logits[0]))[:2].tolist())
+            assert token in top2
+            logits = runner.forward([token])[-1:]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+def test_temperature_zero_stream_is_byte_identical_to_greedy_target_only(
+    embedded_target, embedded_drafter, k
+):
+    plain = LoopBuilder(embedded_target, None, LoopSpec())
+    spec = speculative(embedded_target, embedded_drafter, k=k, stochastic=True)
+    for text in PROMPTS:
+        prompt = embedded_target.tokenizer.encode(text)
+        request = RowRequest(prompt=prompt, sampling=GREEDY, max_tokens=64, seed=3)
+        reference = run(plain.build(request))
+        drafted = run(spec.build(request))
+        assert drafted.loop.rule is Rule.GREEDY_ARGMAX
+        assert drafted.emitted == reference.emitted
+        assert drafted.text == reference.text
+        assert drafted.state.rng.uniform() == reference.state.rng.uniform()  # greedy drew nothing
+
+
+@pytest.fixture(scope="module")
+def regimes(
+    tmp_path_factory: pytest.TempPathFactory, embedded_target, embedded_drafter
+) -> dict[str, tuple[LoadedModel, LoadedModel]]:
+    root = tmp_path_factory.mktemp("regimes")
+    target_dir = build_tiny_model(root / "target", layers=2, seed=1)
+    target = load_model(target_dir)
+    return {
+        "all-accept": (target, load_model(target_dir)),  # the target drafting for itself
+        "all-reject": (target, load_model(anti_drafter(target_dir, root / "anti"))),
+        "mixed": (embedded_target, embedded_drafter),
+    }
+
+
+@pytest.mark.parametrize("regime", ["all-accept", "all-reject", "mixed"])
+def test_kv_cache_and_draft_cache_rewind_arithmetic(regimes, regime: str) -> None:
+    target, drafter = regimes[regime]
+    k = 4
+    generation = speculative(target, drafter, k=k).build(
+        RowRequest(prompt=[5, 6, 7, 8], sampling=GREEDY, max_tokens=200, ignore_eos=True)
+    )
+    loop, state = generation.loop, generation.state
+    assert isinstance(loop, SpeculativeLoop) and isinstance(loop.drafter, DraftModelDrafter)
+    generation.prefill()
+    accepted_counts = []
+    for _ in range(25):
+        before = loop.stats.accepted
+        generation.step()
+        accepted_counts.append(loop.stats.accepted - before)
+        owed = loop.drafter.owed(state)
+        # main cache: every decided token but the last; draft cache + owed == main cache
+        assert loop.target.cache_offset == loop.target.length == len(state.tokens) - 1
+        assert loop.drafter.runner.cache_offset == loop.drafter.runner.length
+        assert loop.drafter.runner.cache_offset + len(owed) == loop.target.cache_offset
+    if regime == "all-accept":
+        assert set(accepted_counts) == {k}
+    elif regime == "all-reject":
+        assert set(accepted_counts) == {0}
+    else:
+        assert len(set(accepted_counts)) > 1
+
+
+def test_a_fully_accepted_round_owes_its_last_proposal_and_the_next_round_pays_it(regimes) -> None:
+    target, drafter = regimes["all-accept"]
+    k = 3
+    generation = speculative(target, drafter, k=k).build(
+        RowRequest(prompt=[5, 6, 7, 8], sampling=GREEDY, max_tokens=100, ignore_eos=True)
+    )
+    loop, state = generation.loop, generation.state
+    generation.prefill()
+    emitted = generation.step().tokens
+    assert len(emitted) == k + 1
+    last_proposal = emitted[k - 1]
+    # Never forwarded through the drafter: it is owed, ahead of the bonus token.
+    assert loop.drafter.owed(state) == [last_proposal]
+    length_before = loop.drafter.runner.length
+    generation.step()
+    # The next round fed [owed proposal, bonus] and then its own drafts.
+    assert loop.drafter.runner.length >= length_before + 2
+    assert loop.drafter.owed(state) == [state.tokens[-2]]
+
+
+def test_penalty_history_is_rewound_on_rejection(regimes) -> None:
+    target, drafter = regimes["all-reject"]
+    sampling = SamplingParams(temperature=0.0, repeat_penalty=1.3, repeat_last_n=16)
+    plain = LoopBuilder(target, None, LoopSpec())
+    request = RowRequest(prompt=[5, 6, 7, 8], sampling=sampling, max_tokens=40, ignore_eos=True)
+    drafted = run(speculative(target, drafter).build(request))
+    assert drafted.state.history.window(-1) == drafted.state.tokens
+    assert drafted.emitted == run(plain.build(request)).emitted
+
+
+def test_measured_acceptance_sits_on_the_closed_form_of_the_rule_that_ran(
+    embedded_target, embedded_drafter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T = 0.7, >= 2,000 tested positions: sampler-match at sum_prod, stochastic at sum_min (3 SE)."""
+    monkeypatch.setenv("MLXCEL_SPECULATIVE_ACCEPT_DIAG", "1")
+    sampling = SamplingParams(temperature=0.7)
+    for stochastic, closed_form in [(False, "closed_form_sum_prod"), (True, "closed_form_sum_min")]:
+        builder = speculative(embedded_target, embedded_drafter, stochastic=stochastic)
+        tested = accepted = 0
+        forms: list[tuple[float, int]] = []
+        seed = 0
+        while tested < 2000:
+            prompt = embedded_target.tokenizer.encode(PROMPTS[seed % len(PROMPTS)])
+            stats = run(
+                builder.build(RowRequest(prompt=prompt, sampling=sampling, max_tokens=256, seed=seed))
+            ).loop.stats
+            tested += stats.positions_tested
+            accepted += stats.accepted
+            forms.append((getattr(stats, closed_form), stats.diagnosed_positions))
+            seed += 1
+        measured = accepted / tested
+        predicted = sum(f * n for f, n in forms) / sum(n for _, n in forms)
+        se = np.sqrt(predicted * (1 - predicted) / tested)
+        assert abs(measured - predicted) <= 3 * se, (stochastic, measured, predicted, se)
