@@ -36,7 +36,7 @@ def constant_output(src: Path, dst: Path, probs: dict[int, float]) -> Path:
     is rebuilt as outer(logits, h) / |h|^2 so that its logits are exactly log(probs) (and -30 for
     every other token). Needs an untied model (its own lm_head).
     """
-    from app.loading import load_model  # noqa: PLC0415 - loads the base once
+    from app.loading import load_model  # loads the base once
 
     assert not json.loads((src / "config.json").read_text())["tie_word_embeddings"]
     weights = dict(mx.load(str(src / "model.safetensors")))

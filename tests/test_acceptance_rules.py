@@ -109,7 +109,8 @@ def test_sum_min_is_never_below_sum_prod() -> None:
     p, q = mx.array(rows[0]), mx.array(rows[1])
     assert bool(mx.all(sum_min(p, q) >= sum_prod(p, q) - 1e-7))
     assert sum_min(mx.array([P]), mx.array([Q])).item() == pytest.approx(sum(map(min, P, Q)))
-    assert sum_prod(mx.array([P]), mx.array([Q])).item() == pytest.approx(sum(a * b for a, b in zip(P, Q)))
+    expected_prod = sum(a * b for a, b in zip(P, Q, strict=True))
+    assert sum_prod(mx.array([P]), mx.array([Q])).item() == pytest.approx(expected_prod)
 
 
 def test_greedy_rules_walk_the_chain() -> None:

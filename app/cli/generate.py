@@ -152,7 +152,8 @@ def report(generation: Generation) -> None:
     n = len(generation.emitted)
     rate = (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0
     print(
-        f"prompt: {generation.prompt_n} tokens in {prefill_s:.3f} s; generated: {n} tokens, {rate:.1f} tokens/s",
+        f"prompt: {generation.prompt_n} tokens in {prefill_s:.3f} s; "
+        f"generated: {n} tokens, {rate:.1f} tokens/s",
         file=sys.stderr,
     )
     loop = generation.loop

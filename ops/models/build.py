@@ -25,12 +25,12 @@ def main() -> None:
     tiny.add_argument("--seed", type=int, default=0)
     args, rest = parser.parse_known_args()
     if args.command == "pair":
-        from ops.models import train_default_pair  # noqa: PLC0415 - needs torch, only here
+        from ops.models import train_default_pair  # needs torch, only here
 
         sys.argv = [sys.argv[0], *rest]
         train_default_pair.main()
         return
-    from ops.models.tiny import build_tiny_model  # noqa: PLC0415
+    from ops.models.tiny import build_tiny_model
 
     print(build_tiny_model(args.out, model_type=args.model_type, layers=args.layers, hidden=args.hidden,
                            seed=args.seed))  # fmt: skip

@@ -62,7 +62,7 @@ def build_tiny_model(
     tokenizer_source: Path = TOKENIZER_SOURCE,
 ) -> Path:
     """Write a loadable random-weight model directory and return its path."""
-    from mlx_lm.utils import _get_classes  # noqa: PLC0415 - private but stable; maps config to classes
+    from mlx_lm.utils import _get_classes  # private but stable; maps config to classes
 
     out.mkdir(parents=True, exist_ok=True)
     source_config = json.loads((tokenizer_source / "config.json").read_text())
