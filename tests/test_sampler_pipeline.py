@@ -142,3 +142,11 @@ def test_invalid_parameters_are_named() -> None:
     assert any("top_p" in p for p in problems)
     assert any("top_k" in p for p in problems)
     assert any("logit_bias" in p for p in problems)
+
+
+def test_peeked_keys_are_the_stream_and_only_advanced_ones_are_consumed() -> None:
+    peeking, plain = RowRng(77), RowRng(77)
+    keys = peeking.peek(4)
+    assert [k.tolist() for k in keys[:2]] == [plain.next_key().tolist(), plain.next_key().tolist()]
+    peeking.advance(2)
+    assert peeking.uniform() == plain.uniform()

@@ -61,16 +61,18 @@ def sampler_match(drafts: Sequence[int], p_rows: mx.array, rng: RowRng) -> Verdi
     """Accept iff the draft equals a fresh draw from p; emit that draw on both branches.
 
     Lossless: every emitted token is a fresh conditional draw from the target. Accepts with
-    probability sum_x p(x) q(x). One categorical draw per verified position (bonus included).
+    probability sum_x p(x) q(x). One categorical draw per verified position (the bonus
+    included): the draws of the whole chain are prepared in one evaluation, and only the keys of
+    the positions actually tested are consumed.
     """
-    emitted: list[int] = []
-    for i, draft in enumerate(drafts):
-        drawn = rng.categorical(p_rows[i])
-        emitted.append(drawn)
-        if drawn != draft:
-            return Verdict(accepted=i, tokens=emitted, tested=i + 1)
-    emitted.append(rng.categorical(p_rows[len(drafts)]))
-    return Verdict(accepted=len(drafts), tokens=emitted, tested=len(drafts))
+    k = len(drafts)
+    keys = rng.peek(k + 1)
+    drawn = mx.stack([rng.draw(p_rows[i], keys[i]) for i in range(k + 1)]).tolist()
+    n = 0
+    while n < k and drawn[n] == drafts[n]:
+        n += 1
+    rng.advance(n + 1)
+    return Verdict(accepted=n, tokens=drawn[: n + 1], tested=n + 1 if n < k else k)
 
 
 def modified_rejection(drafts: Sequence[int], p_rows: mx.array, q_rows: mx.array, rng: RowRng) -> Verdict:
@@ -78,19 +80,24 @@ def modified_rejection(drafts: Sequence[int], p_rows: mx.array, q_rows: mx.array
 
     On the first rejection emit a draw from normalize(relu(p - q)) and end the chain; after a
     full accept emit a bonus draw from p. Lossless because min(p, q) + relu(p - q) == p, and
-    acceptance-optimal: it accepts with probability sum_x min(p(x), q(x)).
+    acceptance-optimal: it accepts with probability sum_x min(p(x), q(x)). Randomness: one
+    uniform per verified position, then one categorical draw (the recovered or bonus token).
     """
     k = len(drafts)
     idx = mx.array(list(drafts), dtype=mx.int32)
     rows = mx.arange(k)
-    p_at, q_at = mx.array(p_rows[rows, idx]).tolist(), mx.array(q_rows[rows, idx]).tolist()
-    for i in range(k):
-        if rng.uniform() * q_at[i] <= p_at[i]:
-            continue
-        residual = mx.maximum(p_rows[i] - q_rows[i], 0.0)
-        recovered = rng.categorical(residual / mx.sum(residual))
-        return Verdict(accepted=i, tokens=[*drafts[:i], recovered], tested=i + 1)
-    return Verdict(accepted=k, tokens=[*drafts, rng.categorical(p_rows[k])], tested=k)
+    keys = rng.peek(k)
+    u = mx.stack([mx.random.uniform(key=key) for key in keys])
+    u, p_at, q_at = (a.tolist() for a in (u, p_rows[rows, idx], q_rows[rows, idx]))
+    n = 0
+    while n < k and u[n] * q_at[n] <= p_at[n]:
+        n += 1
+    rng.advance(min(n + 1, k))
+    if n == k:
+        return Verdict(accepted=k, tokens=[*drafts, rng.categorical(p_rows[k])], tested=k)
+    residual = mx.maximum(p_rows[n] - q_rows[n], 0.0)
+    recovered = rng.categorical(residual / mx.sum(residual))
+    return Verdict(accepted=n, tokens=[*drafts[:n], recovered], tested=n + 1)
 
 
 def sum_min(p: mx.array, q: mx.array) -> mx.array:

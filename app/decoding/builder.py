@@ -13,7 +13,7 @@ from app.decoding.runner import ModelRunner
 from app.decoding.state import RowState
 from app.drafters.base import Drafter
 from app.drafters.draft_model import DraftModelDrafter
-from app.drafters.governor import make_governor
+from app.drafters.governor import DEFAULT_FLOOR, make_governor
 from app.drafters.prompt_lookup import PromptLookupDrafter
 from app.loading import LoadedModel, ModelLoadError, check_vocab_agreement
 from app.runtime.env import truthy
@@ -31,9 +31,9 @@ class LoopSpec:
     num_draft_tokens: int = 4
     stochastic: bool | None = None  # None: read MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT
     max_kv_size: int | None = None
-    governor_policy: str = "gated"
+    governor_policy: str = "gated"  # the CLI token loop's; the server's profiles default to break-even
     governor_adaptive: bool = True
-    governor_floor: float | None = None  # None: the CLI token loop's governor (no floor)
+    governor_floor: float = DEFAULT_FLOOR
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,13 @@ from app.drafters.base import Drafter, Proposal
 
 
 class TargetLoop:
-    """Target-only decoding: one forward and one sampler decision per step."""
+    """Target-only decoding: one forward and one sampler decision per step.
+
+    When the sampler needs nothing from the host (no penalty windows, no XTC coin), each step
+    also queues the next one before reading its own token, so the forward of token n+1 computes
+    while the host streams token n. Keys are drawn in the same order either way, so the output
+    does not depend on it; the queued step is simply dropped when the row stops.
+    """
 
     draft_kind: str | None = None
     rule: Rule | None = None
@@ -29,6 +35,7 @@ class TargetLoop:
 
     def __init__(self, target: ModelRunner) -> None:
         self.target = target
+        self._ahead: mx.array | None = None
 
     def prefill(self, state: RowState) -> int:
         """Feed the prompt and decide the first token."""
@@ -39,7 +46,27 @@ class TargetLoop:
 
     def step(self, state: RowState, budget: int) -> list[int]:
         """Decide at least one and at most `budget` tokens."""
-        return self.decode_one(state)
+        if not self._can_pipeline(state):
+            return self.decode_one(state)
+        current = self._ahead if self._ahead is not None else self._decide_lazily(state, state.tokens[-1:])
+        self._ahead = self._decide_lazily(state, current) if budget > 1 else None
+        if self._ahead is not None:
+            mx.async_eval(self._ahead)
+        token = int(current.item())
+        state.decide([token])
+        return [token]
+
+    def _can_pipeline(self, state: RowState) -> bool:
+        params = state.sampler.params
+        return not state.sampler.needs_context and params.xtc_probability == 0.0
+
+    def _decide_lazily(self, state: RowState, inputs: mx.array | list[int]) -> mx.array:
+        logits = self.target.forward(inputs)[-1:]
+        if state.sampler.is_greedy:
+            return state.sampler.greedy(logits)
+        # Draw from the 1-D row, as `SamplerPipeline.sample` does: the same key gives different
+        # noise for a [1, V] row than for a [V] row.
+        return state.rng.draw(state.sampler.distribution(logits)[0]).reshape(1)
 
     def decode_one(self, state: RowState) -> list[int]:
         logits = self.target.forward(state.tokens[self.target.length :])[-1:]
@@ -74,6 +101,7 @@ class SpeculativeLoop(TargetLoop):
         return token
 
     def step(self, state: RowState, budget: int) -> list[int]:
+        """One verify round, or a plain decode step when there is nothing to verify."""
         base = len(state.tokens)
         k = min(self.width, budget - 1)
         proposal = self.drafter.propose(state, k) if k > 0 else Proposal.empty()

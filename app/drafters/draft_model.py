@@ -74,6 +74,8 @@ class DraftModelDrafter:
                 if q is not None and self.p_min > 0.0 and q[0, token].item() < self.p_min:
                     break
                 state.history.extend([token])
+            else:
+                mx.async_eval(draft)  # compute this draft while the next step's graph is built
             drafts.append(draft)
             if q is not None and not sampler.is_greedy:
                 rows.append(q)

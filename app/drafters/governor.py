@@ -10,9 +10,9 @@ Policies (EMA of accepted tokens per drafted round, alpha 0.5):
   4 rounds, doubling on every consecutive pause up to 32.
 - gated: narrow 2-token blocks until the EMA reaches 1.5, then full blocks; a miss on a narrow
   block or three misses in a row pause with no timer until 2 shadow tokens in a row match.
-- break-even (the server's): the policy sizes blocks; pausing is decided by tokens per verify
-  (EMA + 1) against a floor instead (see `BreakEvenGovernor`).
-`adaptive = False` always proposes the full block and never pauses.
+- break-even (the server's default): full blocks while active; pausing is decided by tokens
+  per verify (EMA + 1) against a floor (see `BreakEvenGovernor`).
+`adaptive = False` always proposes the full block and never pauses, whatever the policy.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ class Governor:
     max_draft: int
     adaptive: bool = True
     ema: float = 0.0
-    rounds: int = 0
+    rounds: int = 0  # verified rounds since the start or the last resume
+    observed_rounds: int = 0  # every verified round ever observed (the evidence count)
     misses: int = 0
     paused: bool = False
     pauses: int = 0
@@ -88,6 +89,7 @@ class Governor:
         previous = self.ema
         self.ema = (1 - ALPHA) * self.ema + ALPHA * accepted
         self.rounds += 1
+        self.observed_rounds += 1
         self.misses = self.misses + 1 if accepted == 0 else 0
         self.after_round(proposed, accepted, previous)
 
@@ -165,14 +167,8 @@ class BreakEvenGovernor(Governor):
     """
 
     floor: float = DEFAULT_FLOOR
-    policy: str = "graded"
     low_streak: int = 0
     shadow: Shadow = field(default_factory=lambda: Shadow(SERVER_SHADOW_MATCHES))
-
-    def active_budget(self) -> int:
-        if self.policy == "gated":
-            return self.max_draft if self.ema >= GATED_WIDE_EMA else min(GATED_NARROW, self.max_draft)
-        return max(1, min(self.max_draft, round(2 * self.ema) + 2))
 
     def after_round(self, proposed: int, accepted: int, previous_ema: float) -> None:
         if accepted + 1 >= self.floor:
@@ -192,12 +188,17 @@ class BreakEvenGovernor(Governor):
             self.low_streak = 0
 
 
+POLICIES = ("break-even", "graded", "gated")
+
+
 def make_governor(
-    max_draft: int, *, policy: str = "gated", adaptive: bool = True, floor: float | None = None
+    max_draft: int, *, policy: str, adaptive: bool = True, floor: float = DEFAULT_FLOOR
 ) -> Governor:
-    """`floor` None is the CLI token loop; a floor selects the server's break-even governor."""
-    if floor is not None:
-        return BreakEvenGovernor(max_draft=max_draft, adaptive=adaptive, floor=floor, policy=policy)
+    """break-even is the server's default and gated the CLI's; `floor` only applies to break-even."""
+    if policy == "break-even":
+        return BreakEvenGovernor(max_draft=max_draft, adaptive=adaptive, floor=floor)
     if policy == "graded":
         return GradedGovernor(max_draft=max_draft, adaptive=adaptive)
-    return GatedGovernor(max_draft=max_draft, adaptive=adaptive)
+    if policy == "gated":
+        return GatedGovernor(max_draft=max_draft, adaptive=adaptive)
+    raise ValueError(f"unknown governor policy {policy!r}: use one of {', '.join(POLICIES)}")

@@ -45,7 +45,7 @@ def build() -> Path | None:
         print("no C compiler found: MLX keeps its reference BLAS (slow verify forwards)", file=sys.stderr)
         return None
     lib_dir = scipy_openblas32.get_lib_dir()
-    command = [compiler, "-O2", "-shared", "-fPIC", str(SOURCE), "-o", str(SHIM),
+    command = [compiler, "-O3", "-march=native", "-shared", "-fPIC", str(SOURCE), "-o", str(SHIM),
                f"-L{lib_dir}", "-lscipy_openblas", f"-Wl,-rpath,{lib_dir}"]  # fmt: skip
     subprocess.run(command, check=True)
     return SHIM

@@ -10,7 +10,8 @@ import msgspec
 import structlog
 
 
-def _json(event: dict, **_: object) -> str:
+def _json(_logger: object, _method: str, event: dict) -> str:
+    """One JSON object per line (msgspec is several times faster than json.dumps here)."""
     return msgspec.json.encode(event).decode()
 
 

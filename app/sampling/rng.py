@@ -10,24 +10,44 @@ class RowRng:
 
     MLX's default stream splits its key on every draw and keeps the first half; this class does
     the same, so a seeded row draws exactly what a seeded process would, while concurrent rows of
-    the server cannot disturb each other's draws.
+    the server cannot disturb each other's draws. `peek`/`advance` let a rule prepare the draws
+    of a whole round in one evaluation yet consume keys only for the positions it tested.
     """
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self._key = mx.random.key(seed)
+        self._peeked: list[mx.array] = []
 
     def next_key(self) -> mx.array:
         keys = mx.random.split(self._key)
         self._key = keys[0]
+        self._peeked = []
         return keys[1]
+
+    def peek(self, n: int) -> list[mx.array]:
+        """The next n draw keys, without consuming them (lazy)."""
+        draw_keys, state = [], self._key
+        self._peeked = []
+        for _ in range(n):
+            pair = mx.random.split(state)
+            state = pair[0]
+            draw_keys.append(pair[1])
+            self._peeked.append(state)
+        return draw_keys
+
+    def advance(self, n: int) -> None:
+        """Consume the first n keys of the last `peek`."""
+        if n:
+            self._key = self._peeked[n - 1]
+        self._peeked = []
 
     def uniform(self) -> float:
         return mx.random.uniform(key=self.next_key()).item()
 
-    def draw(self, probs: mx.array) -> mx.array:
+    def draw(self, probs: mx.array, key: mx.array | None = None) -> mx.array:
         """One draw per probability row, left on the device (lazy)."""
-        return mx.random.categorical(mx.log(probs), key=self.next_key())
+        return mx.random.categorical(mx.log(probs), key=self.next_key() if key is None else key)
 
     def categorical(self, probs: mx.array) -> int:
         """One draw from a probability row `[V]`, read back to the host."""

@@ -1,0 +1,188 @@
+"""Offline speculative decoding, side by side in one process on the embedded pair.
+
+Arms run interleaved prompt by prompt (the machine is shared and noisy), each for the same
+number of tokens with EOS ignored, timed wall-clock including prefill. mlx-lm's loops run on the
+same loaded model objects, so the comparison isolates the round loop.
+
+    python -m ops.bench.speculative [--tokens 128] [--repeats 2] [--k 4] [--no-write]
+"""
+
+from __future__ import annotations
+
+# isort: off
+from ops.bench.common import Arm, machine, table, timed, write_section  # first: sets up MLX's BLAS
+
+# isort: on
+import argparse
+from collections.abc import Callable
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step, speculative_generate_step
+from mlx_lm.sample_utils import make_sampler
+
+from app.decoding.builder import LoopBuilder, LoopSpec, RowRequest
+from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, LoadedModel, load_model
+from app.sampling import SamplingParams
+from ops.bench.prompts import COPY_HEAVY, HELD_OUT_CODE, PROSE
+
+Run = Callable[[], tuple[list[int], object | None]]
+
+GREEDY = SamplingParams(temperature=0.0)
+WARM = SamplingParams(temperature=0.7)
+
+
+def ours(builder: LoopBuilder, prompt: list[int], sampling: SamplingParams, n: int, seed: int) -> Run:
+    def run() -> tuple[list[int], object]:
+        generation = builder.build(RowRequest(prompt, sampling, max_tokens=n, seed=seed, ignore_eos=True))
+        generation.prefill()
+        while not generation.finished:
+            generation.step()
+        return generation.emitted, generation.loop.stats
+
+    return run
+
+
+def mlx_lm(
+    target: LoadedModel,
+    drafter: LoadedModel | None,
+    prompt: list[int],
+    temp: float,
+    n: int,
+    k: int,
+    seed: int,
+) -> Run:
+    def run() -> tuple[list[int], None]:
+        mx.random.seed(seed)
+        sampler = make_sampler(temp=temp, top_p=WARM.top_p, min_p=WARM.min_p, top_k=WARM.top_k)
+        if drafter is None:
+            steps = generate_step(mx.array(prompt), target.model, max_tokens=n, sampler=sampler)
+        else:
+            inputs = mx.array(prompt)
+            steps = speculative_generate_step(
+                inputs, target.model, drafter.model, num_draft_tokens=k, max_tokens=n, sampler=sampler
+            )
+        return [int(token) for token, *_ in steps], None
+
+    return run
+
+
+def run_set(arms: dict[str, object], prompts: list[list[int]], repeats: int) -> dict[str, Arm]:
+    """`arms` maps a name to a factory(prompt, seed) -> run; each prompt runs every arm in turn."""
+    results = {name: Arm(name) for name in arms}
+    names = list(arms)
+    for r in range(repeats):
+        for i, prompt in enumerate(prompts):
+            order = names[(i + r) % len(names) :] + names[: (i + r) % len(names)]
+            for name in order:
+                timed(results[name], arms[name](prompt, 1000 * r + i))
+    return results
+
+
+def rows_for(results: dict[str, Arm], baseline: str, mlx_name: str | None, label: str) -> list[list[str]]:
+    base = results[baseline].tokens_per_second
+    ref = results[mlx_name].tokens_per_second if mlx_name else None
+    rows = []
+    for arm in results.values():
+        speculative = arm.rounds > 0
+        rows.append(
+            [
+                arm.name,
+                label,
+                f"{arm.tokens_per_second:.1f}",
+                f"{arm.tokens_per_second / base:.2f}x",
+                f"{arm.tokens_per_second / ref:.2f}x" if ref else "",
+                f"{arm.mean_accepted_len:.2f}" if speculative else "",
+                f"{arm.per_position_acceptance:.3f}" if speculative else "",
+            ]
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    args = parser.parse_args()
+    n, k = args.tokens, args.k
+
+    target, drafter = load_model(EMBEDDED_TARGET), load_model(EMBEDDED_DRAFTER, role="drafter")
+    encode = target.tokenizer.encode
+    plain = LoopBuilder(target, None, LoopSpec())
+    classic = LoopBuilder(
+        target, drafter, LoopSpec(drafter_kind="draft-model", num_draft_tokens=k, stochastic=False)
+    )
+    stochastic = LoopBuilder(
+        target, drafter, LoopSpec(drafter_kind="draft-model", num_draft_tokens=k, stochastic=True)
+    )
+    lookup_cli = LoopBuilder(target, None, LoopSpec(drafter_kind="prompt-lookup", num_draft_tokens=7))
+    lookup_server = LoopBuilder(
+        target, None, LoopSpec(drafter_kind="prompt-lookup", num_draft_tokens=7, governor_policy="break-even")
+    )
+
+    code = [encode(p) for p in HELD_OUT_CODE]
+    greedy = run_set(
+        {
+            "target-only": lambda p, s: ours(plain, p, GREEDY, n, s),
+            f"classic k={k}": lambda p, s: ours(classic, p, GREEDY, n, s),
+            f"mlx-lm speculative k={k}": lambda p, s: mlx_lm(target, drafter, p, 0.0, n, k, s),
+            "mlx-lm target-only": lambda p, s: mlx_lm(target, None, p, 0.0, n, k, s),
+        },
+        code,
+        args.repeats,
+    )
+    warm = run_set(
+        {
+            "target-only": lambda p, s: ours(plain, p, WARM, n, s),
+            f"classic k={k} sampler-match": lambda p, s: ours(classic, p, WARM, n, s),
+            f"classic k={k} stochastic": lambda p, s: ours(stochastic, p, WARM, n, s),
+            f"mlx-lm speculative k={k}": lambda p, s: mlx_lm(target, drafter, p, 0.7, n, k, s),
+        },
+        code,
+        args.repeats,
+    )
+    lookup_arms = {
+        "target-only": lambda p, s: ours(plain, p, GREEDY, n, s),
+        "prompt lookup (CLI gated governor)": lambda p, s: ours(lookup_cli, p, GREEDY, n, s),
+        "prompt lookup (server break-even governor)": lambda p, s: ours(lookup_server, p, GREEDY, n, s),
+    }
+    copy = run_set(lookup_arms, [encode(p) for p in COPY_HEAVY], args.repeats)
+    prose = run_set(lookup_arms, [encode(p) for p in PROSE], args.repeats)
+
+    outputs = [
+        greedy[name].outputs for name in ("target-only", f"classic k={k}", f"mlx-lm speculative k={k}")
+    ]
+    identical = outputs[0] == outputs[1] == outputs[2]
+    header = ["arm", "prompts, T", "tokens/s", "vs target-only", "vs mlx-lm speculative", "mean accepted len",
+              "per-position acceptance"]  # fmt: skip
+    rows = (
+        rows_for(greedy, "target-only", f"mlx-lm speculative k={k}", "held-out code, T=0")
+        + rows_for(warm, "target-only", f"mlx-lm speculative k={k}", "held-out code, T=0.7")
+        + rows_for(copy, "target-only", None, "copy-heavy edits, T=0")
+        + rows_for(prose, "target-only", None, "prose, T=0")
+    )
+    body = "\n".join(
+        [
+            "## Offline round loops (`ops/bench/speculative.py`)",
+            "",
+            f"{machine()}. {len(HELD_OUT_CODE)} held-out code prompts, {len(COPY_HEAVY)} copy-heavy and "
+            f"{len(PROSE)} prose prompts; {n} tokens each, EOS ignored, {args.repeats} interleaved repeats; "
+            "wall time includes prefill. mlx-lm arms run on the same loaded models. Mean accepted "
+            "length is accepted drafts per round (add 1 for tokens per target forward).",
+            "",
+            table(header, rows),
+            "",
+            "T=0 outputs identical across target-only, classic and mlx-lm speculative: "
+            f"{'yes' if identical else 'NO'}.",
+        ]
+    )
+    print(body)
+    if not args.no_write:
+        write_section("speculative", body)
+
+
+if __name__ == "__main__":
+    main()
