@@ -21,7 +21,7 @@ from app.acceptance import (
     sum_min,
     sum_prod,
 )
-from app.sampling import RowRng, SamplingParams
+from app.sampling import Distribution, RowRng, SamplingParams
 from tests.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
 
 CATEGORIES = list(range(6))
@@ -30,14 +30,16 @@ Q = [0.10, 0.15, 0.30, 0.05, 0.25, 0.15]
 K = 4
 
 
+def draw(row: mx.array, rng: RowRng) -> int:
+    return int(Distribution.from_dense(row).draw(rng.next_key()).item())
+
+
 def resample_from_p(drafts: list[int], p_rows: mx.array, q_rows: mx.array, rng: RowRng) -> Verdict:
     """A known-wrong rule: rejection sampling that redraws from p instead of the residual."""
     for i, draft in enumerate(drafts):
         if rng.uniform() * q_rows[i, draft].item() > p_rows[i, draft].item():
-            return Verdict(accepted=i, tokens=[*drafts[:i], rng.categorical(p_rows[i])], tested=i + 1)
-    return Verdict(
-        accepted=len(drafts), tokens=[*drafts, rng.categorical(p_rows[len(drafts)])], tested=len(drafts)
-    )
+            return Verdict(accepted=i, tokens=[*drafts[:i], draw(p_rows[i], rng)], tested=i + 1)
+    return Verdict(accepted=len(drafts), tokens=[*drafts, draw(p_rows[len(drafts)], rng)], tested=len(drafts))
 
 
 def stream_from(rule: str | Callable, n: int, seed: int = 1234) -> list[int]:
@@ -47,11 +49,13 @@ def stream_from(rule: str | Callable, n: int, seed: int = 1234) -> list[int]:
     q_rows = mx.broadcast_to(mx.array(Q)[None, :], (K, len(Q)))
     out: list[int] = []
     while len(out) < n:
-        drafts = [rng.categorical(q_rows[i]) for i in range(K)]
+        drafts = [draw(q_rows[i], rng) for i in range(K)]
         if rule == "sampler-match":
-            verdict = sampler_match(drafts, p_rows, rng)
+            verdict = sampler_match(drafts, Distribution.from_dense(p_rows), rng)
         elif rule == "stochastic":
-            verdict = modified_rejection(drafts, p_rows, q_rows, rng)
+            verdict = modified_rejection(
+                drafts, Distribution.from_dense(p_rows), Distribution.from_dense(q_rows), rng
+            )
         elif rule == "argmax":
             verdict = argmax_against_argmax(drafts, [int(np.argmax(P))] * (K + 1))
         else:
@@ -76,7 +80,7 @@ def test_chi_square_rejects_known_wrong_rules(wrong_rule: str | Callable) -> Non
 @pytest.mark.parametrize("token", [0, 2, 4])
 def test_accept_rate_is_min_one_p_over_q(token: int) -> None:
     rng = RowRng(7)
-    p_rows, q_rows = mx.array([P, P]), mx.array([Q])
+    p_rows, q_rows = Distribution.from_dense(mx.array([P, P])), Distribution.from_dense(mx.array([Q]))
     trials = 4000
     accepted = sum(modified_rejection([token], p_rows, q_rows, rng).accepted for _ in range(trials))
     expected = min(1.0, P[token] / Q[token])
@@ -86,7 +90,7 @@ def test_accept_rate_is_min_one_p_over_q(token: int) -> None:
 
 def test_rejections_emit_the_normalised_residual() -> None:
     rng = RowRng(11)
-    p_rows, q_rows = mx.array([P, P]), mx.array([Q])
+    p_rows, q_rows = Distribution.from_dense(mx.array([P, P])), Distribution.from_dense(mx.array([Q]))
     residual = np.maximum(np.array(P) - np.array(Q), 0.0)
     residual /= residual.sum()
     recovered: list[int] = []
@@ -120,7 +124,7 @@ def test_greedy_rules_walk_the_chain() -> None:
 
 
 def test_sampler_match_emits_the_draw_on_both_branches() -> None:
-    one_hot = mx.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    one_hot = Distribution.from_dense(mx.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]))
     assert sampler_match([1, 0], one_hot, RowRng(0)) == Verdict(accepted=1, tokens=[1, 2], tested=2)
     assert sampler_match([1, 2], one_hot, RowRng(0)) == Verdict(accepted=2, tokens=[1, 2, 0], tested=2)
 

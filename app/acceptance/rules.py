@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from app.sampling import RowRng
+from app.sampling import Distribution, RowRng
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def argmax_against_argmax(drafts: Sequence[int], target_argmax: Sequence[int]) -
     return _longest_matching_prefix(drafts, target_argmax)
 
 
-def sampler_match(drafts: Sequence[int], p_rows: mx.array, rng: RowRng) -> Verdict:
+def sampler_match(drafts: Sequence[int], p: Distribution, rng: RowRng) -> Verdict:
     """Accept iff the draft equals a fresh draw from p; emit that draw on both branches.
 
     Lossless: every emitted token is a fresh conditional draw from the target. Accepts with
@@ -67,7 +67,7 @@ def sampler_match(drafts: Sequence[int], p_rows: mx.array, rng: RowRng) -> Verdi
     """
     k = len(drafts)
     keys = rng.peek(k + 1)
-    drawn = mx.stack([rng.draw(p_rows[i], keys[i]) for i in range(k + 1)]).tolist()
+    drawn = mx.concatenate([p[i].draw(keys[i]) for i in range(k + 1)]).tolist()
     n = 0
     while n < k and drawn[n] == drafts[n]:
         n += 1
@@ -75,7 +75,7 @@ def sampler_match(drafts: Sequence[int], p_rows: mx.array, rng: RowRng) -> Verdi
     return Verdict(accepted=n, tokens=drawn[: n + 1], tested=n + 1 if n < k else k)
 
 
-def modified_rejection(drafts: Sequence[int], p_rows: mx.array, q_rows: mx.array, rng: RowRng) -> Verdict:
+def modified_rejection(drafts: Sequence[int], p: Distribution, q: Distribution, rng: RowRng) -> Verdict:
     """Leviathan et al. / Chen et al.: accept iff u * q(t) <= p(t), u ~ U[0, 1).
 
     On the first rejection emit a draw from normalize(relu(p - q)) and end the chain; after a
@@ -84,20 +84,19 @@ def modified_rejection(drafts: Sequence[int], p_rows: mx.array, q_rows: mx.array
     uniform per verified position, then one categorical draw (the recovered or bonus token).
     """
     k = len(drafts)
-    idx = mx.array(list(drafts), dtype=mx.int32)
-    rows = mx.arange(k)
+    tokens = mx.array(list(drafts), dtype=mx.int32)
     keys = rng.peek(k)
     u = mx.stack([mx.random.uniform(key=key) for key in keys])
-    u, p_at, q_at = (a.tolist() for a in (u, p_rows[rows, idx], q_rows[rows, idx]))
+    u, p_at, q_at = (a.tolist() for a in (u, p[:k].prob_of(tokens), q.prob_of(tokens)))
     n = 0
     while n < k and u[n] * q_at[n] <= p_at[n]:
         n += 1
     rng.advance(min(n + 1, k))
     if n == k:
-        return Verdict(accepted=k, tokens=[*drafts, rng.categorical(p_rows[k])], tested=k)
-    residual = mx.maximum(p_rows[n] - q_rows[n], 0.0)
-    recovered = rng.categorical(residual / mx.sum(residual))
-    return Verdict(accepted=n, tokens=[*drafts[:n], recovered], tested=n + 1)
+        return Verdict(accepted=k, tokens=[*drafts, int(p[k].draw(rng.next_key()).item())], tested=k)
+    residual = mx.maximum(p[n].dense() - q[n].dense(), 0.0)
+    recovered = Distribution.from_dense(residual / mx.sum(residual)).draw(rng.next_key())
+    return Verdict(accepted=n, tokens=[*drafts[:n], int(recovered.item())], tested=n + 1)
 
 
 def sum_min(p: mx.array, q: mx.array) -> mx.array:

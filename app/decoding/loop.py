@@ -18,6 +18,7 @@ from app.acceptance import (
 from app.decoding.runner import ModelRunner
 from app.decoding.state import RowState
 from app.drafters.base import Drafter, Proposal
+from app.sampling import Distribution
 
 
 class TargetLoop:
@@ -64,9 +65,7 @@ class TargetLoop:
         logits = self.target.forward(inputs)[-1:]
         if state.sampler.is_greedy:
             return state.sampler.greedy(logits)
-        # Draw from the 1-D row, as `SamplerPipeline.sample` does: the same key gives different
-        # noise for a [1, V] row than for a [V] row.
-        return state.rng.draw(state.sampler.distribution(logits)[0]).reshape(1)
+        return state.sampler.distribution(logits).draw(state.rng.next_key())
 
     def decode_one(self, state: RowState) -> list[int]:
         logits = self.target.forward(state.tokens[self.target.length :])[-1:]
@@ -144,12 +143,16 @@ class SpeculativeLoop(TargetLoop):
             self._diagnose(proposal, p, verdict, logits.shape[-1])
         return verdict
 
-    def _diagnose(self, proposal: Proposal, p: mx.array | None, verdict: Verdict, vocab: int) -> None:
+    def _diagnose(self, proposal: Proposal, p: Distribution | None, verdict: Verdict, vocab: int) -> None:
         """Closed forms over the positions this round tested (one-hot rows where nothing is sampled)."""
         tested = verdict.tested
         # Greedy p is one-hot on the argmax, which is the emitted token at every tested row.
-        p = _one_hot(mx.array(verdict.tokens[:tested]), vocab) if p is None else p[:tested]
-        q = proposal.q[:tested] if proposal.q is not None else _one_hot(proposal.tokens[:tested], vocab)
+        p = _one_hot(mx.array(verdict.tokens[:tested]), vocab) if p is None else p[:tested].dense()
+        q = (
+            proposal.q[:tested].dense()
+            if proposal.q is not None
+            else _one_hot(proposal.tokens[:tested], vocab)
+        )
         self.stats.observe_closed_forms(sum_min(p, q).tolist(), sum_prod(p, q).tolist())
 
 

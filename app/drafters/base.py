@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
 
+from app.sampling import Distribution
+
 if TYPE_CHECKING:
     from app.acceptance import Verdict
     from app.decoding.state import RowState
@@ -17,7 +19,7 @@ class Proposal:
     """k drafted tokens and, where the drafter sampled them, the rows q they were drawn from."""
 
     tokens: mx.array  # [k] int32, possibly still lazy
-    q: mx.array | None = None  # [k, V] the drafter's final sampler rows, None when greedy/not reported
+    q: Distribution | None = None  # k rows the drafts were drawn from; None when greedy/not reported
 
     @property
     def k(self) -> int:

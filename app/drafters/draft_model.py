@@ -8,6 +8,7 @@ import mlx.core as mx
 
 from app.decoding.runner import ModelRunner
 from app.drafters.base import Proposal
+from app.sampling import Distribution
 
 if TYPE_CHECKING:
     from app.acceptance import Verdict
@@ -59,19 +60,19 @@ class DraftModelDrafter:
         base = len(state.tokens)
         logits = self._fit(self.runner.forward(state.tokens[self.runner.length :])[-1:])
         drafts: list[mx.array] = []
-        rows: list[mx.array] = []
+        rows: list[Distribution] = []
         for i in range(k):
             contexts = state.contexts([base + i])
             if sampler.is_greedy:
                 adjusted = sampler.adjust(logits, contexts)
                 draft = mx.argmax(adjusted, axis=-1).astype(mx.int32)
-                q = mx.softmax(adjusted, axis=-1) if self.p_min > 0.0 else None
+                q = Distribution.from_dense(mx.softmax(adjusted, axis=-1)) if self.p_min > 0.0 else None
             else:
                 q = sampler.distribution(logits, contexts, state.rng)
-                draft = state.rng.draw(q).astype(mx.int32)
+                draft = q.draw(state.rng.next_key()).astype(mx.int32)
             if needs_host:
                 token = int(draft.item())
-                if q is not None and self.p_min > 0.0 and q[0, token].item() < self.p_min:
+                if q is not None and self.p_min > 0.0 and q.prob_of(draft).item() < self.p_min:
                     break
                 state.history.extend([token])
             else:
@@ -84,7 +85,7 @@ class DraftModelDrafter:
         state.history.rewind(base)
         if not drafts:
             return Proposal.empty()
-        return Proposal(tokens=mx.concatenate(drafts), q=mx.concatenate(rows) if rows else None)
+        return Proposal(tokens=mx.concatenate(drafts), q=Distribution.stack(rows) if rows else None)
 
     def settle(self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None) -> None:
         """Keep the accepted drafts the cache holds; the rejected ones are rewound."""

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 
+from app.sampling.distribution import Distribution
 from app.sampling.params import SamplingParams
 from app.sampling.rng import RowRng
 
@@ -62,10 +63,10 @@ class SamplerPipeline:
 
     def distribution(
         self, logits: mx.array, contexts: Sequence[Sequence[int]] | None = None, rng: RowRng | None = None
-    ) -> mx.array:
-        """The final probability rows `p` `[R, V]` (for a non-greedy sampler)."""
+    ) -> Distribution:
+        """The final probability rows `p` (for a non-greedy sampler), on their candidate set."""
         adjusted = self.adjust(logits, contexts)
-        rows, vocab = adjusted.shape
+        vocab = adjusted.shape[-1]
         top_k = self.params.top_k
         if 0 < top_k < vocab:
             # Only the top_k candidates can survive: sort those instead of the whole vocabulary.
@@ -77,54 +78,49 @@ class SamplerPipeline:
         ranked = mx.take_along_axis(values, order, axis=-1)
         keep = self._filter(ranked, rng)
         tempered = mx.where(keep, ranked / max(self.params.temperature, 1e-6), -mx.inf)
-        ranked_p = mx.softmax(tempered, axis=-1)
         token_ids = order if candidates is None else mx.take_along_axis(candidates, order, axis=-1)
-        return mx.put_along_axis(mx.zeros((rows, vocab), dtype=ranked_p.dtype), token_ids, ranked_p, axis=-1)
+        return Distribution(ids=token_ids, probs=mx.softmax(tempered, axis=-1), vocab=vocab)
 
     def _filter(self, ranked: mx.array, rng: RowRng | None) -> mx.array:
         """Keep-mask over candidates sorted by descending logit, on the untempered distribution.
 
-        When `distribution` pre-selected the top_k candidates, the top-k step here is a no-op.
+        Sorted candidates make every filter keep a prefix, so the filters reduce to a count of
+        kept leading candidates (and XTC to a start). top-k was applied by choosing the
+        candidates; top-p is measured on the renormalised top-k row, and min-p is a ratio to the
+        top probability, which renormalising does not change.
         """
         p = self.params
-        rows, vocab = ranked.shape
-        rank = mx.broadcast_to(mx.arange(vocab)[None, :], ranked.shape)
+        rows, width = ranked.shape
+        rank = mx.arange(width)[None, :]
         probs = mx.softmax(ranked, axis=-1)
-        keep = mx.ones(ranked.shape, dtype=mx.bool_)
-        if 0 < p.top_k < vocab:
-            keep = rank < p.top_k
-            probs = _renormalise(probs, keep)
+        kept = mx.full((rows, 1), width)
         if p.top_p < 1.0:
-            keep = keep & ((mx.cumsum(probs, axis=-1) - probs) < p.top_p)
-            probs = _renormalise(probs, keep)
+            mass_before = mx.cumsum(probs, axis=-1) - probs
+            kept = mx.minimum(kept, mx.sum(mass_before < p.top_p, axis=-1, keepdims=True))
         if p.min_p > 0.0:
-            keep = keep & (probs >= p.min_p * probs[:, :1])
-            probs = _renormalise(probs, keep)
+            kept = mx.minimum(kept, mx.sum(probs >= p.min_p * probs[:, :1], axis=-1, keepdims=True))
+        keep = rank < kept
         if p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5 and rng is not None:
-            keep = keep & self._xtc_mask(probs, rank, rows, rng)
+            keep = keep & self._xtc_mask(probs, keep, rank, rows, rng)
         return keep
 
-    def _xtc_mask(self, probs: mx.array, rank: mx.array, rows: int, rng: RowRng) -> mx.array:
-        """Exclude Top Choices: drop every token above the threshold but the least likely of them."""
+    def _xtc_mask(self, probs: mx.array, keep: mx.array, rank: mx.array, rows: int, rng: RowRng) -> mx.array:
+        """Exclude Top Choices: drop every token above the threshold but the least likely of them.
+
+        Measured on the renormalised filtered row; one U[0, 1) coin per row decides whether it applies.
+        """
+        filtered = mx.where(keep, probs, 0.0)
+        filtered = filtered / mx.sum(filtered, axis=-1, keepdims=True)
         coins = mx.array([rng.uniform() for _ in range(rows)])
-        above = mx.sum(probs >= self.params.xtc_threshold, axis=-1, keepdims=True)
+        above = mx.sum(filtered >= self.params.xtc_threshold, axis=-1, keepdims=True)
         applies = (coins[:, None] <= self.params.xtc_probability) & (above >= 2)
         return ~applies | (rank >= above - 1)
 
-    def draw(self, probs: mx.array, rng: RowRng) -> int:
-        """One token from a probability row `[V]`."""
-        return rng.categorical(probs)
-
     def sample(
         self, logits: mx.array, contexts: Sequence[Sequence[int]] | None, rng: RowRng
-    ) -> tuple[int, mx.array | None]:
+    ) -> tuple[int, Distribution | None]:
         """Decide one token from one row of logits `[1, V]`; returns (token, p or None if greedy)."""
         if self.is_greedy:
             return int(self.greedy(logits, contexts)[0].item()), None
-        p = self.distribution(logits, contexts, rng)[0]
-        return self.draw(p, rng), p
-
-
-def _renormalise(probs: mx.array, keep: mx.array) -> mx.array:
-    kept = mx.where(keep, probs, 0.0)
-    return kept / mx.sum(kept, axis=-1, keepdims=True)
+        p = self.distribution(logits, contexts, rng)
+        return int(p.draw(rng.next_key()).item()), p

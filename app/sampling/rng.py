@@ -12,6 +12,7 @@ class RowRng:
     the same, so a seeded row draws exactly what a seeded process would, while concurrent rows of
     the server cannot disturb each other's draws. `peek`/`advance` let a rule prepare the draws
     of a whole round in one evaluation yet consume keys only for the positions it tested.
+    Categorical draws take a key from here (`Distribution.draw`).
     """
 
     def __init__(self, seed: int) -> None:
@@ -44,11 +45,3 @@ class RowRng:
 
     def uniform(self) -> float:
         return mx.random.uniform(key=self.next_key()).item()
-
-    def draw(self, probs: mx.array, key: mx.array | None = None) -> mx.array:
-        """One draw per probability row, left on the device (lazy)."""
-        return mx.random.categorical(mx.log(probs), key=self.next_key() if key is None else key)
-
-    def categorical(self, probs: mx.array) -> int:
-        """One draw from a probability row `[V]`, read back to the host."""
-        return int(self.draw(probs).item())

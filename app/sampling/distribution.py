@@ -1,0 +1,57 @@
+"""Probability rows kept on their candidate set: the tokens that survived top-k.
+
+With top_k = 40 a row has 40 non-zero entries out of thousands; drawing from and looking up in
+the candidates costs a fraction of the dense row's work (a Gumbel draw touches every entry).
+Rows become dense only where a rule needs p and q aligned (the residual, the closed forms).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """R rows over C candidates each: row r gives probability `probs[r, c]` to `ids[r, c]`."""
+
+    ids: mx.array  # [R, C] token ids
+    probs: mx.array  # [R, C] probabilities summing to 1 per row
+    vocab: int
+
+    @classmethod
+    def from_dense(cls, rows: mx.array) -> Distribution:
+        """Wrap dense rows `[R, V]` (every token is a candidate)."""
+        rows = rows if rows.ndim == 2 else rows[None, :]
+        ids = mx.broadcast_to(mx.arange(rows.shape[-1])[None, :], rows.shape)
+        return cls(ids=ids, probs=rows, vocab=rows.shape[-1])
+
+    @property
+    def rows(self) -> int:
+        return self.ids.shape[0]
+
+    def __getitem__(self, index: int | slice) -> Distribution:
+        if isinstance(index, int):
+            index = slice(index, index + 1)
+        return Distribution(self.ids[index], self.probs[index], self.vocab)
+
+    def dense(self) -> mx.array:
+        """The rows over the whole vocabulary `[R, V]`."""
+        zeros = mx.zeros((self.rows, self.vocab), dtype=self.probs.dtype)
+        return mx.put_along_axis(zeros, self.ids, self.probs, axis=-1)
+
+    def prob_of(self, tokens: mx.array) -> mx.array:
+        """Probability of `tokens[r]` under row r `[R]`."""
+        return mx.sum(mx.where(self.ids == tokens[:, None], self.probs, 0.0), axis=-1)
+
+    def draw(self, key: mx.array) -> mx.array:
+        """One token per row `[R]` (lazy)."""
+        choice = mx.random.categorical(mx.log(self.probs), key=key)
+        return mx.take_along_axis(self.ids, choice[:, None], axis=-1)[:, 0]
+
+    @classmethod
+    def stack(cls, parts: list[Distribution]) -> Distribution:
+        """Rows of several distributions over candidate sets of the same size, in order."""
+        ids = mx.concatenate([part.ids for part in parts])
+        return cls(ids=ids, probs=mx.concatenate([part.probs for part in parts]), vocab=parts[0].vocab)
