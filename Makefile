@@ -21,7 +21,7 @@ $(SHIM): app/runtime/sgemm_rows.c $(STAMP)
 	MLXCEL_BLAS=reference $(BIN)/python -c "from app.runtime.blas import build; build()"
 
 run: install
-	$(BIN)/mlxcel generate -p "def fibonacci(n):" -n 64 --temp 0 --no-chat-template
+	$(BIN)/mlxcel serve
 
 test: install
 	$(BIN)/ruff check .

@@ -28,3 +28,20 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tiny_dir: Path) -> LoadedModel:
     return load_model(tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def default_server(tmp_path_factory: pytest.TempPathFactory):
+    """The embedded default profile (classic draft model), shared by the server tests."""
+    from tests.server import serve
+
+    with serve(tmp_path_factory.mktemp("default-server")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def target_only_server(tmp_path_factory: pytest.TempPathFactory):
+    from tests.server import serve
+
+    with serve(tmp_path_factory.mktemp("target-only-server"), "--profile", "target-only") as server:
+        yield server

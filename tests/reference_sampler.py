@@ -11,13 +11,9 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def penalise(
-    logits: np.ndarray, context: list[int], repeat: float, freq: float, presence: float
-) -> np.ndarray:
+def penalise(logits: np.ndarray, context: list[int], repeat: float, freq: float, presence: float) -> np.ndarray:
     out = logits.astype(np.float64).copy()
-    counts = (
-        np.bincount(np.array(context, dtype=np.int64), minlength=len(out)) if context else np.zeros(len(out))
-    )
+    counts = np.bincount(np.array(context, dtype=np.int64), minlength=len(out)) if context else np.zeros(len(out))
     for t in np.nonzero(counts)[0]:
         out[t] = out[t] * repeat if out[t] <= 0 else out[t] / repeat
         out[t] -= counts[t] * freq + presence

@@ -53,9 +53,7 @@ def stream_from(rule: str | Callable, n: int, seed: int = 1234) -> list[int]:
         if rule == "sampler-match":
             verdict = sampler_match(drafts, Distribution.from_dense(p_rows), rng)
         elif rule == "stochastic":
-            verdict = modified_rejection(
-                drafts, Distribution.from_dense(p_rows), Distribution.from_dense(q_rows), rng
-            )
+            verdict = modified_rejection(drafts, Distribution.from_dense(p_rows), Distribution.from_dense(q_rows), rng)
         elif rule == "argmax":
             verdict = argmax_against_argmax(drafts, [int(np.argmax(P))] * (K + 1))
         else:
@@ -69,9 +67,7 @@ def test_lossless_rules_pass_the_chi_square(rule: str) -> None:
     assert chi_square(stream_from(rule, sample_count()), CATEGORIES, P) < CRITICAL_DOF5_ALPHA_1E4
 
 
-@pytest.mark.parametrize(
-    "wrong_rule", [resample_from_p, "argmax"], ids=["resample-from-p", "argmax-vs-argmax"]
-)
+@pytest.mark.parametrize("wrong_rule", [resample_from_p, "argmax"], ids=["resample-from-p", "argmax-vs-argmax"])
 def test_chi_square_rejects_known_wrong_rules(wrong_rule: str | Callable) -> None:
     """Power calibration: the same statistic, the same sample size, a rule known to be biased."""
     assert chi_square(stream_from(wrong_rule, sample_count()), CATEGORIES, P) > CRITICAL_DOF5_ALPHA_1E4
@@ -101,9 +97,7 @@ def test_rejections_emit_the_normalised_residual() -> None:
     support = [c for c in CATEGORIES if residual[c] > 0]
     assert set(recovered) <= set(support)
     counts = Counter(recovered)
-    stat = sum(
-        (counts[c] - len(recovered) * residual[c]) ** 2 / (len(recovered) * residual[c]) for c in support
-    )
+    stat = sum((counts[c] - len(recovered) * residual[c]) ** 2 / (len(recovered) * residual[c]) for c in support)
     assert stat < 18.4207  # chi-square, dof 2 (three residual categories): -2 ln(1e-4), alpha 1e-4
 
 

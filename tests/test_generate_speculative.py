@@ -75,17 +75,13 @@ def test_rule_and_diagnostic_at_temperature(env: dict[str, str], rule: str) -> N
 
 
 def test_explicit_kind_is_reported_as_explicit() -> None:
-    result = generate(
-        *PROMPT, "--temp", "0", "--draft-model", str(EMBEDDED_DRAFTER), "--draft-kind", "draft-model"
-    )
+    result = generate(*PROMPT, "--temp", "0", "--draft-model", str(EMBEDDED_DRAFTER), "--draft-kind", "draft-model")
     assert "explicit)" in result.stderr
     assert "auto-detected only" not in result.stderr
 
 
 def test_prompt_lookup_summary_says_sampler_match_is_already_optimal() -> None:
-    result = generate(
-        *PROMPT, "--temp", "0.7", "--prompt-lookup", env={"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": "1"}
-    )
+    result = generate(*PROMPT, "--temp", "0.7", "--prompt-lookup", env={"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": "1"})
     s = summary_of(result.stdout)
     assert s["rule"] == "sampler-match"
     assert "one-hot" in s["why"] and "nothing to opt into" in s["why"]
@@ -103,15 +99,11 @@ def test_real_dflash_checkpoints_are_refused_naming_serve(tmp_path: Path) -> Non
 
 def test_mlxcel_log_installs_structlog_on_stderr_only_when_set() -> None:
     quiet = generate(*PROMPT, "--temp", "0", "--draft-model", str(EMBEDDED_DRAFTER))
-    loud = generate(
-        *PROMPT, "--temp", "0", "--draft-model", str(EMBEDDED_DRAFTER), env={"MLXCEL_LOG": "info"}
-    )
+    loud = generate(*PROMPT, "--temp", "0", "--draft-model", str(EMBEDDED_DRAFTER), env={"MLXCEL_LOG": "info"})
     assert quiet.stdout == loud.stdout  # stdout stays clean
     events = [json.loads(line) for line in loud.stderr.splitlines() if line.startswith("{")]
     names = [e["event"] for e in events]
     assert names == ["drafter_kind_resolved", "acceptance_rule_active", "speculative_decode_finished"]
     assert not any(line.startswith("{") for line in quiet.stderr.splitlines())
     finished = events[-1]
-    assert finished["rule"] == "greedy-argmax" and finished["accepted"] == int(
-        summary_of(loud.stdout)["accepted"]
-    )
+    assert finished["rule"] == "greedy-argmax" and finished["accepted"] == int(summary_of(loud.stdout)["accepted"])

@@ -36,12 +36,8 @@ def run(generation: Generation) -> Generation:
     return generation
 
 
-def speculative(
-    target: LoadedModel, drafter: LoadedModel, k: int = 4, stochastic: bool | None = None
-) -> LoopBuilder:
-    return LoopBuilder(
-        target, drafter, LoopSpec(drafter_kind="draft-model", num_draft_tokens=k, stochastic=stochastic)
-    )
+def speculative(target: LoadedModel, drafter: LoadedModel, k: int = 4, stochastic: bool | None = None) -> LoopBuilder:
+    return LoopBuilder(target, drafter, LoopSpec(drafter_kind="draft-model", num_draft_tokens=k, stochastic=stochastic))
 
 
 @pytest.fixture(scope="module")
@@ -76,24 +72,18 @@ def test_speculative_stream_matches_the_target_distribution(constant_pair, stoch
 
 def test_chi_square_rejects_argmax_against_argmax_in_the_loop(constant_pair) -> None:
     """Power calibration at loop level: the biased block-loop rule, run at T > 0, is caught."""
-    stream = emitted_stream(
-        speculative(*constant_pair, k=2), sample_count() // 8, rule=Rule.ARGMAX_AGAINST_ARGMAX
-    )
+    stream = emitted_stream(speculative(*constant_pair, k=2), sample_count() // 8, rule=Rule.ARGMAX_AGAINST_ARGMAX)
     assert chi_square(stream, TOKENS, P) > CRITICAL_DOF5_ALPHA_1E4
 
 
 @pytest.mark.parametrize("stochastic", [False, True], ids=["sampler-match", "stochastic"])
-def test_filtered_target_support_is_never_violated(
-    embedded_target, embedded_drafter, stochastic: bool
-) -> None:
+def test_filtered_target_support_is_never_violated(embedded_target, embedded_drafter, stochastic: bool) -> None:
     """Zero tolerance: every emitted token is one of the target's top 2 at its position."""
     sampling = SamplingParams(temperature=1.5, top_k=2, top_p=1.0, min_p=0.0)
     builder = speculative(embedded_target, embedded_drafter, stochastic=stochastic)
     for seed, text in enumerate(PROMPTS):
         prompt = embedded_target.tokenizer.encode(text)
-        generation = run(
-            builder.build(RowRequest(prompt=prompt, sampling=sampling, max_tokens=48, seed=seed))
-        )
+        generation = run(builder.build(RowRequest(prompt=prompt, sampling=sampling, max_tokens=48, seed=seed)))
         # Replay single-token steps: byte-exact with the verify rows (see app/runtime/blas.py).
         runner = ModelRunner(embedded_target.model)
         logits = runner.prefill(prompt)
@@ -104,9 +94,7 @@ def test_filtered_target_support_is_never_violated(
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 7])
-def test_temperature_zero_stream_is_byte_identical_to_greedy_target_only(
-    embedded_target, embedded_drafter, k
-):
+def test_temperature_zero_stream_is_byte_identical_to_greedy_target_only(embedded_target, embedded_drafter, k):
     plain = LoopBuilder(embedded_target, None, LoopSpec())
     spec = speculative(embedded_target, embedded_drafter, k=k, stochastic=True)
     for text in PROMPTS:

@@ -31,8 +31,7 @@ DESCRIPTIONS = {
     Rule.SAMPLER_MATCH: "sampler-match (lossless)",
     Rule.STOCHASTIC: "stochastic (modified rejection sampling)",
     Rule.SAMPLER_MATCH_NO_Q: (
-        "sampler-match (lossless): stochastic acceptance was requested but the drafter reports no "
-        "proposal distribution"
+        "sampler-match (lossless): stochastic acceptance was requested but the drafter reports no proposal distribution"
     ),
     Rule.ARGMAX_AGAINST_ARGMAX: "argmax-against-argmax (exact at temperature 0, biased above it)",
 }

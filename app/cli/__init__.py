@@ -6,8 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from app.cli import generate
+from app.cli import generate, profiles, serve
 from app.loading import ModelLoadError
+from app.profiles import ProfileError
 
 EXIT_USAGE = 2
 
@@ -27,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlxcel", description="Speculative decoding on MLX.")
     commands = parser.add_subparsers(dest="command", required=True)
     generate.add_parser(commands)
-    for name in ("serve", "profiles", "bench"):
+    serve.add_parser(commands)
+    profiles.add_parser(commands)
+    for name in ("bench",):
         commands.add_parser(name, parents=[not_yet(name)], help="not yet available")
     return parser
 
@@ -36,6 +39,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except ModelLoadError as exc:
+    except (ModelLoadError, ProfileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

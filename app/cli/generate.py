@@ -109,9 +109,7 @@ def run(args: argparse.Namespace) -> int:
         if resolution.disagreement:
             print(f"warning: {resolution.disagreement}", file=sys.stderr)
         log.info("drafter_kind_resolved", kind=resolution.kind, explicit=resolution.explicit)
-    width = (
-        args.num_draft_tokens if args.num_draft_tokens is not None else DEFAULT_WIDTH.get(resolution.kind, 0)
-    )
+    width = args.num_draft_tokens if args.num_draft_tokens is not None else DEFAULT_WIDTH.get(resolution.kind, 0)
     spec = LoopSpec(
         drafter_kind=resolution.kind,
         num_draft_tokens=width,
@@ -123,14 +121,10 @@ def run(args: argparse.Namespace) -> int:
     if args.seed >= 0:
         mx.random.seed(args.seed)
     prompt = encode_prompt(target.tokenizer, args.prompt, not args.no_chat_template)
-    request = RowRequest(
-        prompt=prompt, sampling=sampling_from(args), max_tokens=args.n_predict, seed=args.seed
-    )
+    request = RowRequest(prompt=prompt, sampling=sampling_from(args), max_tokens=args.n_predict, seed=args.seed)
     generation = builder.build(request)
     if generation.loop.rule is not None:
-        log.info(
-            "acceptance_rule_active", rule=generation.loop.rule, drafter_kind=resolution.kind, width=width
-        )
+        log.info("acceptance_rule_active", rule=generation.loop.rule, drafter_kind=resolution.kind, width=width)
     stream(generation)
     report(generation)
     return 0
@@ -152,8 +146,7 @@ def report(generation: Generation) -> None:
     n = len(generation.emitted)
     rate = (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0
     print(
-        f"prompt: {generation.prompt_n} tokens in {prefill_s:.3f} s; "
-        f"generated: {n} tokens, {rate:.1f} tokens/s",
+        f"prompt: {generation.prompt_n} tokens in {prefill_s:.3f} s; generated: {n} tokens, {rate:.1f} tokens/s",
         file=sys.stderr,
     )
     loop = generation.loop

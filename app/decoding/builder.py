@@ -13,7 +13,7 @@ from app.decoding.runner import ModelRunner
 from app.decoding.state import RowState
 from app.drafters.base import Drafter
 from app.drafters.draft_model import DraftModelDrafter
-from app.drafters.governor import DEFAULT_FLOOR, make_governor
+from app.drafters.governor import DEFAULT_FLOOR, Listener, make_governor
 from app.drafters.prompt_lookup import PromptLookupDrafter
 from app.loading import LoadedModel, ModelLoadError, check_vocab_agreement
 from app.runtime.env import truthy
@@ -70,7 +70,7 @@ class LoopBuilder:
     def stochastic(self) -> bool:
         return stochastic_requested(self.spec.stochastic)
 
-    def make_drafter(self, request: RowRequest, width: int) -> Drafter | None:
+    def make_drafter(self, request: RowRequest, width: int, listener: Listener | None) -> Drafter | None:
         spec = self.spec
         if spec.drafter_kind == "draft-model" and self.drafter is not None:
             return DraftModelDrafter(self.drafter, self.target.vocab_size, p_min=request.p_min)
@@ -78,6 +78,7 @@ class LoopBuilder:
             governor = make_governor(
                 width, policy=spec.governor_policy, adaptive=spec.governor_adaptive, floor=spec.governor_floor
             )
+            governor.listener = listener
             return PromptLookupDrafter(governor)
         return None
 
@@ -89,7 +90,7 @@ class LoopBuilder:
             one_hot_proposals=drafter.one_hot_proposals,
         )
 
-    def build(self, request: RowRequest) -> Generation:
+    def build(self, request: RowRequest, governor_listener: Listener | None = None) -> Generation:
         seed = request.seed if request.seed is not None and request.seed >= 0 else random.getrandbits(32)
         state = RowState(
             tokens=list(request.prompt),
@@ -97,12 +98,8 @@ class LoopBuilder:
             rng=RowRng(seed),
         )
         target = ModelRunner(self.target.model, max_kv_size=self.spec.max_kv_size)
-        width = (
-            self.spec.num_draft_tokens
-            if request.n_max is None
-            else min(request.n_max, self.spec.num_draft_tokens)
-        )
-        drafter = self.make_drafter(request, width) if width > 0 else None
+        width = self.spec.num_draft_tokens if request.n_max is None else min(request.n_max, self.spec.num_draft_tokens)
+        drafter = self.make_drafter(request, width, governor_listener) if width > 0 else None
         loop: TargetLoop
         if drafter is None:
             loop = TargetLoop(target)

@@ -108,9 +108,7 @@ class SpeculativeLoop(TargetLoop):
             emitted = self.decode_one(state)
             self.drafter.settle(state, base, Proposal.empty(), None)
             return emitted
-        logits = self.target.forward(
-            mx.concatenate([mx.array(state.tokens[self.target.length :]), proposal.tokens])
-        )
+        logits = self.target.forward(mx.concatenate([mx.array(state.tokens[self.target.length :]), proposal.tokens]))
         verdict = self.judge(state, proposal, logits[-(proposal.k + 1) :])
         self.target.rewind(self.target.length - (base + verdict.accepted))
         state.settle(verdict.tokens, verdict.accepted)
@@ -148,11 +146,7 @@ class SpeculativeLoop(TargetLoop):
         tested = verdict.tested
         # Greedy p is one-hot on the argmax, which is the emitted token at every tested row.
         p = _one_hot(mx.array(verdict.tokens[:tested]), vocab) if p is None else p[:tested].dense()
-        q = (
-            proposal.q[:tested].dense()
-            if proposal.q is not None
-            else _one_hot(proposal.tokens[:tested], vocab)
-        )
+        q = proposal.q[:tested].dense() if proposal.q is not None else _one_hot(proposal.tokens[:tested], vocab)
         self.stats.observe_closed_forms(sum_min(p, q).tolist(), sum_prod(p, q).tolist())
 
 

@@ -32,6 +32,7 @@ MIN_ROUNDS_BEFORE_PAUSE = 2
 DEFAULT_FLOOR = 4.0
 
 Lookup = Callable[[int], list[int]]
+Listener = Callable[[str, "Governor"], None]
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Governor:
     paused: bool = False
     pauses: int = 0
     resumes: int = 0
+    listener: Listener | None = field(default=None, repr=False, compare=False)  # pause/resume events
 
     def budget(self) -> int:
         """Tokens to propose now (0: paused)."""
@@ -102,11 +104,17 @@ class Governor:
     def pause(self) -> None:
         self.paused = True
         self.pauses += 1
+        self._notify("governor_paused")
 
     def resume(self) -> None:
         self.paused = False
         self.resumes += 1
         self.ema, self.rounds, self.misses = 0.0, 0, 0
+        self._notify("governor_resumed")
+
+    def _notify(self, event: str) -> None:
+        if self.listener is not None:
+            self.listener(event, self)
 
 
 @dataclass
@@ -130,9 +138,9 @@ class GradedGovernor(Governor):
         self.paused_for += 1
         if self.paused_for >= self.pause_length:
             self.pause_length = min(GRADED_MAX_PAUSE, 2 * self.pause_length)
-            self.paused = False
-            self.resumes += 1
-            self.misses = 0
+            ema = self.ema
+            self.resume()
+            self.ema = ema  # a timed pause keeps the EMA it had
 
 
 @dataclass
@@ -191,9 +199,7 @@ class BreakEvenGovernor(Governor):
 POLICIES = ("break-even", "graded", "gated")
 
 
-def make_governor(
-    max_draft: int, *, policy: str, adaptive: bool = True, floor: float = DEFAULT_FLOOR
-) -> Governor:
+def make_governor(max_draft: int, *, policy: str, adaptive: bool = True, floor: float = DEFAULT_FLOOR) -> Governor:
     """break-even is the server's default and gated the CLI's; `floor` only applies to break-even."""
     if policy == "break-even":
         return BreakEvenGovernor(max_draft=max_draft, adaptive=adaptive, floor=floor)

@@ -45,7 +45,18 @@ def build() -> Path | None:
         print("no C compiler found: MLX keeps its reference BLAS (slow verify forwards)", file=sys.stderr)
         return None
     lib_dir = scipy_openblas32.get_lib_dir()
-    command = [compiler, "-O3", "-march=native", "-shared", "-fPIC", str(SOURCE), "-o", str(SHIM),
-               f"-L{lib_dir}", "-lscipy_openblas", f"-Wl,-rpath,{lib_dir}"]  # fmt: skip
+    command = [
+        compiler,
+        "-O3",
+        "-march=native",
+        "-shared",
+        "-fPIC",
+        str(SOURCE),
+        "-o",
+        str(SHIM),
+        f"-L{lib_dir}",
+        "-lscipy_openblas",
+        f"-Wl,-rpath,{lib_dir}",
+    ]
     subprocess.run(command, check=True)
     return SHIM

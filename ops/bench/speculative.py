@@ -99,9 +99,7 @@ def rows_for(results: dict[str, Arm], baseline: str, mlx_name: str | None, label
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--k", type=int, default=4)
@@ -112,12 +110,8 @@ def main() -> None:
     target, drafter = load_model(EMBEDDED_TARGET), load_model(EMBEDDED_DRAFTER, role="drafter")
     encode = target.tokenizer.encode
     plain = LoopBuilder(target, None, LoopSpec())
-    classic = LoopBuilder(
-        target, drafter, LoopSpec(drafter_kind="draft-model", num_draft_tokens=k, stochastic=False)
-    )
-    stochastic = LoopBuilder(
-        target, drafter, LoopSpec(drafter_kind="draft-model", num_draft_tokens=k, stochastic=True)
-    )
+    classic = LoopBuilder(target, drafter, LoopSpec(drafter_kind="draft-model", num_draft_tokens=k, stochastic=False))
+    stochastic = LoopBuilder(target, drafter, LoopSpec(drafter_kind="draft-model", num_draft_tokens=k, stochastic=True))
     lookup_cli = LoopBuilder(target, None, LoopSpec(drafter_kind="prompt-lookup", num_draft_tokens=7))
     lookup_server = LoopBuilder(
         target, None, LoopSpec(drafter_kind="prompt-lookup", num_draft_tokens=7, governor_policy="break-even")
@@ -152,12 +146,17 @@ def main() -> None:
     copy = run_set(lookup_arms, [encode(p) for p in COPY_HEAVY], args.repeats)
     prose = run_set(lookup_arms, [encode(p) for p in PROSE], args.repeats)
 
-    outputs = [
-        greedy[name].outputs for name in ("target-only", f"classic k={k}", f"mlx-lm speculative k={k}")
-    ]
+    outputs = [greedy[name].outputs for name in ("target-only", f"classic k={k}", f"mlx-lm speculative k={k}")]
     identical = outputs[0] == outputs[1] == outputs[2]
-    header = ["arm", "prompts, T", "tokens/s", "vs target-only", "vs mlx-lm speculative", "mean accepted len",
-              "per-position acceptance"]  # fmt: skip
+    header = [
+        "arm",
+        "prompts, T",
+        "tokens/s",
+        "vs target-only",
+        "vs mlx-lm speculative",
+        "mean accepted len",
+        "per-position acceptance",
+    ]
     rows = (
         rows_for(greedy, "target-only", f"mlx-lm speculative k={k}", "held-out code, T=0")
         + rows_for(warm, "target-only", f"mlx-lm speculative k={k}", "held-out code, T=0.7")

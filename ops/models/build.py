@@ -33,7 +33,7 @@ def main() -> None:
     from ops.models.tiny import build_tiny_model
 
     print(build_tiny_model(args.out, model_type=args.model_type, layers=args.layers, hidden=args.hidden,
-                           seed=args.seed))  # fmt: skip
+                           seed=args.seed))
 
 
 if __name__ == "__main__":

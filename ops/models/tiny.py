@@ -26,14 +26,14 @@ def _architecture(model_type: str, vocab_size: int, hidden: int, layers: int) ->
             "hidden_size": hidden, "intermediate_size": 2 * hidden, "state_size": 8,
             "num_hidden_layers": layers, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True,
             "time_step_rank": 4, "tie_word_embeddings": True,
-        }  # fmt: skip
+        }
     arch = "Qwen3ForCausalLM" if model_type == "qwen3" else "LlamaForCausalLM"
     return {
         "model_type": model_type, "architectures": [arch], "vocab_size": vocab_size, "hidden_size": hidden,
         "intermediate_size": 2 * hidden, "num_hidden_layers": layers, "num_attention_heads": 2,
         "num_key_value_heads": 1, "head_dim": hidden // 2, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
         "max_position_embeddings": 4096, "tie_word_embeddings": True,
-    }  # fmt: skip
+    }
 
 
 def _copy_tokenizer(out: Path, source: Path, perturb_vocab: bool) -> int:

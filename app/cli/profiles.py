@@ -1,0 +1,67 @@
+"""`mlxcel profiles list | show NAME | check [NAME|PATH ...]`."""
+
+from __future__ import annotations
+
+import argparse
+
+import msgspec
+
+from app.profiles import ProfileError, check_models, resolve, shipped_profiles
+from app.profiles.loader import leaves, profile_path
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("profiles", help="list, show or check deployment profiles")
+    actions = p.add_subparsers(dest="action", required=True)
+    actions.add_parser("list", help="the shipped profiles").set_defaults(handler=list_profiles)
+    show = actions.add_parser("show", help="resolved settings and where each value came from")
+    show.add_argument("name", nargs="?", default=None, help="name or path (default: MLXCEL_PROFILE or default)")
+    show.set_defaults(handler=show_profile)
+    check = actions.add_parser("check", help="validate without serving; exit 2 on the first problem")
+    check.add_argument("names", nargs="*", help="names or paths (default: every shipped profile)")
+    check.set_defaults(handler=check_profiles)
+
+
+def describe(name: str) -> str:
+    """A profile's first comment line."""
+    for line in profile_path(name).read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def list_profiles(_: argparse.Namespace) -> int:
+    for name in shipped_profiles():
+        kind = resolve(name).settings.drafter.kind
+        print(f"{name:16s} {kind:14s} {describe(name)}")
+    return 0
+
+
+def show_profile(args: argparse.Namespace) -> int:
+    resolved = resolve(args.name)
+    settings = resolved.settings
+    print(f"# profile {settings.profile} ({settings.source})")
+    values = leaves(msgspec.to_builtins(settings))
+    width = max(len(k) for k in values)
+    for key, value in values.items():
+        if key in ("profile", "source"):
+            continue
+        print(f"{key:{width}s} = {msgspec.json.encode(value).decode()}    # {resolved.sources.get(key, 'default')}")
+    return 0
+
+
+def check_profiles(args: argparse.Namespace) -> int:
+    names = args.names or shipped_profiles()
+    listeners: dict[tuple[str, int], str] = {}
+    for name in names:
+        settings = resolve(name).settings
+        check_models(settings)
+        address = (settings.server.host, settings.server.port)
+        if settings.server.port and address in listeners:
+            raise ProfileError(
+                f"{settings.source}: server.port: {address[0]}:{address[1]} is also used by {listeners[address]}; "
+                "give each profile its own port"
+            )
+        listeners[address] = settings.source
+        print(f"ok: {settings.profile} ({settings.source})")
+    return 0

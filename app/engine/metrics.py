@@ -1,0 +1,43 @@
+"""Server-wide counters behind /metrics (llama-server's names) and /slots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.acceptance import AcceptanceStats
+from app.engine.row import Finished
+
+
+@dataclass
+class Metrics:
+    """Written by the engine thread only; read by HTTP handlers (plain ints under the GIL)."""
+
+    prompt_tokens_total: int = 0
+    prompt_seconds_total: float = 0.0
+    tokens_predicted_total: int = 0
+    tokens_predicted_seconds_total: float = 0.0
+    requests_finished_total: int = 0
+    requests_processing: int = 0
+    requests_deferred: int = 0
+    spec_drafts_total: int = 0
+    spec_draft_tokens_total: int = 0
+    spec_accepted_tokens_total: int = 0
+    spec_accepted_per_position: list[int] = field(default_factory=list)
+
+    def observe(self, result: Finished, stats: AcceptanceStats | None) -> None:
+        timings = result.timings
+        self.requests_finished_total += 1
+        self.prompt_tokens_total += timings.prompt_n
+        self.prompt_seconds_total += timings.prompt_ms / 1000.0
+        self.tokens_predicted_total += timings.predicted_n
+        self.tokens_predicted_seconds_total += timings.predicted_ms / 1000.0
+        if timings.draft_rounds is None or stats is None:
+            return
+        self.spec_drafts_total += timings.draft_rounds
+        self.spec_draft_tokens_total += timings.draft_n or 0
+        self.spec_accepted_tokens_total += timings.draft_n_accepted or 0
+        per_position = stats.accepted_per_position
+        if len(self.spec_accepted_per_position) < len(per_position):
+            self.spec_accepted_per_position.extend([0] * (len(per_position) - len(self.spec_accepted_per_position)))
+        for i, count in enumerate(per_position):
+            self.spec_accepted_per_position[i] += count

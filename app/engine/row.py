@@ -1,0 +1,105 @@
+"""One request while the engine serves it: its generation, its timestamps, its output channel."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.decoding.builder import RowRequest
+from app.decoding.generation import Generation
+from app.engine.timings import Timings, make_timings
+
+
+@dataclass(frozen=True)
+class Update:
+    """Text and tokens one step decided (streamed as they come)."""
+
+    text: str
+    tokens: list[int]
+    timings: Timings  # base keys only
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The whole result of a request."""
+
+    text: str
+    tokens: list[int]
+    stop_type: str
+    stopping_word: str
+    prompt_n: int
+    timings: Timings  # with the draft block when a drafter ran a verify round
+    rule: str | None
+    draft_kind: str | None
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    code: int = 500
+    kind: str = "server_error"
+
+
+Event = Update | Finished | Failed
+Sink = Callable[[Event], None]
+
+
+@dataclass
+class Job:
+    """A request handed to the engine: what to run and where its events go."""
+
+    request: RowRequest
+    request_id: str
+    route: str
+    sink: Sink
+    stream: bool = False
+    created: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+    params: dict[str, Any] = field(default_factory=dict)  # generation settings, for /slots
+
+
+class Row:
+    """A job with its generation, advanced one step per engine tick."""
+
+    def __init__(self, job: Job, generation: Generation, slot: int) -> None:
+        self.job = job
+        self.generation = generation
+        self.slot = slot
+        self.excluded_s = 0.0  # one-off costs (a drafter's first load) kept out of every timing
+
+    @property
+    def started(self) -> bool:
+        return self.generation.prefill_started > 0.0
+
+    def advance(self) -> Update:
+        delta = self.generation.step() if self.started else self.generation.prefill()
+        return Update(text=delta.text, tokens=delta.tokens, timings=self.timings().base())
+
+    def timings(self) -> Timings:
+        generation = self.generation
+        loop = generation.loop
+        first = generation.prefill_finished or time.perf_counter()
+        last = generation.last_token_at or first
+        return make_timings(
+            prompt_n=generation.prompt_n,
+            prompt_ms=max(0.0, (first - self.job.created - self.excluded_s) * 1000.0),
+            predicted_n=len(generation.emitted),
+            predicted_ms=(last - first) * 1000.0,
+            stats=loop.stats,
+            draft_kind=loop.draft_kind,
+        )
+
+    def finished(self) -> Finished:
+        generation = self.generation
+        return Finished(
+            text=generation.text,
+            tokens=list(generation.emitted),
+            stop_type=str(generation.stop_type),
+            stopping_word=generation.stopping_word,
+            prompt_n=generation.prompt_n,
+            timings=self.timings(),
+            rule=str(generation.loop.rule) if generation.loop.rule else None,
+            draft_kind=generation.loop.draft_kind,
+        )

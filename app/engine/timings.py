@@ -1,0 +1,73 @@
+"""The per-request `timings` object: llama-server's nine base keys plus the draft block."""
+
+from __future__ import annotations
+
+import msgspec
+
+from app.acceptance import AcceptanceStats
+
+
+class Timings(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Base keys in llama-server's order; the draft block only when a drafter ran a verify round.
+
+    prompt_ms covers queue wait plus target prefill; predicted_ms runs from the end of prefill
+    through the last verify round. Rates divide by prompt_n and by predicted_n - 1 (the first
+    token's time is in prompt_ms); a zero divisor gives 0.
+    """
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
+    draft_rounds: int | None = None
+    draft_kind: str | None = None
+
+    def base(self) -> Timings:
+        """The nine base keys only (per-token frames never carry the draft block)."""
+        return msgspec.structs.replace(self, draft_n=None, draft_n_accepted=None, draft_rounds=None, draft_kind=None)
+
+
+def _rate(n: int, ms: float) -> tuple[float, float]:
+    """(ms per token, tokens per second), 0 for a zero divisor."""
+    if n <= 0 or ms <= 0:
+        return 0.0, 0.0
+    return ms / n, 1000.0 * n / ms
+
+
+def make_timings(
+    prompt_n: int,
+    prompt_ms: float,
+    predicted_n: int,
+    predicted_ms: float,
+    stats: AcceptanceStats | None = None,
+    draft_kind: str | None = None,
+) -> Timings:
+    prompt_rate = _rate(prompt_n, prompt_ms)
+    predicted_rate = _rate(predicted_n - 1, predicted_ms)
+    timings = Timings(
+        cache_n=0,
+        prompt_n=prompt_n,
+        prompt_ms=prompt_ms,
+        prompt_per_token_ms=prompt_rate[0],
+        prompt_per_second=prompt_rate[1],
+        predicted_n=predicted_n,
+        predicted_ms=predicted_ms,
+        predicted_per_token_ms=predicted_rate[0],
+        predicted_per_second=predicted_rate[1],
+    )
+    if stats is None or stats.rounds == 0:
+        return timings
+    return msgspec.structs.replace(
+        timings,
+        draft_n=stats.proposed,
+        draft_n_accepted=min(stats.accepted, predicted_n),
+        draft_rounds=stats.rounds,
+        draft_kind=draft_kind,
+    )

@@ -1,0 +1,58 @@
+"""Acceptance events: structlog lines whose names and keys are a contract for log pipelines.
+
+Every event and key is documented in docs/log-events.md; add keys, never rename them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from app.acceptance import AcceptanceStats
+
+LOGGER = "mlxcel.events"
+
+
+def acceptance_rule_active(**fields: Any) -> None:
+    """Once at startup: the loop this server built and the rule it runs."""
+    structlog.get_logger(LOGGER).info("acceptance_rule_active", **fields)
+
+
+def speculative_request(
+    *,
+    request_id: str,
+    route: str,
+    rule: str,
+    draft_kind: str,
+    stats: AcceptanceStats,
+    predicted_n: int,
+    biased: bool,
+    governor_pauses: int = 0,
+    governor_resumes: int = 0,
+    profile: str,
+) -> None:
+    """Once per finished request that ran at least one verify round."""
+    structlog.get_logger(LOGGER).info(
+        "speculative_request",
+        request_id=request_id,
+        route=route,
+        profile=profile,
+        rule=rule,
+        draft_kind=draft_kind,
+        biased=biased,
+        rounds=stats.rounds,
+        proposed=stats.proposed,
+        positions_tested=stats.positions_tested,
+        accepted=min(stats.accepted, predicted_n),
+        per_position_acceptance=round(stats.per_position_acceptance, 4),
+        mean_accepted_len=round(stats.mean_accepted_len, 4),
+        predicted_n=predicted_n,
+        governor_pauses=governor_pauses,
+        governor_resumes=governor_resumes,
+    )
+
+
+def governor_changed(event: str, *, request_id: str, decided: int, ema: float, floor: float | None) -> None:
+    """`governor_paused` or `governor_resumed` for one row."""
+    structlog.get_logger(LOGGER).info(event, request_id=request_id, decided=decided, ema=round(ema, 4), floor=floor)

@@ -1,0 +1,68 @@
+"""Checks a resolved profile must pass before anything loads: models exist and fit together."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from app.drafters.kinds import DETECTED
+from app.loading import CheckpointKind, ModelLoadError, read_checkpoint
+from app.profiles.loader import ProfileError
+from app.profiles.schema import Settings
+
+NEEDS_MODEL = ("draft-model", "mtp", "dflash")
+
+
+def tokenizer_vocab(model_dir: Path) -> dict[str, int] | None:
+    """Token-to-id map from tokenizer.json, without loading the model (None if absent)."""
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    vocab = dict(data.get("model", {}).get("vocab", {}))
+    vocab |= {t["content"]: t["id"] for t in data.get("added_tokens", [])}
+    return vocab
+
+
+def check_models(settings: Settings) -> None:
+    where = settings.source
+    try:
+        target = read_checkpoint(settings.target)
+    except ModelLoadError as exc:
+        raise ProfileError(f"{where}: target: {exc}; point target at an mlx-lm model directory") from exc
+    if not target.is_standalone:
+        raise ProfileError(
+            f"{where}: target: {target.path} is a {target.kind} drafter, not a standalone model; "
+            "set target to the model it drafts for and put it under drafter.model"
+        )
+    drafter = settings.drafter
+    if drafter.kind not in NEEDS_MODEL:
+        return
+    if not drafter.model:
+        raise ProfileError(
+            f'{where}: drafter.model: required for drafter.kind = "{drafter.kind}"; set it to a model directory'
+        )
+    try:
+        checkpoint = read_checkpoint(drafter.model)
+    except ModelLoadError as exc:
+        raise ProfileError(f"{where}: drafter.model: {exc}") from exc
+    detected = DETECTED[checkpoint.kind]
+    if detected != drafter.kind:
+        raise ProfileError(
+            f'{where}: drafter.kind: "{drafter.kind}" cannot drive {checkpoint.path}, which is a '
+            f'{checkpoint.kind} checkpoint; set drafter.kind = "{detected}"'
+        )
+    target_vocab, drafter_vocab = tokenizer_vocab(target.path), tokenizer_vocab(checkpoint.path)
+    if drafter_vocab is not None and target_vocab is not None and drafter_vocab != target_vocab:
+        differ = len(set(target_vocab.items()) ^ set(drafter_vocab.items()))
+        raise ProfileError(
+            f"{where}: drafter.model: its vocabulary differs from the target's ({differ} entries "
+            "differ); pair models that share a tokenizer"
+        )
+    sampling = settings.sampling
+    if checkpoint.kind is CheckpointKind.DSPARK and sampling.temperature > 0 and sampling.top_k != 1:
+        raise ProfileError(
+            f"{where}: sampling.temperature: the DSpark drafter is greedy-only, but requests "
+            f"default to temperature {sampling.temperature}; set sampling.temperature = 0 "
+            "(or sampling.top_k = 1)"
+        )

@@ -1,0 +1,238 @@
+"""Resolving a profile: TOML file (dynaconf) < MLXCEL_* environment < command-line flags.
+
+The result is one validated `Settings` plus where each value came from. Any problem stops
+startup with one message naming the file, the key and the fix (`ProfileError`, exit code 2).
+Relative model paths in a profile are relative to the profile file; on the command line and in
+the environment they are relative to the working directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from dynaconf import Dynaconf
+
+from app.loading.model import REPO_ROOT
+from app.profiles.schema import ENV_OVERRIDES, Settings
+
+PROFILES_DIR = REPO_ROOT / "profiles"
+DEFAULT_PROFILE = "default"
+ENV_PREFIX = "MLXCEL"
+PATH_KEYS = ("target", "drafter.model", "logging.destination")
+FLAGS = {  # flag dest -> settings key (llama-server's spellings)
+    "model": "target",
+    "draft_model": "drafter.model",
+    "draft_kind": "drafter.kind",
+    "draft_max": "drafter.num_draft_tokens",
+    "host": "server.host",
+    "port": "server.port",
+    "api_key": "server.api_key",
+}
+DYNACONF_INTERNALS = {"LOAD_DOTENV", "ENVIRONMENTS", "SETTINGS_FILE", "SETTINGS_FILES"}
+
+
+class ProfileError(Exception):
+    """A profile that cannot be served. The message names the file, the key and the fix."""
+
+
+@dataclass
+class Resolved:
+    settings: Settings
+    sources: dict[str, str] = field(default_factory=dict)  # dotted key -> file | env | flag | default
+
+
+def profiles_dir() -> Path:
+    return Path(os.environ.get("MLXCEL_PROFILES_DIR", PROFILES_DIR))
+
+
+def profile_path(name_or_path: str) -> Path:
+    """A shipped profile's name (`default`) or a path to a TOML file."""
+    candidate = Path(name_or_path).expanduser()
+    if candidate.suffix == ".toml" or os.sep in name_or_path:
+        path = candidate
+    else:
+        path = profiles_dir() / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = ", ".join(shipped_profiles()) or "none"
+        raise ProfileError(f"{path}: profile not found (shipped profiles: {known}); pass --profile NAME or a path")
+    return path
+
+
+def shipped_profiles() -> list[str]:
+    return sorted(p.stem for p in profiles_dir().glob("*.toml") if p.stem != "template")
+
+
+def _lower_top(data: dict[str, Any]) -> dict[str, Any]:
+    return {k.lower(): v for k, v in data.items() if k not in DYNACONF_INTERNALS}
+
+
+def file_layer(path: Path) -> dict[str, Any]:
+    try:
+        loaded = Dynaconf(
+            settings_files=[str(path)], environments=False, load_dotenv=False, envvar_prefix="MLXCEL_FILE_LAYER_ONLY"
+        )
+        return _lower_top(loaded.as_dict())
+    except Exception as exc:  # TOML syntax errors
+        raise ProfileError(f"{path}: not valid TOML: {exc}") from exc
+
+
+def env_layer() -> dict[str, Any]:
+    """MLXCEL_<KEY> and MLXCEL_<GROUP>__<KEY> variables that name settings (dynaconf's convention).
+
+    Other MLXCEL_ variables (MLXCEL_LOG, MLXCEL_PROFILE, MLXCEL_SPECULATIVE_...) are switches,
+    not settings, and are left alone; a nested name whose group does not exist is an error.
+    """
+    loaded = _lower_top(Dynaconf(environments=False, load_dotenv=False, envvar_prefix=ENV_PREFIX).as_dict())
+    fields = set(Settings.__struct_fields__) - {"profile", "source"}
+    out = {}
+    for key, value in loaded.items():
+        if key in fields:
+            # dynaconf keeps nested names as spelled (upper case); settings keys are lower case.
+            lower = isinstance(value, dict) and key != "env"
+            out[key] = {k.lower(): v for k, v in value.items()} if lower else value
+        elif isinstance(value, dict):
+            raise ProfileError(
+                f"environment: {ENV_PREFIX}_{key.upper()}__*: unknown settings group{_hint(key, fields)}"
+            )
+    return out
+
+
+def _hint(key: str, choices: set[str] | list[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(choices), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _struct_fields(struct_type: type) -> dict[str, Any]:
+    return {f.name: f.type for f in msgspec.structs.fields(struct_type)}
+
+
+def _label(where: str, dotted: str) -> str:
+    """How a key is spelled where it came from: `drafter.kind` in a file, MLXCEL_DRAFTER__KIND in the env."""
+    if where != "environment":
+        return f"{where}: {dotted}"
+    return f"environment: {ENV_PREFIX}_{dotted.replace('.', '__').upper()}"
+
+
+def check_keys(data: dict[str, Any], where: str) -> None:
+    """Unknown keys, with a did-you-mean, before msgspec sees the data."""
+    fields = _struct_fields(Settings)
+    top = [f for f in fields if f not in ("profile", "source")]
+    for key, value in data.items():
+        if key not in top:
+            raise ProfileError(f"{_label(where, key)}: unknown key{_hint(key, top)}")
+        if key == "env":
+            for name in value or {}:
+                if name not in ENV_OVERRIDES:
+                    raise ProfileError(
+                        f"{_label(where, f'env.{name}')}: not an acceptance-rule override"
+                        f"{_hint(name, ENV_OVERRIDES)}; allowed: {', '.join(ENV_OVERRIDES)}"
+                    )
+            continue
+        group = fields[key]
+        if isinstance(group, type) and issubclass(group, msgspec.Struct):
+            if not isinstance(value, dict):
+                raise ProfileError(f"{_label(where, key)}: expected a table ([{key}]), got {type(value).__name__}")
+            known = _struct_fields(group)
+            for sub in value:
+                if sub not in known:
+                    raise ProfileError(f"{_label(where, f'{key}.{sub}')}: unknown key{_hint(sub, list(known))}")
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and key != "env":
+            out |= leaves(value, f"{dotted}.")
+        else:
+            out[dotted] = value
+    return out
+
+
+def set_key(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *groups, last = dotted.split(".")
+    for group in groups:
+        data = data.setdefault(group, {})
+    data[last] = value
+
+
+def convert(data: dict[str, Any], where: str) -> Settings:
+    try:
+        return msgspec.convert(data, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        match = re.search(r"- at `\$\.(.+)`$", message)
+        key = match.group(1) if match else "?"
+        reason = message.split(" - at ")[0]
+        raise ProfileError(
+            f"{where}: {key}: {reason[0].lower()}{reason[1:]}; fix the value (see profiles/template.toml)"
+        ) from exc
+
+
+def get_key(data: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(data, dict):
+            return None
+        data = data.get(part)
+    return data
+
+
+def anchor_paths(data: dict[str, Any], profile: Path) -> None:
+    """Relative paths in a profile are relative to the profile file."""
+    for key in PATH_KEYS:
+        value = get_key(data, key)
+        if isinstance(value, str) and value not in ("stdout", "stderr") and not Path(value).expanduser().is_absolute():
+            set_key(data, key, str((profile.parent / value).resolve()))
+
+
+def resolve(name_or_path: str | None = None, flags: dict[str, Any] | None = None) -> Resolved:
+    """File < environment < flags, validated into Settings."""
+    path = profile_path(name_or_path or os.environ.get("MLXCEL_PROFILE") or DEFAULT_PROFILE)
+    from_file = file_layer(path)
+    check_keys(from_file, str(path))
+    anchor_paths(from_file, path)
+    from_env = env_layer()
+    check_keys(from_env, "environment")
+    data = merge(from_file, from_env)
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    for dest, value in flags.items():
+        set_key(data, FLAGS[dest], value)
+    data["env"] = {k: str(int(v)) if isinstance(v, bool) else str(v) for k, v in (data.get("env") or {}).items()}
+    data["profile"], data["source"] = path.stem, str(path)
+    settings = convert(data, str(path))
+    sources = dict.fromkeys(leaves(msgspec.to_builtins(Settings())), "default")
+    sources |= dict.fromkeys(leaves(from_file), "file")
+    sources |= dict.fromkeys(leaves(from_env), "env")
+    sources |= {FLAGS[dest]: "flag" for dest in flags}
+    for key in ("profile", "source"):
+        sources.pop(key, None)
+    return Resolved(settings, sources)
+
+
+def add_profile_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", help="profile name (profiles/NAME.toml) or path; env MLXCEL_PROFILE")
+    parser.add_argument("-m", "--model", help="target model directory (overrides the profile)")
+    parser.add_argument("--draft-model", help="drafter model directory")
+    parser.add_argument("--draft-kind", choices=["none", "draft-model", "prompt-lookup", "mtp", "dflash"])
+    parser.add_argument("--draft-max", type=int, help="draft width k (drafter.num_draft_tokens)")
+    parser.add_argument("--host", help="listen address (server.host)")
+    parser.add_argument("--port", type=int, help="listen port (server.port)")
+    parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` (server.api_key)")
+
+
+def flags_of(args: argparse.Namespace) -> dict[str, Any]:
+    return {dest: getattr(args, dest, None) for dest in FLAGS}

@@ -1,0 +1,94 @@
+"""The typed settings object a profile resolves to. The rest of the app receives only this."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
+
+DrafterKindName = Literal["none", "draft-model", "prompt-lookup", "mtp", "dflash"]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+ENV_OVERRIDES = (
+    "MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT",
+    "MLXCEL_SPECULATIVE_ACCEPT_DIAG",
+    "MLXCEL_MTP_ALLOW_INEXACT",
+)
+
+
+class Group(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A settings table: unknown keys are errors, not silently ignored."""
+
+
+class DrafterSettings(Group):
+    kind: DrafterKindName = "none"
+    model: str | None = None  # drafter directory (draft-model, mtp, dflash)
+    num_draft_tokens: Annotated[int, msgspec.Meta(ge=1, le=32)] = 4  # draft width k
+    block_size: Annotated[int, msgspec.Meta(ge=2, le=33)] | None = None  # DFlash verify width (bonus row included)
+    p_min: Probability = 0.0  # draft-model: stop drafting below this drafter probability
+
+
+class AdaptiveSettings(Group):
+    enabled: bool = True  # adaptive verify width of the block loops
+    max_width: Annotated[int, msgspec.Meta(ge=2, le=33)] = 16
+
+
+class GovernorSettings(Group):
+    floor: Annotated[float, msgspec.Meta(gt=1.0, le=64.0)] = 4.0  # break-even tokens per verify
+    policy: Literal["break-even", "graded", "gated"] = "break-even"
+    adaptive: bool = True  # false: always propose the full block, never pause
+
+
+class SamplingDefaults(Group):
+    """Defaults for requests that do not set a field (llama-server's own defaults)."""
+
+    temperature: Annotated[float, msgspec.Meta(ge=0.0)] = 0.8
+    top_k: Annotated[int, msgspec.Meta(ge=0)] = 40
+    top_p: Probability = 0.95
+    min_p: Probability = 0.05
+    repeat_penalty: Annotated[float, msgspec.Meta(gt=0.0)] = 1.0
+    repeat_last_n: Annotated[int, msgspec.Meta(ge=-1)] = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    xtc_probability: Probability = 0.0
+    xtc_threshold: Probability = 0.1
+    n_predict: Annotated[int, msgspec.Meta(ge=-1)] = -1
+
+
+class ServerSettings(Group):
+    host: str = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
+    api_key: str | None = None
+    max_rows: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8  # rows decoded concurrently; more wait
+    max_queue: Annotated[int, msgspec.Meta(ge=0)] = 64  # requests waiting beyond max_rows (then 503)
+    max_tokens: PositiveInt = 4096  # cap on n_predict / max_tokens (-1 means up to this)
+    max_prompt_tokens: PositiveInt = 4096
+    model_alias: str | None = None  # the model id clients see (default: the target's directory name)
+
+
+class LoggingSettings(Group):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["json", "console"] = "json"
+    destination: str = "stdout"  # stdout, stderr, or a file path (appended)
+
+
+class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Everything that says what a server is. `profile` and `source` describe where it came from."""
+
+    target: str = str(EMBEDDED_TARGET)
+    drafter: DrafterSettings = msgspec.field(default_factory=DrafterSettings)
+    adaptive: AdaptiveSettings = msgspec.field(default_factory=AdaptiveSettings)
+    governor: GovernorSettings = msgspec.field(default_factory=GovernorSettings)
+    sampling: SamplingDefaults = msgspec.field(default_factory=SamplingDefaults)
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    server: ServerSettings = msgspec.field(default_factory=ServerSettings)
+    logging: LoggingSettings = msgspec.field(default_factory=LoggingSettings)
+    profile: str = "flags"
+    source: str = "command line"
+
+
+def embedded_default() -> Settings:
+    """The embedded pair with the classic draft-model loop (what the `default` profile says)."""
+    return Settings(drafter=DrafterSettings(kind="draft-model", model=str(EMBEDDED_DRAFTER)))

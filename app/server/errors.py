@@ -1,0 +1,74 @@
+"""llama-server's error envelope, for every error the server returns."""
+
+from __future__ import annotations
+
+import structlog
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, NotFoundException, ValidationException
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "unavailable_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+
+
+class ApiError(Exception):
+    """An error answered as `{"error": {"code", "message", "type"}}`."""
+
+    def __init__(self, code: int, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.kind = kind or TYPES.get(code, "server_error")
+
+
+def envelope(code: int, message: str, kind: str | None = None) -> Response:
+    body = {"error": {"code": code, "message": message, "type": kind or TYPES.get(code, "server_error")}}
+    return Response(content=body, status_code=code, media_type="application/json")
+
+
+def on_api_error(_: Request, exc: ApiError) -> Response:
+    return envelope(exc.code, exc.message, exc.kind)
+
+
+def on_validation_error(_: Request, exc: ValidationException) -> Response:
+    details = exc.extra if isinstance(exc.extra, list) else []
+    reasons = "; ".join(_reason(d) for d in details)
+    return envelope(400, f"{exc.detail}: {reasons}" if reasons else str(exc.detail))
+
+
+def _reason(detail: object) -> str:
+    if not isinstance(detail, dict):
+        return str(detail)
+    message = str(detail.get("message", detail))
+    key = detail.get("key")
+    return f"{key}: {message}" if key and key != "data" else message
+
+
+def on_not_found(request: Request, _: NotFoundException) -> Response:
+    return envelope(404, f"File Not Found: {request.method} {request.url.path}")
+
+
+def on_http_error(_: Request, exc: HTTPException) -> Response:
+    return envelope(exc.status_code, str(exc.detail))
+
+
+def on_unexpected(request: Request, exc: Exception) -> Response:
+    structlog.get_logger("mlxcel.server").exception("unhandled_error", path=request.url.path)
+    return envelope(HTTP_500_INTERNAL_SERVER_ERROR, f"internal error: {type(exc).__name__}")
+
+
+HANDLERS = {
+    ApiError: on_api_error,
+    ValidationException: on_validation_error,
+    NotFoundException: on_not_found,
+    HTTPException: on_http_error,
+    Exception: on_unexpected,
+}

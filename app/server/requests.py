@@ -1,0 +1,144 @@
+"""Turning wire requests into row requests: defaults, aliases, tokenization and validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from app.decoding.builder import RowRequest
+from app.profiles.schema import Settings
+from app.sampling import SamplingParams
+from app.server.errors import ApiError
+from app.server.schemas import ChatMessage, LogitBias, PromptInput, SamplingFields
+
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "xtc_probability",
+    "xtc_threshold",
+)
+
+
+def max_tokens(request: SamplingFields, settings: Settings) -> int:
+    """n_predict, or its OpenAI aliases; -1 means until EOS, capped by the server's limit."""
+    values = (request.n_predict, request.max_tokens, request.max_completion_tokens)
+    value = next((v for v in values if v is not None), settings.sampling.n_predict)
+    if value < -1:
+        raise ApiError(400, f"n_predict must be -1 (until EOS) or >= 0, got {value}")
+    cap = settings.server.max_tokens
+    return cap if value == -1 else min(value, cap)
+
+
+def logit_bias(raw: LogitBias | None, tokenizer: TokenizerWrapper) -> dict[int, float]:
+    """llama-server's two spellings: {"id": bias} and [[id or text, bias or false], ...]."""
+    if not raw:
+        return {}
+    pairs = raw.items() if isinstance(raw, dict) else ((entry[0], entry[1]) for entry in raw if len(entry) == 2)
+    bias: dict[int, float] = {}
+    for key, value in pairs:
+        amount = float("-inf") if value is False else float(value)
+        if isinstance(key, str) and not key.lstrip("-").isdigit():
+            ids = tokenizer.encode(key, add_special_tokens=False)
+        else:
+            ids = [int(key)]
+        for token in ids:
+            bias[token] = amount
+    return bias
+
+
+def sampling(request: SamplingFields, settings: Settings, tokenizer: TokenizerWrapper, vocab: int) -> SamplingParams:
+    defaults = msgspec.structs.asdict(settings.sampling)
+    chosen: dict[str, Any] = {f: getattr(request, f) for f in SAMPLING_FIELDS if getattr(request, f) is not None}
+    params = SamplingParams(
+        **{f: defaults[f] for f in SAMPLING_FIELDS} | chosen | {"logit_bias": logit_bias(request.logit_bias, tokenizer)}
+    )
+    problems = params.problems(vocab)
+    if problems:
+        raise ApiError(400, "; ".join(problems))
+    return params
+
+
+def prompt_tokens(prompt: PromptInput, tokenizer: TokenizerWrapper, vocab: int) -> list[int]:
+    """A string, token ids, or a mix of both (strings are tokenized in place)."""
+    if isinstance(prompt, str):
+        tokens = list(tokenizer.encode(prompt))
+    else:
+        tokens = []
+        for piece in prompt:
+            tokens.extend(tokenizer.encode(piece, add_special_tokens=False) if isinstance(piece, str) else [piece])
+    check_token_ids(tokens, vocab)
+    if not tokens:
+        raise ApiError(400, "the prompt is empty")
+    return tokens
+
+
+def check_token_ids(tokens: list[int], vocab: int) -> None:
+    bad = [t for t in tokens if not 0 <= t < vocab]
+    if bad:
+        raise ApiError(400, f"token ids out of the vocabulary [0, {vocab}): {bad[:5]}")
+
+
+def chat_prompt(
+    messages: list[ChatMessage],
+    tokenizer: TokenizerWrapper,
+    extra: dict[str, Any] | None,
+    *,
+    tokenize: bool = True,
+) -> Any:
+    """The chat template applied to the messages: token ids, or the text when `tokenize` is false."""
+    if not messages:
+        raise ApiError(400, "messages must not be empty")
+    rendered = []
+    for message in messages:
+        content = message.content
+        if isinstance(content, list):
+            if any(part.type != "text" for part in content):
+                raise ApiError(400, "only text content parts are supported")
+            content = "".join(part.text or "" for part in content)
+        rendered.append({"role": message.role, "content": content or ""})
+    if not getattr(tokenizer, "chat_template", None):
+        raise ApiError(400, "this model has no chat template; use /completion")
+    try:
+        out = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=tokenize, **(extra or {}))
+    except Exception as exc:  # jinja errors surface as a bad request, not a crash
+        raise ApiError(400, f"the chat template could not render these messages: {exc}") from exc
+    return list(out) if tokenize else out
+
+
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(s for s in stop if s)
+
+
+def row_request(request: SamplingFields, tokens: list[int], settings: Settings, params: SamplingParams) -> RowRequest:
+    if len(tokens) > settings.server.max_prompt_tokens:
+        raise ApiError(
+            400,
+            f"the prompt has {len(tokens)} tokens; this server accepts {settings.server.max_prompt_tokens}",
+        )
+    n_max = request.speculative_n_max
+    if n_max is not None and n_max < 0:
+        raise ApiError(400, "speculative.n_max must be >= 0 (0 turns speculation off for this request)")
+    p_min = request.speculative_p_min if request.speculative_p_min is not None else settings.drafter.p_min
+    if not 0.0 <= p_min <= 1.0:
+        raise ApiError(400, "speculative.p_min must be within [0, 1]")
+    return RowRequest(
+        prompt=tokens,
+        sampling=params,
+        max_tokens=max_tokens(request, settings),
+        seed=request.seed,
+        stop=stop_strings(request.stop),
+        ignore_eos=request.ignore_eos,
+        n_max=n_max,
+        n_min=max(0, request.speculative_n_min or 0),
+        p_min=p_min,
+    )

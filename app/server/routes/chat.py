@@ -1,0 +1,74 @@
+"""OpenAI chat completions: /v1/chat/completions and /chat/completions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Request, Response, post
+from litestar.params import JSONBody
+from litestar.response import Stream
+
+from app.engine.row import Failed, Finished, Update
+from app.server import requests
+from app.server.errors import ApiError
+from app.server.routes.completions import finish_reason, start, usage
+from app.server.schemas import ChatRequest
+from app.server.service import Submission, ready_engine
+from app.server.streaming import DONE, REQUEST_ID, error_frame, frame, sse
+
+
+def choice(delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+
+
+async def chat_frames(submission: Submission, data: ChatRequest, head: dict[str, Any]) -> AsyncIterator[bytes]:
+    """Role chunk first (no timings), content chunks, then the finish chunk carrying `timings`."""
+    yield frame({**head, "choices": [choice({"role": "assistant", "content": ""}, None)]})
+    async for event in submission.stream():
+        if isinstance(event, Update):
+            chunk = {**head, "choices": [choice({"content": event.text}, None)]}
+            if data.timings_per_token:
+                chunk["timings"] = event.timings.base()
+            yield frame(chunk)
+        elif isinstance(event, Finished):
+            yield frame(
+                {**head, "choices": [choice({}, finish_reason(event))], "usage": usage(event), "timings": event.timings}
+            )
+        elif isinstance(event, Failed):
+            yield error_frame(event.code, event.message, event.kind)
+    yield DONE
+
+
+@post(["/v1/chat/completions", "/chat/completions"], status_code=200, name="chat-completion")
+async def chat_completion(request: Request, data: JSONBody[ChatRequest]) -> Response | Stream:
+    """Chat through the model's chat template; `timings` rides on the body or the finish chunk."""
+    engine = ready_engine(request)
+    if data.n != 1:
+        raise ApiError(400, "only n = 1 is supported")
+    tokens = requests.chat_prompt(data.messages, engine.target.tokenizer, data.chat_template_kwargs)
+    requests.check_token_ids(tokens, engine.target.vocab_size)
+    submission, settings = start(request, data, tokens, request.url.path)
+    rid = submission.job.request_id
+    head = {
+        "id": f"chatcmpl-{rid}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": settings["model"],
+    }
+    if data.stream:
+        return sse(chat_frames(submission, data, head), rid)
+    result = await submission.result()
+    message = {"role": "assistant", "content": result.text}
+    body = {
+        **head,
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(result)}],
+        "usage": usage(result),
+        "timings": result.timings,
+    }
+    return Response(body, headers={REQUEST_ID: rid})
+
+
+ROUTES = [chat_completion]

@@ -1,0 +1,83 @@
+"""Between HTTP handlers and the engine thread: readiness, submitting jobs, awaiting events."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from litestar import Request
+
+from app.decoding.builder import RowRequest
+from app.engine.engine import Engine, EngineState, QueueFullError
+from app.engine.row import Event, Failed, Finished, Job, Update
+from app.profiles.schema import Settings
+from app.server.errors import ApiError
+
+LOADING = "Loading model"
+
+
+def engine_of(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+def ready_engine(request: Request) -> Engine:
+    """The engine, or 503 in llama-server's envelope while it loads (or after it failed)."""
+    engine = engine_of(request)
+    if engine.state is EngineState.LOADING:
+        raise ApiError(503, LOADING)
+    if engine.state is not EngineState.READY:
+        raise ApiError(503, f"the model is not available ({engine.state})")
+    return engine
+
+
+def model_alias(settings: Settings) -> str:
+    return settings.server.model_alias or Path(settings.target).name
+
+
+@dataclass
+class Submission:
+    """A job in flight and the queue its events arrive on."""
+
+    job: Job
+    events: asyncio.Queue[Event]
+
+    async def result(self) -> Finished:
+        """Wait for the whole result (non-streaming requests)."""
+        try:
+            while True:
+                event = await self.events.get()
+                if isinstance(event, Failed):
+                    raise ApiError(event.code, event.message, event.kind)
+                if isinstance(event, Finished):
+                    return event
+        finally:
+            self.job.cancelled = True  # no-op once finished; stops the row if the client went away
+
+    async def stream(self) -> AsyncIterator[Update | Finished | Failed]:
+        """Events as the engine produces them; a client that disconnects stops its row."""
+        try:
+            while True:
+                event = await self.events.get()
+                yield event
+                if isinstance(event, Finished | Failed):
+                    return
+        finally:
+            self.job.cancelled = True
+
+
+def submit(engine: Engine, row_request: RowRequest, route: str, stream: bool) -> Submission:
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[Event] = asyncio.Queue()
+
+    def sink(event: Event) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, event)
+
+    job = Job(request=row_request, request_id=uuid.uuid4().hex[:16], route=route, sink=sink, stream=stream)
+    try:
+        engine.submit(job)
+    except QueueFullError as exc:
+        raise ApiError(503, str(exc)) from exc
+    return Submission(job, events)

@@ -1,0 +1,103 @@
+"""Real servers for tests: `mlxcel serve` in a subprocess on a free port, its JSON log on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+STARTUP_S = 90
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without any MLXCEL_ setting or switch, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLXCEL_")}
+    return env | extra
+
+
+@dataclass
+class RunningServer:
+    url: str
+    log: Path
+    process: subprocess.Popen
+
+    def client(self, **kw: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=120, **kw)
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        lines = [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+        return [e for e in lines if name is None or e.get("event") == name]
+
+    def wait_for_event(self, name: str, request_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [e for e in self.events(name) if e.get("request_id") == request_id]
+            if found:
+                return found[0]
+            time.sleep(0.05)
+        raise AssertionError(f"no {name} event for request {request_id}")
+
+
+@contextmanager
+def serve(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[RunningServer]:
+    """Start `mlxcel serve ARGS` on a free port; wait for /health 200; stop it afterwards."""
+    port = free_port()
+    log = tmp / f"server-{port}.log"
+    environment = clean_env(MLXCEL_LOGGING__DESTINATION=str(log), **(env or {}))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve", "--port", str(port), *args],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, process)
+        yield RunningServer(url, log, process)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def wait_healthy(url: str, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited with {process.returncode}: {process.stderr.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("server did not become healthy")
+
+
+def sse_frames(response: httpx.Response) -> list[Any]:
+    """Parsed `data:` payloads of a server-sent-events response ("[DONE]" kept as a string)."""
+    frames = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            payload = line[len("data: ") :]
+            frames.append(payload if payload == "[DONE]" else json.loads(payload))
+    return frames
