@@ -18,7 +18,7 @@ class Update:
 
     text: str
     tokens: list[int]
-    timings: Timings  # base keys only
+    timings: Timings | None  # base keys only, for requests that asked for per-token timings
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class Job:
     route: str
     sink: Sink
     stream: bool = False
+    per_token_timings: bool = False
     created: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
     params: dict[str, Any] = field(default_factory=dict)  # generation settings, for /slots
@@ -75,7 +76,8 @@ class Row:
 
     def advance(self) -> Update:
         delta = self.generation.step() if self.started else self.generation.prefill()
-        return Update(text=delta.text, tokens=delta.tokens, timings=self.timings().base())
+        timings = self.timings().base() if self.job.per_token_timings else None
+        return Update(text=delta.text, tokens=delta.tokens, timings=timings)
 
     def timings(self) -> Timings:
         generation = self.generation

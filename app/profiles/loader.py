@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 import msgspec
 from dynaconf import Dynaconf
@@ -170,6 +170,14 @@ def set_key(data: dict[str, Any], dotted: str, value: Any) -> None:
     data[last] = value
 
 
+def _choices(dotted: str) -> tuple[str, ...]:
+    """The allowed values of a Literal-typed setting (empty for other types)."""
+    annotation: Any = Settings
+    for part in dotted.split("."):
+        annotation = _struct_fields(annotation).get(part) if isinstance(annotation, type) else None
+    return get_args(annotation) if get_origin(annotation) is Literal else ()
+
+
 def convert(data: dict[str, Any], where: str) -> Settings:
     try:
         return msgspec.convert(data, Settings, strict=False)
@@ -178,8 +186,10 @@ def convert(data: dict[str, Any], where: str) -> Settings:
         match = re.search(r"- at `\$\.(.+)`$", message)
         key = match.group(1) if match else "?"
         reason = message.split(" - at ")[0]
+        choices = _choices(key)
+        allowed = f" (allowed: {', '.join(choices)})" if choices else ""
         raise ProfileError(
-            f"{where}: {key}: {reason[0].lower()}{reason[1:]}; fix the value (see profiles/template.toml)"
+            f"{where}: {key}: {reason[0].lower()}{reason[1:]}{allowed}; fix the value (see profiles/template.toml)"
         ) from exc
 
 

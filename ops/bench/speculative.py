@@ -98,13 +98,13 @@ def rows_for(results: dict[str, Arm], baseline: str, mlx_name: str | None, label
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     n, k = args.tokens, args.k
 
     target, drafter = load_model(EMBEDDED_TARGET), load_model(EMBEDDED_DRAFTER, role="drafter")

@@ -17,6 +17,7 @@ NOT_APPLICABLE = {
     "/v1/reranking": "reranking needs a reranker checkpoint; not served",
     "/slots/{id_slot:int}": "slot save/restore/erase is not supported: rows hold no reusable prompt cache",
 }
+LORA = "adapters are fused offline (mlx_lm.fuse) and selected by profile; they cannot be switched at run time"
 BY_DESIGN = {
     "/models/load": "one server serves one profile; start another profile instead (docs/deployment.md)",
     "/models/unload": "one server serves one profile; stop its process instead (docs/deployment.md)",
@@ -36,8 +37,14 @@ async def update_props(request: Request) -> None:
     raise ApiError(501, "/props: settings change per profile at startup, not at run time", "not_supported_error")
 
 
+@route("/lora-adapters", http_method=["GET", "POST"], name="lora-adapters")
+async def lora_adapters(request: Request) -> None:
+    raise ApiError(501, f"/lora-adapters: {LORA}", "not_supported_error")
+
+
 ROUTES = [
     *(_refusal(path, reason, f"not-applicable:{path}") for path, reason in NOT_APPLICABLE.items()),
     *(_refusal(path, reason, f"by-design:{path}") for path, reason in BY_DESIGN.items()),
     update_props,
+    lora_adapters,
 ]

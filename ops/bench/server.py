@@ -1,0 +1,164 @@
+"""The server against in-process generation, and prompt lookup against target-only, over HTTP.
+
+Starts real servers (`mlxcel serve`) for the default, target-only and prompt-lookup profiles and
+streams the same requests through them (SSE, httpx), interleaved with the same requests decoded
+in this process. Rates are client-side: tokens over the wall time from sending the request to
+the last frame (prefill included), EOS ignored.
+
+    python -m ops.bench.server [--tokens 128] [--repeats 2] [--no-write]
+"""
+
+from __future__ import annotations
+
+# isort: off
+from ops.bench.common import REPO_ROOT, Arm, machine, table, write_section  # first: sets up MLX's BLAS
+
+# isort: on
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+from app.decoding.builder import LoopBuilder, LoopSpec, RowRequest
+from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, load_model
+from app.sampling import SamplingParams
+from ops.bench.prompts import COPY_HEAVY, HELD_OUT_CODE
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def server(profile: str) -> Iterator[str]:
+    port = free_port()
+    env = {"MLXCEL_LOGGING__DESTINATION": "stderr", "PATH": "/usr/bin:/bin"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve", "--profile", profile, "--port", str(port)],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def stream_over_http(url: str, prompt: str, n: int) -> tuple[int, float]:
+    """Stream one request through a bare socket client: on a two-core machine the client shares
+    the cores with the server, so it only collects bytes and parses the final frame at the end."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True, "stream": True})
+    head = (f"POST /completion HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+    start = time.perf_counter()
+    received = bytearray()
+    with socket.create_connection((host, int(port))) as connection:
+        connection.sendall(head.encode() + body.encode())
+        while chunk := connection.recv(1 << 16):
+            received += chunk
+    elapsed = time.perf_counter() - start
+    frames = [line for line in bytes(received).split(b"\n") if line.startswith(b"data: ")]
+    final = json.loads(frames[-1].removeprefix(b"data: "))
+    return final["timings"]["predicted_n"], elapsed
+
+
+def in_process(builder: LoopBuilder, prompt: list[int], n: int) -> tuple[int, float]:
+    start = time.perf_counter()
+    generation = builder.build(RowRequest(prompt, SamplingParams(temperature=0.0), max_tokens=n, ignore_eos=True))
+    generation.prefill()
+    while not generation.finished:
+        generation.step()
+    return len(generation.emitted), time.perf_counter() - start
+
+
+def add(arm: Arm, measured: tuple[int, float]) -> None:
+    arm.tokens += measured[0]
+    arm.seconds += measured[1]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    n = args.tokens
+    target, drafter = load_model(EMBEDDED_TARGET), load_model(EMBEDDED_DRAFTER, role="drafter")
+    classic = LoopBuilder(target, drafter, LoopSpec(drafter_kind="draft-model", num_draft_tokens=4))
+    plain = LoopBuilder(target, None, LoopSpec())
+    encode = target.tokenizer.encode
+    arms = {name: Arm(name) for name in ("in-process classic", "server classic", "in-process target-only",
+                                          "server target-only", "server target-only (copy-heavy)",
+                                          "server prompt lookup (copy-heavy)")}  # fmt: skip
+    # One server at a time next to this process for the in-process comparison (every server holds
+    # its own copy of the weights, and this machine's caches are shared); both for the lookup one.
+    for profile, builder, label in (("default", classic, "classic"), ("target-only", plain, "target-only")):
+        with server(profile) as url:
+            for repeat in range(args.repeats):
+                for i, prompt in enumerate(HELD_OUT_CODE):
+                    pairs = [
+                        (arms[f"in-process {label}"], lambda p=prompt, b=builder: in_process(b, encode(p), n)),
+                        (arms[f"server {label}"], lambda p=prompt, u=url: stream_over_http(u, p, n)),
+                    ]
+                    for arm, run in pairs if (i + repeat) % 2 == 0 else pairs[::-1]:
+                        add(arm, run())
+    with server("target-only") as plain_url, server("prompt-lookup") as lookup_url:
+        for _ in range(args.repeats):
+            for prompt in COPY_HEAVY:
+                add(arms["server target-only (copy-heavy)"], stream_over_http(plain_url, prompt, n))
+                add(arms["server prompt lookup (copy-heavy)"], stream_over_http(lookup_url, prompt, n))
+    rate = {name: arm.tokens_per_second for name, arm in arms.items()}
+    rows = [
+        ["default profile (draft model, k=4), held-out code", f"{rate['in-process classic']:.1f}",
+         f"{rate['server classic']:.1f}", f"{rate['server classic'] / rate['in-process classic']:.2f}x"],
+        ["target-only profile, held-out code", f"{rate['in-process target-only']:.1f}",
+         f"{rate['server target-only']:.1f}", f"{rate['server target-only'] / rate['in-process target-only']:.2f}x"],
+    ]  # fmt: skip
+    lookup_ratio = rate["server prompt lookup (copy-heavy)"] / rate["server target-only (copy-heavy)"]
+    body = "\n".join(
+        [
+            "## Server streaming (`ops/bench/server.py`)",
+            "",
+            f"{machine()}. Same requests in-process and streamed over HTTP (SSE via httpx, client-side wall "
+            f"time from request to last frame, prefill included), {n} tokens, T=0, EOS ignored, "
+            f"{args.repeats} interleaved repeats.",
+            "",
+            table(["request set", "in-process tokens/s", "server tokens/s", "server / in-process"], rows),
+            "",
+            table(
+                ["copy-heavy edits over HTTP", "tokens/s", "vs target-only"],
+                [
+                    ["target-only profile", f"{rate['server target-only (copy-heavy)']:.1f}", "1.00x"],
+                    [
+                        "prompt-lookup profile",
+                        f"{rate['server prompt lookup (copy-heavy)']:.1f}",
+                        f"{lookup_ratio:.2f}x",
+                    ],
+                ],
+            ),
+        ]
+    )
+    print(body)
+    if not args.no_write:
+        write_section("server", body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Deployment profiles: shipped ones check and serve; precedence; each failure names file, key, fix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
+from app.profiles import ProfileError, check_models, resolve, shipped_profiles
+from ops.models.tiny import build_block_drafter_checkpoint, build_tiny_model
+from tests.server import clean_env, free_port, serve
+from tests.test_loading import DSPARK
+
+SHIPPED = ["default", "target-only", "prompt-lookup", "stochastic"]
+COPY_HEAVY = "x = [1, 2, 3]\ny = [4, 5, 6]\nx = [1, 2, 3]\ny = [4, 5, 6]\nx = [1, 2, 3]\n"
+EXPECTED = {  # drafter kind, rule at T > 0, draft_kind in a response's timings
+    "default": ("draft-model", "sampler-match", "draft-model"),
+    "target-only": ("none", None, None),
+    "prompt-lookup": ("prompt-lookup", "sampler-match", "prompt-lookup"),
+    "stochastic": ("draft-model", "stochastic", "draft-model"),
+}
+
+
+def mlxcel(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args], capture_output=True, text=True, env=clean_env(**(env or {}))
+    )
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text.replace("@TARGET@", str(EMBEDDED_TARGET)).replace("@DRAFTER@", str(EMBEDDED_DRAFTER)))
+    return path
+
+
+def test_shipped_profiles_are_the_documented_ones() -> None:
+    assert set(SHIPPED) <= set(shipped_profiles())
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_profile_passes_check(name: str) -> None:
+    result = mlxcel("profiles", "check", name)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"ok: {name}")
+
+
+def test_all_shipped_profiles_check_together_on_their_own_ports() -> None:
+    assert mlxcel("profiles", "check").returncode == 0
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_serving_a_profile_builds_exactly_its_loop(tmp_path: Path, name: str) -> None:
+    kind, rule, draft_kind = EXPECTED[name]
+    with serve(tmp_path, "--profile", name) as server, server.client() as http:
+        props = http.get("/props").json()["mlxcel"]
+        assert props["profile"] == name and props["drafter"]["kind"] == kind
+        assert props["rule_at_temperature_above_0"] == rule
+        (event,) = server.events("acceptance_rule_active")
+        assert (event["profile"], event["drafter_kind"], event["rule"]) == (name, kind, rule)
+        assert event["profile_file"].endswith(f"profiles/{name}.toml")
+        body = http.post("/completion", json={"prompt": COPY_HEAVY, "n_predict": 24, "temperature": 0}).json()
+        assert body["timings"].get("draft_kind") == draft_kind
+
+
+def test_precedence_is_file_then_environment_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "p", 'target = "@TARGET@"\n[server]\nport = 8100\nhost = "127.0.0.1"\n')
+    assert resolve(str(path)).settings.server.port == 8100
+    monkeypatch.setenv("MLXCEL_SERVER__PORT", "8200")
+    monkeypatch.setenv("MLXCEL_DRAFTER__KIND", "prompt-lookup")
+    resolved = resolve(str(path))
+    assert (resolved.settings.server.port, resolved.settings.drafter.kind) == (8200, "prompt-lookup")
+    assert resolved.sources["server.port"] == "env" and resolved.sources["server.host"] == "file"
+    resolved = resolve(str(path), {"port": 8300, "draft_max": 6})
+    assert (resolved.settings.server.port, resolved.settings.drafter.num_draft_tokens) == (8300, 6)
+    assert resolved.sources["server.port"] == "flag" and resolved.sources["sampling.top_k"] == "default"
+    monkeypatch.setenv("MLXCEL_PROFILE", str(path))
+    assert resolve().settings.source == str(path)
+
+
+def test_show_prints_each_value_with_its_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = mlxcel("profiles", "show", "default", env={"MLXCEL_SERVER__MAX_ROWS": "3"})
+    lines = {line.split("=")[0].strip(): line for line in result.stdout.splitlines() if "=" in line}
+    assert lines["drafter.kind"].endswith("# file")
+    assert lines["server.max_rows"].split("#")[0].strip().endswith("3") and lines["server.max_rows"].endswith("# env")
+    assert lines["sampling.top_k"].endswith("# default")
+
+
+FAILURES = [
+    ('target = "@TARGET@"\n[drafter]\nknd = "none"\n', "drafter.knd: unknown key (did you mean 'kind'?)"),
+    ('target = "@TARGET@"\nsampeling = 1\n', "sampeling: unknown key (did you mean 'sampling'?)"),
+    ('target = "@TARGET@"\n[server]\nport = "eighty"\n', "server.port: expected `int`, got `str`"),
+    ('target = "@TARGET@"\n[server]\nport = 70000\n', "server.port: expected `int` <= 65535"),
+    ('target = "@TARGET@"\n[governor]\nfloor = 0.5\n', "governor.floor: expected `float` > 1.0"),
+    (
+        'target = "@TARGET@"\n[drafter]\nkind = "eagle"\n',
+        "drafter.kind: invalid enum value 'eagle' (allowed: none, draft-model, prompt-lookup, mtp, dflash)",
+    ),
+    ('target = "/nowhere/model"\n', "target: model path does not exist: /nowhere/model"),
+    ('target = "@TARGET@"\n[drafter]\nkind = "draft-model"\n', "drafter.model: required for drafter.kind"),
+    ('target = "@TARGET@"\n[env]\nMLXCEL_STOCHASTIC = "1"\n', "env.MLXCEL_STOCHASTIC: not an acceptance-rule override"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), FAILURES)
+def test_bad_profiles_stop_startup_naming_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, "bad", text)
+    for command in (("profiles", "check", str(path)), ("serve", "--profile", str(path))):
+        result = mlxcel(*command)
+        assert result.returncode == 2
+        assert str(path) in result.stderr and message in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1  # one message, nothing half-started
+
+
+def test_a_drafter_with_another_vocabulary_is_refused(tmp_path: Path) -> None:
+    drafter = build_tiny_model(tmp_path / "other-vocab", perturb_vocab=True)
+    path = write(tmp_path, "p", f'target = "@TARGET@"\n[drafter]\nkind = "draft-model"\nmodel = "{drafter}"\n')
+    with pytest.raises(
+        ProfileError, match=r"drafter.model: its vocabulary differs from the target's .* share a tokenizer"
+    ):
+        check_models(resolve(str(path)).settings)
+
+
+def test_a_greedy_only_drafter_with_a_sampling_default_is_refused(tmp_path: Path) -> None:
+    dspark = build_block_drafter_checkpoint(tmp_path / "dspark", DSPARK)
+    text = f'target = "@TARGET@"\n[drafter]\nkind = "dflash"\nmodel = "{dspark}"\n[sampling]\ntemperature = 0.7\n'
+    with pytest.raises(ProfileError, match=r"sampling.temperature: the DSpark drafter is greedy-only.*temperature = 0"):
+        check_models(resolve(str(write(tmp_path, "p", text))).settings)
+    check_models(resolve(str(write(tmp_path, "q", text.replace("0.7", "0.0")))).settings)
+
+
+def test_two_profiles_on_one_port(tmp_path: Path) -> None:
+    port = free_port()
+    a = write(tmp_path, "a", f'target = "@TARGET@"\n[server]\nport = {port}\n')
+    b = write(tmp_path, "b", f'target = "@TARGET@"\n[drafter]\nkind = "prompt-lookup"\n[server]\nport = {port}\n')
+    checked = mlxcel("profiles", "check", str(a), str(b))
+    assert checked.returncode == 2 and f"{b}: server.port:" in checked.stderr and str(a) in checked.stderr
+    with serve(tmp_path, "--profile", str(a)) as running:
+        taken = running.url.rsplit(":", 1)[1]
+        second = mlxcel("serve", "--profile", str(b), "--port", taken)
+        assert second.returncode == 2
+        assert f"{b}: server.port: port {taken} on 127.0.0.1 is already in use" in second.stderr
+
+
+@pytest.mark.parametrize(
+    ("env_table", "rule"),
+    [('[env]\nMLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT = "1"\n', "stochastic"), ("", "sampler-match")],
+)
+def test_the_profile_env_table_switches_the_rule(tmp_path: Path, env_table: str, rule: str) -> None:
+    text = f'target = "@TARGET@"\n[drafter]\nkind = "draft-model"\nmodel = "@DRAFTER@"\n{env_table}'
+    with serve(tmp_path, "--profile", str(write(tmp_path, "switch", text))) as server, server.client() as http:
+        (startup,) = server.events("acceptance_rule_active")
+        assert startup["rule"] == rule
+        response = http.post(
+            "/completion", json={"prompt": "def f(x):\n", "n_predict": 24, "temperature": 0.7, "seed": 1}
+        )
+        event = server.wait_for_event("speculative_request", response.headers["x-request-id"])
+        assert event["rule"] == rule
+        assert json.loads(json.dumps(startup["env_overrides"])) == (
+            {"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": "1"} if env_table else {}
+        )
