@@ -56,3 +56,11 @@ def speculative_request(
 def governor_changed(event: str, *, request_id: str, decided: int, ema: float, floor: float | None) -> None:
     """`governor_paused` or `governor_resumed` for one row."""
     structlog.get_logger(LOGGER).info(event, request_id=request_id, decided=decided, ema=round(ema, 4), floor=floor)
+
+
+def loop_note(event: str, *, request_id: str, **fields: object) -> None:
+    """How a block-loop request was served: `drafter_loaded`, `exactness_probe`,
+    `exactness_probe_overridden` (warning) or `block_loop_declined` (warning)."""
+    log = structlog.get_logger(LOGGER)
+    warn = event in ("block_loop_declined", "exactness_probe_overridden") or fields.get("exact") is False
+    (log.warning if warn else log.info)(event, request_id=request_id, **fields)

@@ -15,13 +15,17 @@ from ops.models.tiny import build_block_drafter_checkpoint, build_tiny_model
 from tests.server import clean_env, free_port, serve
 from tests.test_loading import DSPARK
 
-SHIPPED = ["default", "target-only", "prompt-lookup", "stochastic"]
+SHIPPED = ["default", "target-only", "prompt-lookup", "stochastic", "mtp", "dflash", "dspark", "muse"]
 COPY_HEAVY = "x = [1, 2, 3]\ny = [4, 5, 6]\nx = [1, 2, 3]\ny = [4, 5, 6]\nx = [1, 2, 3]\n"
 EXPECTED = {  # drafter kind, rule at T > 0, draft_kind in a response's timings
     "default": ("draft-model", "sampler-match", "draft-model"),
     "target-only": ("none", None, None),
     "prompt-lookup": ("prompt-lookup", "sampler-match", "prompt-lookup"),
     "stochastic": ("draft-model", "stochastic", "draft-model"),
+    "mtp": ("mtp", "argmax-against-argmax", "mtp"),
+    "dflash": ("dflash", "argmax-against-argmax", "dflash"),
+    "dspark": ("dflash", None, "dflash"),  # greedy-only: requests that sample are declined
+    "muse": ("dflash", "argmax-against-argmax", "dflash"),
 }
 
 

@@ -15,7 +15,7 @@ import uvicorn
 from app import events
 from app.engine.engine import Engine
 from app.loading import ModelLoadError
-from app.profiles import Settings, add_profile_flags, settings_from_args
+from app.profiles import add_profile_flags, settings_from_args
 from app.runtime.logging import configure_logging
 from app.sampling import SamplingParams
 
@@ -55,14 +55,16 @@ def announce(engine: Engine) -> None:
     """The startup line and the `acceptance_rule_active` event, once the loop is built."""
     settings = engine.settings
     rule = engine.rule_at(SamplingParams(temperature=max(settings.sampling.temperature, 0.8)))
-    fields = startup_fields(settings, str(rule) if rule else None)
+    fields = startup_fields(engine, str(rule) if rule else None)
     structlog.get_logger("mlxcel.serve").info("server_ready", **fields)
     events.acceptance_rule_active(**fields)
 
 
-def startup_fields(settings: Settings, rule: str | None) -> dict[str, object]:
+def startup_fields(engine: Engine, rule: str | None) -> dict[str, object]:
+    settings = engine.settings
     drafter = settings.drafter
-    width = 7 if drafter.kind == "prompt-lookup" else drafter.block_size or drafter.num_draft_tokens
+    widths = engine.block_widths() if engine.block_checkpoint else None
+    width = {"prompt-lookup": 7, "draft-model": drafter.num_draft_tokens}.get(drafter.kind, widths and widths[0])
     return {
         "profile": settings.profile,
         "profile_file": settings.source,
@@ -71,7 +73,7 @@ def startup_fields(settings: Settings, rule: str | None) -> dict[str, object]:
         "drafter_model": drafter.model,
         "rule": rule,
         "width": width if drafter.kind != "none" else None,
-        "adaptive_max_width": settings.adaptive.max_width if settings.adaptive.enabled else None,
+        "adaptive_max_width": widths[1] if widths and settings.adaptive.enabled else None,
         "governor_floor": settings.governor.floor if drafter.kind == "prompt-lookup" else None,
         "governor_policy": settings.governor.policy if drafter.kind == "prompt-lookup" else None,
         "env_overrides": dict(settings.env),

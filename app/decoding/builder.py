@@ -7,6 +7,7 @@ import random
 from dataclasses import dataclass
 
 from app.acceptance import Rule, select_rule, stochastic_requested
+from app.decoding.block_builder import BlockChoice, BlockLoops
 from app.decoding.generation import Generation
 from app.decoding.loop import SpeculativeLoop, TargetLoop
 from app.decoding.runner import ModelRunner
@@ -34,6 +35,10 @@ class LoopSpec:
     governor_policy: str = "gated"  # the CLI token loop's; the server's profiles default to break-even
     governor_adaptive: bool = True
     governor_floor: float = DEFAULT_FLOOR
+    drafter_model: str | None = None  # block drafters (mtp, dflash) load lazily from here
+    adaptive_enabled: bool = True
+    adaptive_max_width: int = 16
+    block_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,14 @@ class LoopBuilder:
         self.target = target
         self.drafter = drafter
         self.spec = spec
+        self.block: BlockLoops | None = None
+        if spec.drafter_kind in ("mtp", "dflash"):
+            if spec.drafter_model is None:
+                raise ModelLoadError(f"drafter kind {spec.drafter_kind} needs a drafter model")
+            ModelRunner(target.model).require_rewindable("target")
+            self.block = BlockLoops(
+                target, spec.drafter_model, spec.adaptive_enabled, spec.adaptive_max_width, spec.block_size
+            )
 
     @property
     def context_limit(self) -> int:
@@ -99,10 +112,13 @@ class LoopBuilder:
         )
         target = ModelRunner(self.target.model, max_kv_size=self.spec.max_kv_size)
         width = self.spec.num_draft_tokens if request.n_max is None else min(request.n_max, self.spec.num_draft_tokens)
-        drafter = self.make_drafter(request, width, governor_listener) if width > 0 else None
+        choice = BlockChoice(TargetLoop(target))
+        if self.block is not None and request.n_max != 0:
+            choice = self.block.choose(target, request.sampling, request.n_max)
+        drafter = self.make_drafter(request, width, governor_listener) if width > 0 and self.block is None else None
         loop: TargetLoop
         if drafter is None:
-            loop = TargetLoop(target)
+            loop = choice.loop
         else:
             rule = self.rule_for(request.sampling, drafter)
             loop = SpeculativeLoop(
@@ -116,4 +132,6 @@ class LoopBuilder:
             context_limit=self.context_limit,
             stop=list(request.stop),
             ignore_eos=request.ignore_eos,
+            notes=choice.notes,
+            excluded_s=choice.setup_seconds,
         )

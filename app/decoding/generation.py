@@ -49,6 +49,8 @@ class Generation:
     prefill_started: float = 0.0
     prefill_finished: float = 0.0
     last_token_at: float = 0.0
+    notes: list = field(default_factory=list)  # events the loop choice wants logged (block loops)
+    excluded_s: float = 0.0  # a drafter's first load, paid by this request, kept out of its timings
 
     def __post_init__(self) -> None:
         self.prompt_n = len(self.state.tokens)

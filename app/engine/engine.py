@@ -15,16 +15,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 from enum import StrEnum
+from functools import cached_property
 
 import structlog
 
 from app import events
 from app.acceptance import Rule, select_rule, stochastic_requested
+from app.decoding.block_builder import DrafterUnavailableError
 from app.decoding.builder import LoopBuilder, LoopSpec
+from app.drafters.block import declared_widths
 from app.drafters.governor import Governor
 from app.engine.metrics import Metrics
 from app.engine.row import Failed, Job, Row
-from app.loading import LoadedModel, load_model
+from app.loading import Checkpoint, CheckpointKind, LoadedModel, load_model, read_checkpoint
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
 
@@ -87,13 +90,29 @@ class Engine:
         assert self.builder is not None
         return self.builder.target
 
+    @cached_property
+    def block_checkpoint(self) -> Checkpoint | None:
+        """The MTP or DFlash-family drafter's checkpoint (read without loading the weights)."""
+        if self.settings.drafter.kind not in ("mtp", "dflash"):
+            return None
+        return read_checkpoint(self.settings.drafter.model)
+
+    def block_widths(self) -> tuple[int, int]:
+        """(declared, widest) verify width of the block drafter, a profile's block_size winning."""
+        checkpoint = self.block_checkpoint
+        declared, widest = declared_widths(checkpoint.kind, checkpoint.config)
+        declared = self.settings.drafter.block_size or declared
+        adaptive = self.settings.adaptive
+        return declared, max(declared, min(widest, adaptive.max_width)) if adaptive.enabled else declared
+
     def rule_at(self, sampling: SamplingParams) -> Rule | None:
         """The rule a request with this sampler gets (None when no drafter runs)."""
         kind = self.settings.drafter.kind
         if kind == "none":
             return None
         if kind in ("mtp", "dflash"):
-            return Rule.ARGMAX_AGAINST_ARGMAX
+            greedy_only = self.block_checkpoint.kind is CheckpointKind.DSPARK
+            return None if greedy_only and not sampling.is_greedy else Rule.ARGMAX_AGAINST_ARGMAX
         one_hot = kind == "prompt-lookup"
         return select_rule(
             sampling, stochastic=stochastic_requested(), reports_distribution=True, one_hot_proposals=one_hot
@@ -113,6 +132,10 @@ class Engine:
             governor_policy=settings.governor.policy,
             governor_adaptive=settings.governor.adaptive,
             governor_floor=settings.governor.floor,
+            drafter_model=settings.drafter.model,  # block drafters load on first use
+            adaptive_enabled=settings.adaptive.enabled,
+            adaptive_max_width=settings.adaptive.max_width,
+            block_size=settings.drafter.block_size,
         )
         self.builder = LoopBuilder(target, drafter, spec)
         self._log.info("models_loaded", target=str(target.path), seconds=round(time.perf_counter() - started, 3))
@@ -157,10 +180,18 @@ class Engine:
                 slot = next(i for i in range(self.settings.server.max_rows) if i not in self.rows)
                 try:
                     generation = self.builder.build(job.request, self._governor_listener(job))
+                except DrafterUnavailableError as exc:
+                    self._log.warning("drafter_unavailable", request_id=job.request_id, reason=str(exc))
+                    job.sink(Failed(str(exc), 503, "unavailable_error"))
+                    continue
                 except (ValueError, RuntimeError) as exc:
                     job.sink(Failed(str(exc), 400, "invalid_request_error"))
                     continue
-                self.rows[slot] = Row(job, generation, slot)
+                for note in generation.notes:
+                    events.loop_note(note.event, request_id=job.request_id, **note.fields)
+                row = Row(job, generation, slot)
+                row.excluded_s = generation.excluded_s
+                self.rows[slot] = row
             self.metrics.requests_deferred = len(self._queue)
             self.metrics.requests_processing = len(self.rows)
 

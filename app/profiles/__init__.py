@@ -3,17 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
+import msgspec
+
+from app.drafters.kinds import DETECTED
+from app.loading import read_checkpoint
 from app.profiles.checks import check_models
 from app.profiles.loader import ProfileError, Resolved, add_profile_flags, flags_of, resolve, shipped_profiles
 from app.profiles.schema import Settings
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    """The profile named by --profile (or MLXCEL_PROFILE), with env and flag overrides, checked."""
+    """The profile named by --profile (or MLXCEL_PROFILE), with env and flag overrides, checked.
+
+    A drafter model named with more authority than the kind (a flag over a profile file, say)
+    gets the kind its config.json describes; a kind given alongside it wins (`check_models`
+    refuses one that cannot drive the checkpoint).
+    """
     resolved = resolve(args.profile, flags_of(args))
-    check_models(resolved.settings)
-    return resolved.settings
+    settings = resolved.settings
+    drafter = settings.drafter
+    rank = {"default": 0, "file": 1, "env": 2, "flag": 3}
+    if drafter.model and rank[resolved.sources["drafter.model"]] > rank[resolved.sources["drafter.kind"]]:
+        detected = str(DETECTED[read_checkpoint(drafter.model).kind])
+        print(f"Resolved drafter kind: {detected} (auto-detected from {drafter.model}/config.json)", file=sys.stderr)
+        settings = msgspec.structs.replace(settings, drafter=msgspec.structs.replace(drafter, kind=detected))
+    elif drafter.model and drafter.kind in ("none", "prompt-lookup"):
+        print(f"warning: drafter.kind = {drafter.kind} ignores drafter.model ({drafter.model})", file=sys.stderr)
+    check_models(settings)
+    return settings
 
 
 __all__ = [

@@ -52,6 +52,12 @@ def check_models(settings: Settings) -> None:
             f'{where}: drafter.kind: "{drafter.kind}" cannot drive {checkpoint.path}, which is a '
             f'{checkpoint.kind} checkpoint; set drafter.kind = "{detected}"'
         )
+    drafter_rows = checkpoint.config.get("vocab_size")
+    if not checkpoint.is_standalone and drafter_rows is not None and drafter_rows != target.config.get("vocab_size"):
+        raise ProfileError(
+            f"{where}: drafter.model: vocab_size {checkpoint.config.get('vocab_size')} differs from the target's "
+            f"{target.config.get('vocab_size')}; train the drafter for this target"
+        )
     target_vocab, drafter_vocab = tokenizer_vocab(target.path), tokenizer_vocab(checkpoint.path)
     if drafter_vocab is not None and target_vocab is not None and drafter_vocab != target_vocab:
         differ = len(set(target_vocab.items()) ^ set(drafter_vocab.items()))

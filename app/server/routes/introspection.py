@@ -20,12 +20,15 @@ BUILD_INFO = f"mlxcel {__version__} (mlx {version('mlx')}, mlx-lm {version('mlx-
 
 
 def speculative_width(engine: Engine) -> int:
+    """Proposals per round at the configured (declared) width."""
     drafter = engine.settings.drafter
     if drafter.kind == "none":
         return 0
     if drafter.kind == "prompt-lookup":
         return 7
-    return drafter.block_size - 1 if drafter.block_size else drafter.num_draft_tokens
+    if drafter.kind in ("mtp", "dflash"):
+        return engine.block_widths()[0] - 1
+    return drafter.num_draft_tokens
 
 
 def drafter_info(engine: Engine) -> dict[str, Any]:
@@ -44,6 +47,7 @@ def drafter_info(engine: Engine) -> dict[str, Any]:
         "rule_at_temperature_0": "greedy-argmax" if rule else None,
         "rule_at_temperature_above_0": str(rule) if rule else None,
         "adaptive": msgspec.to_builtins(settings.adaptive),
+        "block_widths": list(engine.block_widths()) if engine.block_checkpoint else None,
         "governor": msgspec.to_builtins(settings.governor) if settings.drafter.kind == "prompt-lookup" else None,
         "env_overrides": dict(settings.env),
     }

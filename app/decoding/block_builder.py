@@ -1,0 +1,111 @@
+"""Making block-loop rows: the lazily loaded drafter, its width controller, the exactness gate.
+
+One `BlockLoops` per loaded target serves every request of an MTP or DFlash-family profile. The
+drafter loads on first use (its load time is reported, and kept out of that request's timings);
+a failed load fails that request only, and the next request tries again. The load and the first
+probes are once-per-process costs, kept out of the timings of the request that paid them. Before a width is used
+the exactness probe must have cleared it; a width that fails is never used, and when no width
+the loop needs passes, the request is declined to classic decode.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from app.decoding.adaptive import WidthController
+from app.decoding.block_loop import BlockLoop, ProbeCache, ProbeVerdict
+from app.decoding.loop import TargetLoop
+from app.decoding.runner import ModelRunner
+from app.drafters.block import BlockDrafterModel, load_block_drafter
+from app.loading import LoadedModel, ModelLoadError
+from app.runtime.env import truthy
+from app.sampling import SamplingParams
+
+ALLOW_INEXACT_ENV = "MLXCEL_MTP_ALLOW_INEXACT"
+
+
+class DrafterUnavailableError(Exception):
+    """The drafter could not be loaded; the request that needed it fails, the server goes on."""
+
+
+@dataclass
+class Note:
+    """Something a request's loop choice should log: `event` name and its fields."""
+
+    event: str
+    fields: dict[str, object]
+
+
+@dataclass
+class BlockChoice:
+    loop: TargetLoop
+    notes: list[Note] = field(default_factory=list)
+    setup_seconds: float = 0.0  # this request paid the drafter's first load or a first probe
+
+
+@dataclass
+class BlockLoops:
+    target: LoadedModel
+    drafter_path: str
+    adaptive: bool = True
+    max_width: int = 16
+    block_size: int | None = None  # a profile's verify-width override
+    probes: ProbeCache = field(default_factory=ProbeCache)
+    bound: BlockDrafterModel | None = None
+    controller: WidthController | None = None
+
+    def _load(self) -> float:
+        if self.bound is not None:
+            return 0.0
+        try:
+            self.bound = load_block_drafter(self.drafter_path, self.target)
+        except (ModelLoadError, OSError, ValueError, RuntimeError) as exc:
+            raise DrafterUnavailableError(f"the drafter at {self.drafter_path} could not be loaded: {exc}") from exc
+        declared = self.block_size or self.bound.declared_width
+        ceiling = max(declared, min(self.bound.max_width, self.max_width)) if self.adaptive else declared
+        self.controller = WidthController(declared, ceiling, enabled=self.adaptive)
+        return self.bound.load_seconds
+
+    def _gate(self, notes: list[Note]) -> ProbeVerdict | None:
+        """Probe every width the controller may use; the failing verdict that blocks the loop, if any."""
+        controller = self.controller
+        for width in controller.widths:
+            fresh = (id(self.target.model), width) not in self.probes.verdicts
+            verdict = self.probes.check(self.target.model, width)
+            if fresh:
+                notes.append(Note("exactness_probe", {"width": width, "exact": verdict.exact,
+                                                      "position": verdict.position}))  # fmt: skip
+            if verdict.exact:
+                continue
+            if truthy(os.environ.get(ALLOW_INEXACT_ENV)):
+                notes.append(Note("exactness_probe_overridden", {"width": width, "position": verdict.position,
+                                                                 "env": ALLOW_INEXACT_ENV}))  # fmt: skip
+                continue
+            if width != controller.declared:
+                controller.settle()  # keep the declared width; never widen to one that is not exact
+                continue
+            return verdict
+        return None
+
+    def choose(self, target: ModelRunner, sampling: SamplingParams, n_max: int | None) -> BlockChoice:
+        started = time.perf_counter()
+        load_seconds = self._load()
+        notes = [Note("drafter_loaded", {"path": str(self.bound.path), "seconds": round(load_seconds, 3)})] if (
+            load_seconds
+        ) else []  # fmt: skip
+        if self.bound.greedy_only and not sampling.is_greedy:
+            reason = "the DSpark drafter is greedy-only; this request samples (temperature > 0, top_k != 1)"
+            notes.append(Note("block_loop_declined", {"reason": reason}))
+            return BlockChoice(TargetLoop(target), notes, time.perf_counter() - started)
+        failed = self._gate(notes)
+        if failed is not None:
+            reason = (f"exactness probe failed at width {failed.width}, position {failed.position} "
+                      f"(max |difference| {failed.max_difference:.3g}); serving classic decode")  # fmt: skip
+            notes.append(Note("block_loop_declined", {"reason": reason, "width": failed.width,
+                                                      "position": failed.position}))  # fmt: skip
+            return BlockChoice(TargetLoop(target), notes, time.perf_counter() - started)
+        cap = None if n_max is None else n_max + 1
+        loop = BlockLoop(target, self.bound, self.controller, cap)
+        return BlockChoice(loop, notes, time.perf_counter() - started)

@@ -1,0 +1,193 @@
+"""Block drafters: MTP heads and the DFlash family (DFlash, DSpark, the Muse Glimmer assistant).
+
+They condition on the target's hidden states and borrow its embedding and lm_head, so they are
+loaded against a target (`BlockDrafterModel`), and one `*Drafter` per row keeps the row's own
+drafter cache in step with the tokens the target decided.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from app.drafters.base import Proposal
+from app.drafters.block_model import DFlashModel, DraftShape, MtpHead
+from app.drafters.target_taps import FINAL, TargetTaps, taps_for
+from app.loading import CheckpointKind, LoadedModel, ModelLoadError, read_checkpoint
+from app.sampling import RowRng, SamplerPipeline
+
+MUSE_DECLARED_DEPTH = 4
+MTP_DEFAULT_DEPTH = 3
+
+
+@dataclass
+class BlockDrafterModel:
+    """A block drafter checkpoint bound to a target: the modules, their shape, and the style.
+
+    `declared_width` is the verify width the drafter is built for (bonus row included): the
+    DFlash block size, DSpark's proposals + 1, the Muse assistant's four rows, MTP depth + 1.
+    """
+
+    kind: CheckpointKind
+    module: DFlashModel | MtpHead
+    shape: DraftShape
+    taps: TargetTaps
+    declared_width: int
+    max_width: int
+    load_seconds: float
+    path: Path
+
+    @property
+    def draft_kind(self) -> str:
+        return "mtp" if self.kind is CheckpointKind.MTP else "dflash"
+
+    @property
+    def greedy_only(self) -> bool:
+        return self.kind is CheckpointKind.DSPARK
+
+    @property
+    def tap_names(self) -> list[int | str]:
+        return [FINAL] if self.kind is CheckpointKind.MTP else list(self.shape.target_layer_ids)
+
+
+def declared_widths(kind: CheckpointKind, config: dict) -> tuple[int, int]:
+    """(declared verify width, widest it is built for) from a drafter's config.json."""
+    shape = DraftShape.from_config(config)
+    if kind is CheckpointKind.MTP:
+        depth = int((config.get("mtp_config") or {}).get("depth", MTP_DEFAULT_DEPTH))
+        return depth + 1, depth + 1
+    if kind is CheckpointKind.DSPARK:
+        return shape.block_size + 1, shape.block_size + 1  # every DSpark slot is a proposal
+    if kind is CheckpointKind.MUSE:
+        return MUSE_DECLARED_DEPTH, shape.block_size
+    return shape.block_size, shape.block_size
+
+
+def load_block_drafter(path: str | Path, target: LoadedModel) -> BlockDrafterModel:
+    """Load a block drafter checkpoint and bind it to the target's embedding and lm_head."""
+    started = time.perf_counter()
+    checkpoint = read_checkpoint(path)
+    if checkpoint.is_standalone:
+        raise ModelLoadError(f"{checkpoint.path} is a standalone model, not an MTP or DFlash-family drafter")
+    config = checkpoint.config
+    shape = DraftShape.from_config(config)
+    taps = taps_for(target.model)
+    if any(not 0 <= i < taps.num_layers for i in shape.target_layer_ids):
+        raise ModelLoadError(f"{checkpoint.path}: target_layer_ids {shape.target_layer_ids} exceed the target's layers")
+    if int(config.get("vocab_size") or target.vocab_size) != target.vocab_size:
+        raise ModelLoadError(f"{checkpoint.path}: vocab_size {config.get('vocab_size')} differs from the target's")
+    module: DFlashModel | MtpHead
+    if checkpoint.kind is CheckpointKind.MTP:
+        module = MtpHead(shape, target.vocab_size)
+    else:
+        module = DFlashModel(shape, target.vocab_size)
+    declared, ceiling = declared_widths(checkpoint.kind, config)
+    weights = {}
+    for file in sorted(checkpoint.path.glob("*.safetensors")):
+        weights |= mx.load(str(file))
+    try:
+        module.load_weights(list(weights.items()), strict=True)
+    except ValueError as exc:
+        raise ModelLoadError(f"{checkpoint.path}: weights do not match its config.json: {exc}") from exc
+    module.set_dtype(mx.float32 if mx.default_device() == mx.cpu else mx.bfloat16)
+    mx.eval(module.parameters())
+    return BlockDrafterModel(
+        kind=checkpoint.kind, module=module, shape=shape, taps=taps, declared_width=declared,
+        max_width=ceiling, load_seconds=time.perf_counter() - started, path=checkpoint.path,
+    )  # fmt: skip
+
+
+class DFlashDrafter:
+    """One row of a DFlash-family drafter: a context cache of target features, one masked forward
+    per round over [anchor, mask x (width - 1)].
+
+    DFlash and the Muse assistant propose from rows 1.. (row k fills the token at anchor + k);
+    DSpark proposes from every row (row j predicts anchor + j + 1) through its Markov chain.
+    The Muse assistant samples each slot under the request's sampler; the others take argmax.
+    """
+
+    reports_distribution = False
+    one_hot_proposals = False
+
+    def __init__(self, bound: BlockDrafterModel) -> None:
+        self.bound = bound
+        self.kind = bound.draft_kind
+        self.model: DFlashModel = bound.module
+        self.caches = [KVCache() for _ in self.model.layers]
+
+    def add_context(self, features: mx.array) -> None:
+        self.model.add_context(features, self.caches)
+
+    def propose(
+        self, anchor: int, position: int, proposals: int, sampler: SamplerPipeline, rng: RowRng | None
+    ) -> Proposal:
+        bound, shape = self.bound, self.bound.shape
+        dspark = bound.kind is CheckpointKind.DSPARK
+        rows = proposals if dspark else proposals + 1
+        block = mx.array([[anchor] + [shape.mask_token_id] * (rows - 1)])
+        hidden = self.model(bound.taps.embed_tokens(block), self.caches, position)
+        logits = bound.taps.lm_head(hidden)[0]
+        if dspark:
+            drafts, previous = [], mx.array([anchor])
+            for j in range(proposals):
+                previous = mx.argmax(logits[j : j + 1] + self.model.markov_bias(previous), axis=-1)
+                drafts.append(previous)
+            return Proposal(tokens=mx.concatenate(drafts).astype(mx.int32))
+        slots = logits[1:]
+        if bound.kind is CheckpointKind.MUSE and not sampler.is_greedy:
+            q = sampler.distribution(slots)
+            keys = rng.peek(proposals)
+            rng.advance(proposals)
+            return Proposal(tokens=mx.concatenate([q[i].draw(keys[i]) for i in range(proposals)]).astype(mx.int32))
+        return Proposal(tokens=mx.argmax(slots, axis=-1).astype(mx.int32))
+
+    def commit(self, features: mx.array, emitted: list[int]) -> None:
+        """The verify rows now decided (the anchor and the accepted drafts) join the context."""
+        self.add_context(features)
+
+
+class MtpDrafter:
+    """One row of an MTP head: its KV cache holds one entry per decided position; drafting
+    chains the head on its own output and the embedding of its last proposal."""
+
+    reports_distribution = False
+    one_hot_proposals = False
+
+    def __init__(self, bound: BlockDrafterModel) -> None:
+        self.bound = bound
+        self.kind = bound.draft_kind
+        self.head: MtpHead = bound.module
+        self.cache = KVCache()
+        self.last: mx.array | None = None  # head output at the last decided position: predicts d0
+        self.chained = 0
+
+    def add_context(self, hidden: mx.array, next_tokens: list[int]) -> None:
+        """Rows of (target hidden at i, token at i + 1) for decided positions."""
+        embedded = self.bound.taps.embed_tokens(mx.array([next_tokens]))
+        out = self.head(hidden, embedded, self.cache)
+        self.last = out[:, -1:]
+
+    def _logits(self, out: mx.array) -> mx.array:
+        return self.bound.taps.lm_head(self.head.norm(out))[0]
+
+    def propose(
+        self, anchor: int, position: int, proposals: int, sampler: SamplerPipeline, rng: RowRng | None
+    ) -> Proposal:
+        out = self.last
+        drafts = [mx.argmax(self._logits(out), axis=-1)]
+        for _ in range(proposals - 1):
+            out = self.head(out, self.bound.taps.embed_tokens(drafts[-1][None]), self.cache)
+            drafts.append(mx.argmax(self._logits(out), axis=-1))
+        self.chained = proposals - 1
+        return Proposal(tokens=mx.concatenate(drafts).astype(mx.int32))
+
+    def commit(self, hidden: mx.array, emitted: list[int]) -> None:
+        """Drop the chain's entries; add (verify hidden, emitted token) for each decided row."""
+        if self.chained:
+            self.cache.trim(self.chained)
+            self.chained = 0
+        self.add_context(hidden, emitted)

@@ -1,0 +1,230 @@
+"""MTP and DFlash-family round loops on the embedded target with the trained drafters."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from app.acceptance import Rule
+from app.decoding.adaptive import ABANDON_AFTER, WARMUP_ROUNDS, WINDOW_ROUNDS, Phase, WidthController
+from app.decoding.block_loop import BlockLoop, ProbeVerdict, probe_width
+from app.decoding.builder import LoopBuilder, LoopSpec, RowRequest
+from app.decoding.generation import Generation
+from app.decoding.loop import TargetLoop
+from app.decoding.runner import ModelRunner
+from app.decoding.state import RowState
+from app.drafters.block import load_block_drafter
+from app.loading import EMBEDDED_TARGET, load_model
+from app.loading.model import REPO_ROOT
+from app.sampling import RowRng, SamplerPipeline, SamplingParams
+from tests.server import clean_env, serve
+
+MODELS = REPO_ROOT / "models"
+GREEDY = SamplingParams(temperature=0.0)
+CODE = "def merge_sorted(left, right):\n    result = []\n"
+LONG = "".join(f"def helper_{i}(value):\n    return value * {i} + {i % 7}\n\n\n" for i in range(60))
+
+
+def run(generation):
+    generation.prefill()
+    while not generation.finished:
+        generation.step()
+    return generation
+
+
+def greedy_tokens(target, prompt: str, n: int) -> list[int]:
+    request = RowRequest(target.tokenizer.encode(prompt), GREEDY, max_tokens=n, ignore_eos=True)
+    return run(LoopBuilder(target, None, LoopSpec()).build(request)).emitted
+
+
+@pytest.mark.parametrize(("drafter", "widths"), [("mtp", [4]), ("dflash", [8]), ("dspark", [8]), ("muse", [4, 8])])
+def test_every_width_is_exact_greedy_decoding(embedded_target, drafter: str, widths: list[int]) -> None:
+    """T = 0 block loops emit exactly the target's greedy tokens, long prompts included."""
+    bound = load_block_drafter(MODELS / drafter, embedded_target)
+    assert sorted({bound.declared_width, bound.max_width}) == widths
+    for width in widths:
+        assert probe_width(embedded_target.model, width).exact
+        for prompt, n in ((CODE, 64), (LONG, 40)):
+            tokens = embedded_target.tokenizer.encode(prompt)
+            loop = BlockLoop(ModelRunner(embedded_target.model), bound, WidthController(width, width))
+            state = RowState(tokens=list(tokens), sampler=SamplerPipeline(GREEDY, embedded_target.vocab_size),
+                             rng=RowRng(0))  # fmt: skip
+            generation = run(Generation(loop=loop, state=state, tokenizer=embedded_target.tokenizer, max_tokens=n,
+                                        context_limit=4096, ignore_eos=True))  # fmt: skip
+            assert generation.emitted == greedy_tokens(embedded_target, prompt, n), (drafter, width, len(tokens))
+            assert loop.stats.rounds > 0 and loop.stats.accepted > 0
+
+
+class PerturbWideSteps(nn.Module):
+    """A target layer whose multi-row forwards after prefill are off by a hair: the block
+    forward no longer matches single-token steps, which is what the probe must catch."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def __call__(self, x: mx.array, mask: object, cache: object) -> mx.array:
+        offset = cache.offset
+        out = self.inner(x, mask, cache)
+        return out + 1e-3 if x.shape[1] > 1 and offset > 0 else out
+
+
+@pytest.fixture
+def perturbed_target():
+    target = load_model(EMBEDDED_TARGET)
+    target.model.model.layers[-1] = PerturbWideSteps(target.model.model.layers[-1])
+    return target
+
+
+def block_builder(target, drafter: str = "mtp") -> LoopBuilder:
+    return LoopBuilder(target, None, LoopSpec(drafter_kind="mtp" if drafter == "mtp" else "dflash",
+                                              drafter_model=str(MODELS / drafter)))  # fmt: skip
+
+
+def test_a_failed_probe_declines_to_classic_decode(perturbed_target, embedded_target, monkeypatch) -> None:
+    monkeypatch.delenv("MLXCEL_MTP_ALLOW_INEXACT", raising=False)
+    request = RowRequest(perturbed_target.tokenizer.encode(CODE), GREEDY, max_tokens=40, ignore_eos=True)
+    generation = block_builder(perturbed_target).build(request)
+    assert type(generation.loop) is TargetLoop
+    (declined,) = [n for n in generation.notes if n.event == "block_loop_declined"]
+    assert declined.fields["width"] == 4 and declined.fields["position"] is not None
+    assert f"width 4, position {declined.fields['position']}" in declined.fields["reason"]
+    assert run(generation).emitted == greedy_tokens(embedded_target, CODE, 40)
+
+
+def test_allow_inexact_overrides_the_probe_with_a_warning(perturbed_target, monkeypatch) -> None:
+    monkeypatch.setenv("MLXCEL_MTP_ALLOW_INEXACT", "1")
+    request = RowRequest(perturbed_target.tokenizer.encode(CODE), GREEDY, max_tokens=24, ignore_eos=True)
+    generation = block_builder(perturbed_target).build(request)
+    assert isinstance(generation.loop, BlockLoop)
+    assert [n.event for n in generation.notes].count("exactness_probe_overridden") == 1
+    assert run(generation).loop.stats.rounds > 0
+
+
+def test_a_failing_ceiling_keeps_the_declared_width(embedded_target, monkeypatch) -> None:
+    monkeypatch.delenv("MLXCEL_MTP_ALLOW_INEXACT", raising=False)
+    builder = block_builder(embedded_target, "muse")
+    key = (id(embedded_target.model), 8)
+    builder.block._load()
+    builder.block.probes.verdicts[key] = ProbeVerdict(8, False, 3, 1e-3)  # as if width 8 had failed
+    generation = builder.build(RowRequest(embedded_target.tokenizer.encode(CODE), GREEDY, max_tokens=8))
+    assert isinstance(generation.loop, BlockLoop)
+    assert builder.block.controller.phase is Phase.SETTLED and builder.block.controller.width() == 4
+
+
+# --- the adaptive width controller, on a scripted clock ---------------------------------------
+
+
+def feed(controller: WidthController, rounds: int, rates: dict[int, float]) -> None:
+    """Rounds that emit 4 tokens each, taking 4 / rate ms at whatever width is current."""
+    for _ in range(rounds):
+        controller.observe(4, 4 / rates[controller.width()] / 1000.0)
+
+
+def test_warms_up_at_the_declared_width_then_widens_when_it_pays() -> None:
+    controller = WidthController(declared=4, ceiling=8)
+    assert controller.widths == [4, 8]
+    feed(controller, WARMUP_ROUNDS + WINDOW_ROUNDS - 1, {4: 1.0, 8: 1.5})
+    assert controller.width() == 4
+    feed(controller, 1, {4: 1.0, 8: 1.5})
+    assert controller.phase is Phase.TRIAL and controller.width() == 8
+    feed(controller, WINDOW_ROUNDS, {4: 1.0, 8: 1.5})
+    assert controller.phase is Phase.SETTLED and controller.width() == 8
+
+
+def test_stays_when_the_wider_width_does_not_pay_by_two_percent() -> None:
+    controller = WidthController(declared=4, ceiling=8)
+    feed(controller, WARMUP_ROUNDS + 2 * WINDOW_ROUNDS, {4: 1.0, 8: 1.01})
+    assert controller.phase is Phase.COOLDOWN and controller.width() == 4 and controller.losses == 1
+
+
+def test_abandons_a_losing_trial_early() -> None:
+    controller = WidthController(declared=4, ceiling=8)
+    feed(controller, WARMUP_ROUNDS + WINDOW_ROUNDS, {4: 1.0, 8: 0.5})
+    assert controller.phase is Phase.TRIAL
+    feed(controller, ABANDON_AFTER, {4: 1.0, 8: 0.5})
+    assert controller.phase is Phase.COOLDOWN and controller.trials == 1
+
+
+def test_backs_off_before_rechallenging() -> None:
+    controller = WidthController(declared=4, ceiling=8)
+    feed(controller, WARMUP_ROUNDS + WINDOW_ROUNDS + ABANDON_AFTER, {4: 1.0, 8: 0.5})
+    assert controller.cooldown_windows == 4
+    feed(controller, 4 * WINDOW_ROUNDS, {4: 1.0, 8: 0.5})
+    assert controller.phase is Phase.TRIAL  # re-challenged after 4 windows
+    feed(controller, ABANDON_AFTER, {4: 1.0, 8: 0.5})
+    assert controller.losses == 2 and controller.cooldown_windows == 16  # x4 per consecutive loss
+    controller.losses = 10
+    controller._lose()
+    assert controller.cooldown_windows == 64
+
+
+def test_disabled_or_equal_widths_never_adapt() -> None:
+    assert WidthController(4, 8, enabled=False).widths == [4]
+    assert WidthController(4, 4).phase is Phase.SETTLED
+
+
+# --- over HTTP -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, str]:
+    with serve(tmp_path_factory.mktemp("ref"), "--profile", "target-only") as server, server.client() as http:
+        return {p: http.post("/completion", json={"prompt": p, "n_predict": 48, "temperature": 0}).json()["content"]
+                for p in (CODE, LONG)}  # fmt: skip
+
+
+@pytest.mark.parametrize("profile", ["mtp", "dflash", "dspark", "muse"])
+def test_server_output_at_t0_is_target_greedy(tmp_path: Path, reference, profile: str) -> None:
+    with serve(tmp_path, "--profile", profile) as server, server.client() as http:
+        for prompt, expected in reference.items():
+            body = http.post("/completion", json={"prompt": prompt, "n_predict": 48, "temperature": 0}).json()
+            assert body["content"] == expected
+            assert body["timings"]["draft_kind"] == ("mtp" if profile == "mtp" else "dflash")
+        probed = [e["width"] for e in server.events("exactness_probe")]
+        assert sorted(probed) == ([4, 8] if profile == "muse" else [4] if profile == "mtp" else [8])
+        first_round = server.events("speculative_request")[0]["timestamp"]
+        assert all(e["timestamp"] <= first_round for e in server.events("exactness_probe"))
+        if profile == "dspark":
+            response = http.post("/completion", json={"prompt": CODE, "n_predict": 16, "temperature": 0.7})
+            assert "draft_kind" not in response.json()["timings"]
+            rid = response.headers["x-request-id"]
+            declined = [e for e in server.events("block_loop_declined") if e["request_id"] == rid]
+            assert len(declined) == 1 and declined[0]["level"] == "warning"
+        if profile == "muse":
+            response = http.post("/completion", json={"prompt": CODE, "n_predict": 24, "temperature": 0.7, "seed": 3})
+            event = server.wait_for_event("speculative_request", response.headers["x-request-id"])
+            assert event["rule"] == Rule.ARGMAX_AGAINST_ARGMAX and event["biased"] is True
+
+
+def test_a_drafter_that_fails_to_load_fails_only_its_requests(tmp_path: Path) -> None:
+    broken = tmp_path / "broken-mtp"
+    shutil.copytree(MODELS / "mtp", broken)
+    (broken / "model.safetensors").write_bytes(b"corrupt")
+    profile = tmp_path / "broken.toml"
+    profile.write_text(f'target = "{EMBEDDED_TARGET}"\n[drafter]\nkind = "mtp"\nmodel = "{broken}"\n')
+    with serve(tmp_path, "--profile", str(profile)) as server, server.client() as http:
+        for _ in range(2):
+            failed = http.post("/completion", json={"prompt": CODE, "n_predict": 4})
+            assert failed.status_code == 503 and "could not be loaded" in failed.json()["error"]["message"]
+        assert http.get("/health").status_code == 200
+        assert (
+            http.post("/completion", json={"prompt": CODE, "n_predict": 4, "speculative.n_max": 0}).status_code == 200
+        )
+
+
+def test_drafter_kind_is_detected_and_an_impossible_explicit_kind_refused(tmp_path: Path) -> None:
+    with serve(tmp_path, "--profile", "target-only", "--draft-model", str(MODELS / "mtp")) as server:
+        (event,) = server.events("acceptance_rule_active")
+        assert event["drafter_kind"] == "mtp"
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "serve", "--profile", "target-only", "--draft-kind", "dflash", "--draft-model",
+         str(MODELS / "mtp")], capture_output=True, text=True, env=clean_env(), timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2 and 'set drafter.kind = "mtp"' in result.stderr
