@@ -142,7 +142,8 @@ class DFlashDrafter:
             q = sampler.distribution(slots)
             keys = rng.peek(proposals)
             rng.advance(proposals)
-            return Proposal(tokens=mx.concatenate([q[i].draw(keys[i]) for i in range(proposals)]).astype(mx.int32))
+            drafts = mx.concatenate([q[i].draw(keys[i]) for i in range(proposals)]).astype(mx.int32)
+            return Proposal(tokens=drafts, q=q)  # reported for a lossless rule to use; this loop's rule ignores it
         return Proposal(tokens=mx.argmax(slots, axis=-1).astype(mx.int32))
 
     def commit(self, features: mx.array, emitted: list[int]) -> None:

@@ -10,7 +10,7 @@ same loaded model objects, so the comparison isolates the round loop.
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import Arm, machine, table, timed, write_section  # first: sets up MLX's BLAS
+from ops.bench.common import REPO_ROOT, Arm, machine, table, timed, write_section  # first: sets up MLX's BLAS
 
 # isort: on
 import argparse
@@ -28,6 +28,7 @@ from ops.bench.prompts import COPY_HEAVY, HELD_OUT_CODE, PROSE
 Run = Callable[[], tuple[list[int], object | None]]
 
 GREEDY = SamplingParams(temperature=0.0)
+BLOCK_HEADER = ["drafter", "verify width", "tokens/s", "vs target-only", "mean accepted len", "per-position acceptance"]
 WARM = SamplingParams(temperature=0.7)
 
 
@@ -145,6 +146,20 @@ def main(argv: list[str] | None = None) -> None:
     }
     copy = run_set(lookup_arms, [encode(p) for p in COPY_HEAVY], args.repeats)
     prose = run_set(lookup_arms, [encode(p) for p in PROSE], args.repeats)
+    block_builders = {
+        name: LoopBuilder(
+            target,
+            None,
+            LoopSpec(drafter_kind="mtp" if name == "mtp" else "dflash", drafter_model=str(REPO_ROOT / "models" / name)),
+        )
+        for name in ("mtp", "dflash", "dspark", "muse")
+    }
+    block = run_set(
+        {"target-only": lambda p, s: ours(plain, p, GREEDY, n, s)}
+        | {name: (lambda p, s, b=b: ours(b, p, GREEDY, n, s)) for name, b in block_builders.items()},
+        code,
+        args.repeats,
+    )
 
     outputs = [greedy[name].outputs for name in ("target-only", f"classic k={k}", f"mlx-lm speculative k={k}")]
     identical = outputs[0] == outputs[1] == outputs[2]
@@ -163,6 +178,22 @@ def main(argv: list[str] | None = None) -> None:
         + rows_for(copy, "target-only", None, "copy-heavy edits, T=0")
         + rows_for(prose, "target-only", None, "prose, T=0")
     )
+    block_identical = all(block[name].outputs == block["target-only"].outputs for name in block_builders)
+    block_rows = []
+    for name, arm in block.items():
+        builder = block_builders.get(name)
+        controller = builder.block.controller if builder else None
+        width = f"{controller.width()} ({controller.phase})" if controller else ""
+        block_rows.append(
+            [
+                name,
+                width,
+                f"{arm.tokens_per_second:.1f}",
+                f"{arm.tokens_per_second / block['target-only'].tokens_per_second:.2f}x",
+                f"{arm.mean_accepted_len:.2f}" if arm.rounds else "",
+                f"{arm.per_position_acceptance:.3f}" if arm.rounds else "",
+            ]
+        )
     body = "\n".join(
         [
             "## Offline round loops (`ops/bench/speculative.py`)",
@@ -176,6 +207,15 @@ def main(argv: list[str] | None = None) -> None:
             "",
             "T=0 outputs identical across target-only, classic and mlx-lm speculative: "
             f"{'yes' if identical else 'NO'}.",
+            "",
+            "### Block drafters (held-out code, T=0)",
+            "",
+            "Each drafter's width controller is shared by all its requests, as in the server; the width is "
+            "where it stands after the run (settled, or still measuring).",
+            "",
+            table(BLOCK_HEADER, block_rows),
+            "",
+            f"T=0 block-loop outputs identical to target-only: {'yes' if block_identical else 'NO'}.",
         ]
     )
     print(body)

@@ -10,35 +10,25 @@ from litestar import Request, Response, post
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from app.engine.row import Failed, Finished, Update
 from app.server import requests
 from app.server.errors import ApiError
-from app.server.routes.completions import finish_reason, start, usage
+from app.server.routes.completions import finish_reason, openai_frames, start, usage
 from app.server.schemas import ChatRequest
 from app.server.service import Submission, ready_engine
-from app.server.streaming import DONE, REQUEST_ID, error_frame, frame, sse
+from app.server.streaming import REQUEST_ID, frame, sse
 
 
-def choice(delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
+def choice(text: str | None, reason: str | None) -> dict[str, Any]:
+    delta = {"content": text} if text is not None else {}
     return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
 
 
 async def chat_frames(submission: Submission, data: ChatRequest, head: dict[str, Any]) -> AsyncIterator[bytes]:
-    """Role chunk first (no timings), content chunks, then the finish chunk carrying `timings`."""
-    yield frame({**head, "choices": [choice({"role": "assistant", "content": ""}, None)]})
-    async for event in submission.stream():
-        if isinstance(event, Update):
-            chunk = {**head, "choices": [choice({"content": event.text}, None)]}
-            if data.timings_per_token:
-                chunk["timings"] = event.timings.base()
-            yield frame(chunk)
-        elif isinstance(event, Finished):
-            yield frame(
-                {**head, "choices": [choice({}, finish_reason(event))], "usage": usage(event), "timings": event.timings}
-            )
-        elif isinstance(event, Failed):
-            yield error_frame(event.code, event.message, event.kind)
-    yield DONE
+    """The role chunk first (no timings), then the OpenAI chunks; `timings` on the finish chunk."""
+    role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    yield frame({**head, "choices": [role]})
+    async for chunk in openai_frames(submission, data.timings_per_token, head, choice):
+        yield chunk
 
 
 @post(["/v1/chat/completions", "/chat/completions"], status_code=200, name="chat-completion")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -11,7 +11,7 @@ from litestar import Request, Response, post
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from app.engine.row import Failed, Finished, Update
+from app.engine.row import Finished, Update
 from app.server import requests
 from app.server.errors import ApiError
 from app.server.routes.introspection import speculative_width
@@ -152,29 +152,27 @@ def openai_prompt(data: OpenAICompletionRequest, request: Request) -> list[int]:
     return requests.prompt_tokens(data.prompt, engine.target.tokenizer, engine.target.vocab_size)
 
 
-def text_choice(text: str, reason: str | None) -> dict[str, Any]:
-    return {"text": text, "index": 0, "logprobs": None, "finish_reason": reason}
+def text_choice(text: str | None, reason: str | None) -> dict[str, Any]:
+    return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": reason}
 
 
 async def openai_frames(
-    submission: Submission, data: OpenAICompletionRequest, head: dict[str, Any]
+    submission: Submission, per_token: bool, head: dict[str, Any], choice: Callable[[str | None, str | None], dict]
 ) -> AsyncIterator[bytes]:
+    """OpenAI chunks: one per update, then the finish chunk with usage and timings, then [DONE].
+
+    `choice(text, finish_reason)` shapes a choice (a text choice or a chat delta).
+    """
     async for event in submission.stream():
         if isinstance(event, Update):
-            chunk = {**head, "choices": [text_choice(event.text, None)]}
-            if data.timings_per_token:
-                chunk["timings"] = event.timings.base()
+            chunk = {**head, "choices": [choice(event.text, None)]}
+            if per_token:
+                chunk["timings"] = event.timings
             yield frame(chunk)
         elif isinstance(event, Finished):
-            yield frame(
-                {
-                    **head,
-                    "choices": [text_choice("", finish_reason(event))],
-                    "usage": usage(event),
-                    "timings": event.timings,
-                }
-            )
-        elif isinstance(event, Failed):
+            finish = {"choices": [choice(None, finish_reason(event))], "usage": usage(event), "timings": event.timings}
+            yield frame(head | finish)
+        else:
             yield error_frame(event.code, event.message, event.kind)
     yield DONE
 
@@ -192,7 +190,7 @@ async def openai_completion(request: Request, data: JSONBody[OpenAICompletionReq
         "model": settings["model"],
     }
     if data.stream:
-        return sse(openai_frames(submission, data, head), rid)
+        return sse(openai_frames(submission, data.timings_per_token, head, text_choice), rid)
     result = await submission.result()
     body = {
         **head,
