@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         [
             "## Server streaming (`ops/bench/server.py`)",
             "",
-            f"{machine()}. Same requests in-process and streamed over HTTP (SSE via httpx, client-side wall "
+            f"{machine()}. Same requests in-process and streamed over HTTP (SSE read by a bare socket client, client-side wall "
             f"time from request to last frame, prefill included), {n} tokens, T=0, EOS ignored, "
             f"{args.repeats} interleaved repeats.",
             "",
