@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> None:
         [
             "## Server streaming (`ops/bench/server.py`)",
             "",
-            f"{machine()}. Same requests in-process and streamed over HTTP (SSE read by a bare socket client, client-side wall "
-            f"time from request to last frame, prefill included), {n} tokens, T=0, EOS ignored, "
+            f"{machine()}. Same requests in-process and streamed over HTTP (SSE read by a bare socket client, "
+            f"client-side wall time from request to last frame, prefill included), {n} tokens, T=0, EOS ignored, "
             f"{args.repeats} interleaved repeats.",
             "",
             table(["request set", "in-process tokens/s", "server tokens/s", "server / in-process"], rows),
