@@ -16,7 +16,6 @@ class Metrics:
     prompt_seconds_total: float = 0.0
     tokens_predicted_total: int = 0
     tokens_predicted_seconds_total: float = 0.0
-    requests_finished_total: int = 0
     requests_processing: int = 0
     requests_deferred: int = 0
     spec_drafts_total: int = 0
@@ -26,7 +25,6 @@ class Metrics:
 
     def observe(self, result: Finished, stats: AcceptanceStats | None) -> None:
         timings = result.timings
-        self.requests_finished_total += 1
         self.prompt_tokens_total += timings.prompt_n
         self.prompt_seconds_total += timings.prompt_ms / 1000.0
         self.tokens_predicted_total += timings.predicted_n

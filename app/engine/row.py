@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from app.decoding.builder import RowRequest
 from app.decoding.generation import Generation
@@ -58,7 +57,6 @@ class Job:
     per_token_timings: bool = False
     created: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
-    params: dict[str, Any] = field(default_factory=dict)  # generation settings, for /slots
 
 
 class Row:

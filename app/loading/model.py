@@ -41,10 +41,6 @@ class LoadedModel:
         """Rows of the output layer (may exceed the tokenizer's size by padding)."""
         return int(self.config.get("vocab_size") or self.config.get("text_config", {}).get("vocab_size"))
 
-    @property
-    def num_layers(self) -> int:
-        return len(self.model.layers)
-
 
 def compute_dtype(model: nn.Module, config: dict[str, Any], requested: str) -> mx.Dtype | None:
     if requested != "auto":
