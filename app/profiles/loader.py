@@ -25,7 +25,7 @@ from app.profiles.schema import ENV_OVERRIDES, Settings
 PROFILES_DIR = REPO_ROOT / "profiles"
 DEFAULT_PROFILE = "default"
 ENV_PREFIX = "MLXCEL"
-PATH_KEYS = ("target", "drafter.model", "logging.destination")
+PATH_KEYS = ("target", "drafter.model", "logging.destination", "server.chat_template_file")
 FLAGS = {  # flag dest -> settings key (llama-server's spellings)
     "model": "target",
     "draft_model": "drafter.model",
