@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
+import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import TextIO
 
@@ -13,14 +16,15 @@ import structlog
 import uvicorn
 
 from app import events
-from app.engine.engine import Engine
+from app.engine.engine import Engine, EngineState
 from app.loading import ModelLoadError
 from app.profiles import add_profile_flags, settings_from_args
 from app.runtime.logging import configure_logging
 from app.sampling import SamplingParams
 
 EXIT_CONFIG = 2
-EXIT_FAILURE = 1
+EXIT_FAILURE = 1  # the models failed to load for another reason, or the engine failed while serving
+HANDLER_GRACE_S = 5.0  # after the drain: how long responses already decided get to reach their clients
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -34,6 +38,8 @@ def port_problem(host: str, port: int) -> str | None:
     if port == 0:
         return None
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As uvicorn's own listener does: TIME_WAIT sockets of a previous run must not block a restart.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:
@@ -49,6 +55,40 @@ def log_stream(destination: str) -> TextIO:
     if destination == "stderr":
         return sys.stderr
     return Path(destination).open("a", buffering=1)  # lives as long as the process
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with SIGTERM/SIGINT draining the engine instead of closing the listener at once.
+
+    The first signal turns the engine DRAINING: the listener stays open so new requests get a
+    503 envelope, and running rows may finish for `drain_timeout_s`; then the unfinished ones end
+    with a 503 (an error frame on streams) and uvicorn shuts down as usual, exit status 0. A
+    second signal exits at once with 128 + its number, like a process the signal killed.
+    """
+
+    def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
+        super().__init__(config)
+        self.engine = engine
+        self.drain_deadline: float | None = None
+        self._log = structlog.get_logger("mlxcel.serve")
+
+    def handle_exit(self, sig: int, frame: object) -> None:
+        if self.drain_deadline is not None or self.should_exit:
+            self._log.warning("forced_exit", signal=signal.Signals(sig).name)
+            os._exit(128 + sig)
+        timeout = self.engine.settings.server.drain_timeout_s
+        self._log.info("draining", signal=signal.Signals(sig).name, timeout_s=timeout)
+        self.engine.drain()
+        self.drain_deadline = time.monotonic() + timeout
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_deadline is not None and not self.should_exit:
+            if self.engine.state is not EngineState.DRAINING or self.engine.idle:
+                self.should_exit = True
+            elif time.monotonic() >= self.drain_deadline:
+                self._log.warning("drain_timed_out", rows=len(self.engine.rows))
+                self.engine.abort("the server shut down before this request finished")
+        return await super().on_tick(counter)
 
 
 def announce(engine: Engine) -> None:
@@ -94,12 +134,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {settings.source}: server.port: {problem}; choose another port (--port)", file=sys.stderr)
         return EXIT_CONFIG
     server: uvicorn.Server | None = None
+    loaded = False
+
+    def on_ready(engine: Engine) -> None:
+        nonlocal loaded
+        loaded = True
+        announce(engine)
 
     def on_failure(exc: BaseException) -> None:
         if server is not None:
             server.should_exit = True
 
-    engine = Engine(settings, on_failure=on_failure, on_ready=announce)
+    engine = Engine(settings, on_failure=on_failure, on_ready=on_ready)
     config = uvicorn.Config(
         create_app(engine),
         host=settings.server.host,
@@ -107,10 +153,14 @@ def run(args: argparse.Namespace) -> int:
         log_level="warning",
         access_log=False,
         lifespan="on",
+        timeout_graceful_shutdown=HANDLER_GRACE_S,
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, engine)
     server.run()
-    if engine.failure is not None:
-        print(f"error: cannot start: {engine.failure}", file=sys.stderr)
-        return EXIT_CONFIG if isinstance(engine.failure, ModelLoadError) else EXIT_FAILURE
-    return 0
+    if engine.failure is None:
+        return 0
+    if loaded:
+        print(f"error: the engine failed while serving: {engine.failure!r}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"error: cannot start: {engine.failure}", file=sys.stderr)
+    return EXIT_CONFIG if isinstance(engine.failure, ModelLoadError) else EXIT_FAILURE

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 from dataclasses import dataclass
 
 from app.acceptance import Rule, select_rule, stochastic_requested
@@ -19,6 +18,7 @@ from app.drafters.prompt_lookup import PromptLookupDrafter
 from app.loading import LoadedModel, ModelLoadError, check_vocab_agreement
 from app.runtime.env import truthy
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
+from app.sampling.rng import resolve_seed
 
 DIAG_ENV = "MLXCEL_SPECULATIVE_ACCEPT_DIAG"
 DEFAULT_CONTEXT = 4096
@@ -48,7 +48,7 @@ class RowRequest:
     prompt: list[int]
     sampling: SamplingParams
     max_tokens: int
-    seed: int | None = None
+    seed: int | None = None  # None or -1: random; others are taken modulo 2**64 (resolve_seed)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     n_max: int | None = None  # speculative.n_max: caps the width; 0 opts the request out
@@ -104,11 +104,10 @@ class LoopBuilder:
         )
 
     def build(self, request: RowRequest, governor_listener: Listener | None = None) -> Generation:
-        seed = request.seed if request.seed is not None and request.seed >= 0 else random.getrandbits(32)
         state = RowState(
             tokens=list(request.prompt),
             sampler=SamplerPipeline(request.sampling, self.target.vocab_size),
-            rng=RowRng(seed),
+            rng=RowRng(resolve_seed(request.seed)),
         )
         target = ModelRunner(self.target.model, max_kv_size=self.spec.max_kv_size)
         width = self.spec.num_draft_tokens if request.n_max is None else min(request.n_max, self.spec.num_draft_tokens)

@@ -32,13 +32,19 @@ def configure_logging(level: str | None, *, fmt: str = "json", stream: TextIO | 
     level_no = logging.getLevelNamesMapping().get(level.upper())
     if level_no is None:
         raise ValueError(f"unknown log level {level!r} (use debug, info, warning, error)")
-    renderer = _json if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+    # `log.exception` puts the traceback into the JSON line's "exception"; the console renderer
+    # formats tracebacks itself.
+    renderers = (
+        [structlog.processors.format_exc_info, _json]
+        if fmt == "json"
+        else [structlog.dev.ConsoleRenderer(colors=False)]
+    )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
+            *renderers,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level_no),
         logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),

@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import random
+
 import mlx.core as mx
+
+KEY_RANGE = 2**64  # mx.random.key takes an unsigned 64-bit seed
+RANDOM = -1  # llama-server's "pick a seed for me"
+
+
+def resolve_seed(seed: int | None) -> int:
+    """The key seed a requested seed means: absent or -1 draws a random one (32 bits, so that
+    every JSON client reads it back exactly); any other integer is taken modulo 2**64, the way
+    a C client would wrap it, so every integer llama-server accepts is served."""
+    if seed is None or seed == RANDOM:
+        return random.getrandbits(32)
+    return seed % KEY_RANGE
 
 
 class RowRng:

@@ -10,6 +10,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from app.decoding.builder import RowRequest
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
+from app.sampling.rng import resolve_seed
 from app.server.errors import ApiError
 from app.server.schemas import ChatMessage, LogitBias, PromptInput, SamplingFields
 
@@ -135,7 +136,7 @@ def row_request(request: SamplingFields, tokens: list[int], settings: Settings, 
         prompt=tokens,
         sampling=params,
         max_tokens=max_tokens(request, settings),
-        seed=request.seed,
+        seed=resolve_seed(request.seed),  # resolved here so generation_settings reports the seed used
         stop=stop_strings(request.stop),
         ignore_eos=request.ignore_eos,
         n_max=n_max,

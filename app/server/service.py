@@ -9,14 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from litestar import Request
+from litestar.types import Receive
 
 from app.decoding.builder import RowRequest
-from app.engine.engine import Engine, EngineState, QueueFullError
+from app.engine.engine import Engine, EngineState, UnavailableError, unavailable_message
 from app.engine.row import Event, Failed, Finished, Job, Update
 from app.profiles.schema import Settings
 from app.server.errors import ApiError
 
-LOADING = "Loading model"
+DISCONNECTED = Failed("the client disconnected", 499, "cancelled")  # nginx's "client closed request"
 
 
 def engine_of(request: Request) -> Engine:
@@ -24,12 +25,10 @@ def engine_of(request: Request) -> Engine:
 
 
 def ready_engine(request: Request) -> Engine:
-    """The engine, or 503 in llama-server's envelope while it loads (or after it failed)."""
+    """The engine, or 503 in llama-server's envelope while it loads, drains or after it failed."""
     engine = engine_of(request)
-    if engine.state is EngineState.LOADING:
-        raise ApiError(503, LOADING)
     if engine.state is not EngineState.READY:
-        raise ApiError(503, f"the model is not available ({engine.state})")
+        raise ApiError(503, unavailable_message(engine.state))
     return engine
 
 
@@ -43,9 +42,11 @@ class Submission:
 
     job: Job
     events: asyncio.Queue[Event]
+    receive: Receive  # the request's ASGI channel: its next message is the client's disconnect
 
     async def result(self) -> Finished:
-        """Wait for the whole result (non-streaming requests)."""
+        """Wait for the whole result (non-streaming requests); a client that leaves stops its row."""
+        watcher = asyncio.create_task(self._watch_disconnect())
         try:
             while True:
                 event = await self.events.get()
@@ -54,7 +55,15 @@ class Submission:
                 if isinstance(event, Finished):
                     return event
         finally:
+            watcher.cancel()
             self.job.cancelled = True  # no-op once finished; stops the row if the client went away
+
+    async def _watch_disconnect(self) -> None:
+        """The body is read by now, so the only message left to receive is `http.disconnect`."""
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
+        self.job.cancelled = True
+        self.events.put_nowait(DISCONNECTED)  # the engine sends nothing to a cancelled row
 
     async def stream(self) -> AsyncIterator[Update | Finished | Failed]:
         """Events as the engine produces them; a client that disconnects stops its row.
@@ -83,7 +92,9 @@ def merge(first: Update, second: Update) -> Update:
     return Update(text=first.text + second.text, tokens=first.tokens + second.tokens, timings=second.timings)
 
 
-def submit(engine: Engine, row_request: RowRequest, route: str, stream: bool, per_token_timings: bool) -> Submission:
+def submit(
+    request: Request, engine: Engine, row_request: RowRequest, route: str, stream: bool, per_token_timings: bool
+) -> Submission:
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -100,6 +111,6 @@ def submit(engine: Engine, row_request: RowRequest, route: str, stream: bool, pe
     )
     try:
         engine.submit(job)
-    except QueueFullError as exc:
+    except UnavailableError as exc:
         raise ApiError(503, str(exc)) from exc
-    return Submission(job, events)
+    return Submission(job, events, request.receive)

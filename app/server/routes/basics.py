@@ -8,21 +8,20 @@ from typing import Any
 from litestar import Request, Response, get, post
 from litestar.params import JSONBody
 
-from app.engine.engine import EngineState
+from app.engine.engine import EngineState, unavailable_message
 from app.server import requests
 from app.server.errors import ApiError
 from app.server.schemas import DetokenizeRequest, TokenizeRequest
-from app.server.service import LOADING, engine_of, model_alias, ready_engine
+from app.server.service import engine_of, model_alias, ready_engine
 
 
 @get(["/health", "/v1/health"], name="health", opt={"public": True})
 async def health(request: Request) -> Response:
-    """200 {"status": "ok"} once the models are loaded; 503 in the error envelope before."""
+    """200 {"status": "ok"} while serving; 503 in the error envelope while loading, draining or failed."""
     state = engine_of(request).state
     if state is EngineState.READY:
         return Response({"status": "ok"})
-    message = LOADING if state is EngineState.LOADING else f"the model is not available ({state})"
-    raise ApiError(503, message)
+    raise ApiError(503, unavailable_message(state))
 
 
 @get(["/v1/models", "/models"], name="models")

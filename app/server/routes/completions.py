@@ -27,7 +27,7 @@ def start(request: Request, data: SamplingFields, tokens: list[int], route: str)
     params = requests.sampling(data, engine.settings, tokenizer, engine.target.vocab_size)
     row_request = requests.row_request(data, tokens, engine.settings, params)
     settings = generation_settings(row_request, params, model_alias(engine.settings), speculative_width(engine))
-    return submit(engine, row_request, route, data.stream, data.stream and data.timings_per_token), settings
+    return submit(request, engine, row_request, route, data.stream, data.stream and data.timings_per_token), settings
 
 
 def generation_settings(row_request: Any, params: Any, model: str, width: int) -> dict[str, Any]:
