@@ -55,9 +55,9 @@ class RunningServer:
 
 
 @contextmanager
-def serve(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[RunningServer]:
-    """Start `mlxcel serve ARGS` on a free port; wait for /health 200; stop it afterwards."""
-    port = free_port()
+def serve(tmp: Path, *args: str, env: dict[str, str] | None = None, port: int | None = None) -> Iterator[RunningServer]:
+    """Start `mlxcel serve ARGS` on `port` (a free one by default); wait for /health 200; stop it afterwards."""
+    port = port or free_port()
     log = tmp / f"server-{port}.log"
     environment = clean_env(MLXCEL_LOGGING__DESTINATION=str(log), **(env or {}))
     process = subprocess.Popen(

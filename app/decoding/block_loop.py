@@ -80,16 +80,26 @@ class BlockLoop(TargetLoop):
         self.controller = controller
         self.stats = AcceptanceStats()
         self.names = bound.tap_names
+        self._prompt_features: dict[int | str, list[mx.array]] = {}  # captured by earlier prefill chunks
 
-    def _forward(self, tokens: list[int] | mx.array, prefill: bool = False) -> tuple[mx.array, mx.array]:
+    def _forward(self, tokens: list[int] | mx.array) -> tuple[mx.array, mx.array]:
         """Target logits and the drafter's features for the same rows."""
         with self.taps.capture(self.names) as seen:
-            logits = self.target.prefill(tokens) if prefill else self.target.forward(tokens)
+            logits = self.target.forward(tokens)
         return logits, TargetTaps.rows(seen, self.names)
 
-    def prefill(self, state: RowState) -> int:
+    def prefill_chunk(self, state: RowState) -> int | None:
+        """One chunk of the target's prefill; the drafter takes the whole prompt's features at
+        once after the last chunk, as it would from an unchunked prefill."""
         prompt = list(state.tokens)
-        logits, features = self._forward(prompt, prefill=True)
+        with self.taps.capture(self.names) as seen:
+            logits = self.target.prefill_chunk(prompt)
+        for name, values in seen.items():
+            self._prompt_features.setdefault(name, []).extend(values)
+        if logits is None:
+            return None
+        features = TargetTaps.rows(self._prompt_features, self.names)
+        self._prompt_features = {}
         token, _ = state.sampler.sample(logits, state.contexts([len(prompt)]), state.rng)
         state.decide([token])
         self._commit(features, [*prompt[1:], token])

@@ -69,13 +69,28 @@ class Generation:
     def text(self) -> str:
         return self._text
 
+    @property
+    def prefilled(self) -> bool:
+        return self.prefill_finished > 0.0
+
     def prefill(self) -> Delta:
-        self.prefill_started = time.perf_counter()
+        """The whole prefill at once, up to the first token (offline callers)."""
+        delta = self.prefill_chunk()
+        while not self.prefilled:
+            delta = self.prefill_chunk()
+        return delta
+
+    def prefill_chunk(self) -> Delta:
+        """One chunk of the prefill (one engine tick); the first token once the prompt is in."""
+        if not self.prefill_started:
+            self.prefill_started = time.perf_counter()
         if self._limit <= 0:
             self.prefill_finished = self.last_token_at = self.prefill_started
             self.stop_type = StopType.LIMIT
             return Delta([], "")
-        token = self.loop.prefill(self.state)
+        token = self.loop.prefill_chunk(self.state)
+        if token is None:
+            return Delta([], "")
         self.prefill_finished = self.last_token_at = time.perf_counter()
         return self._accept([token])
 

@@ -39,8 +39,16 @@ class TargetLoop:
         self._ahead: mx.array | None = None
 
     def prefill(self, state: RowState) -> int:
-        """Feed the prompt and decide the first token."""
-        logits = self.target.prefill(state.tokens)
+        """Feed the whole prompt and decide the first token."""
+        while (token := self.prefill_chunk(state)) is None:
+            pass
+        return token
+
+    def prefill_chunk(self, state: RowState) -> int | None:
+        """Feed one chunk of the prompt; on the last one decide the first token and return it."""
+        logits = self.target.prefill_chunk(state.tokens)
+        if logits is None:
+            return None
         token, _ = state.sampler.sample(logits, state.contexts([len(state.tokens)]), state.rng)
         state.decide([token])
         return token
@@ -93,11 +101,15 @@ class SpeculativeLoop(TargetLoop):
         self.diagnose = diagnose
         self.n_min = max(1, n_min)
         self.stats = AcceptanceStats()
+        self._first: int | None = None  # the first token, decided before the drafter's prefill ends
 
-    def prefill(self, state: RowState) -> int:
-        token = super().prefill(state)
-        self.drafter.prefill(state)
-        return token
+    def prefill_chunk(self, state: RowState) -> int | None:
+        """A chunk of the target's prefill, then (from the tick it decides) one of the drafter's."""
+        if self._first is None:
+            self._first = super().prefill_chunk(state)
+            if self._first is None:
+                return None
+        return self._first if self.drafter.prefill(state) else None
 
     def step(self, state: RowState, budget: int) -> list[int]:
         """One verify round, or a plain decode step when there is nothing to verify."""

@@ -43,12 +43,22 @@ class ModelRunner:
 
     def prefill(self, tokens: Sequence[int]) -> mx.array:
         """Feed a prompt in chunks; return the last position's logits `[1, V]`."""
-        tokens = list(tokens)
-        while len(tokens) > PREFILL_CHUNK:
-            self.forward(tokens[:PREFILL_CHUNK])
+        while (logits := self.prefill_chunk(tokens)) is None:
+            pass
+        return logits
+
+    def prefill_chunk(self, tokens: Sequence[int]) -> mx.array | None:
+        """Feed the next chunk of a prompt whose first `length` tokens the cache holds: the last
+        position's logits `[1, V]` once the whole prompt is in, None while chunks remain.
+
+        One call is one engine tick's worth of prefill, so a long prompt lets other rows advance
+        between its chunks."""
+        rest = list(tokens[self.length :])
+        if len(rest) > PREFILL_CHUNK:
+            self.forward(rest[:PREFILL_CHUNK])
             mx.eval([c.state for c in self.cache])
-            tokens = tokens[PREFILL_CHUNK:]
-        return self.forward(tokens)[-1:]
+            return None
+        return self.forward(rest)[-1:]
 
     def rewind(self, n: int) -> None:
         """Drop the last n rows of the cache."""

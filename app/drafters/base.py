@@ -41,8 +41,9 @@ class Drafter(Protocol):
     reports_distribution: bool  # can report q (needed by the stochastic rule)
     one_hot_proposals: bool  # deterministic proposals: q is one-hot on the draft
 
-    def prefill(self, state: RowState) -> None:
-        """Called once the target has decided the first token."""
+    def prefill(self, state: RowState) -> bool:
+        """Take in the prompt, once the target has decided the first token; called again each
+        tick until it returns True (a model drafter feeds one chunk per call)."""
 
     def propose(self, state: RowState, k: int) -> Proposal:
         """Up to k proposals continuing `state.tokens` (fewer, or none, is allowed)."""

@@ -38,9 +38,11 @@ class DraftModelDrafter:
         """Decided tokens not yet in the drafter's cache, excluding the last one."""
         return state.tokens[self.runner.length : -1]
 
-    def prefill(self, state: RowState) -> None:
-        self.runner.prefill(state.tokens[:-1])
+    def prefill(self, state: RowState) -> bool:
+        """One chunk of the prompt (every decided token but the last); True once all are in."""
+        done = self.runner.prefill_chunk(state.tokens[:-1]) is not None
         mx.eval([c.state for c in self.runner.cache])
+        return done
 
     def _fit(self, logits: mx.array) -> mx.array:
         """Align the drafter's output rows with the target's vocabulary (padding rows differ)."""

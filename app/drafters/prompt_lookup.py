@@ -26,8 +26,9 @@ class PromptLookupDrafter:
         self.governor = governor
         self.index = NgramIndex()
 
-    def prefill(self, state: RowState) -> None:
+    def prefill(self, state: RowState) -> bool:
         self.index.extend(state.tokens)
+        return True
 
     def propose(self, state: RowState, k: int) -> Proposal:
         budget = min(k, self.governor.budget())

@@ -68,12 +68,10 @@ class Row:
         self.slot = slot
         self.excluded_s = 0.0  # one-off costs (a drafter's first load) kept out of every timing
 
-    @property
-    def started(self) -> bool:
-        return self.generation.prefill_started > 0.0
-
     def advance(self) -> Update:
-        delta = self.generation.step() if self.started else self.generation.prefill()
+        """One tick: a chunk of the prefill until the first token, then a decode step or round."""
+        generation = self.generation
+        delta = generation.step() if generation.prefilled else generation.prefill_chunk()
         timings = self.timings().base() if self.job.per_token_timings else None
         return Update(text=delta.text, tokens=delta.tokens, timings=timings)
 
