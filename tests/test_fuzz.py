@@ -47,15 +47,7 @@ def problem(method: str, path: str, response: requests.Response, allowed_501: se
     status = response.status_code
     if status >= 500 and not (status == 501 and f"{method} {path}" in allowed_501):
         return f"{status}: {response.text[:160]!r}"
-    if status >= 400:
-        try:
-            error = response.json()["error"]
-            code, message, kind = error["code"], error["message"], error["type"]
-        except (ValueError, KeyError, TypeError):
-            return f"{status} without the envelope: {response.text[:160]!r}"
-        if code != status or not isinstance(message, str) or not isinstance(kind, str):
-            return f"{status} with a malformed envelope: {error!r:.160}"
-    return None
+    return envelope_problem(response)
 
 
 def fuzz_operation(url: str, operation, mode: GenerationMode, allowed_501: set[str], found: list[str]) -> int:
