@@ -37,7 +37,7 @@ HANG_S = 120.0  # a request not answered (or failed) by then is a hang
 ABANDON_S = 0.5  # the abandoning client's read timeout
 SHORT = 24  # tokens of the checked T = 0 requests
 LONG = 256  # tokens of the requests clients walk away from: they cannot finish first
-WARMUP_SHARE = 0.25  # RSS is measured from this share of the run on
+WARMUP_SHARE = 1 / 3  # RSS is measured from this share of the run on (caches and queues filled)
 PROMPTS = (
     "def fibonacci(n):\n",
     "class Stack:\n    def __init__(self):\n",
@@ -137,7 +137,7 @@ class Client:
                     action()
                 except httpx.TimeoutException as exc:
                     self.tally.problem("hang", f"{action.__name__}: {exc!r}")
-                except (httpx.HTTPError, ValueError, KeyError) as exc:
+                except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:
                     self.tally.problem("error", f"{action.__name__}: {exc!r}")
 
     def check(self, kind: str, response: httpx.Response) -> bool:
