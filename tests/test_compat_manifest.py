@@ -215,11 +215,11 @@ def test_speculative_p_min_shortens_chains(default_server) -> None:
 
 
 def test_the_api_key_gates_every_claimed_route(tmp_path: Path) -> None:
-    # Every route the app serves (unserved ones answer 404 whoever asks), health excepted.
+    # Every route the app serves (unserved ones answer 404 whoever asks), health and the schema excepted.
     served = [e for e in routes() if e.state != "deferred" and not (e.error and e.error.status == 404)]
-    gated = [e for e in served if e.path not in ("/health", "/v1/health")]
+    gated = [e for e in served if e.path not in ("/health", "/v1/health") and not e.path.startswith("/schema")]
     with serve(tmp_path, "--profile", "target-only", "--api-key", "s3cret") as server, server.client() as http:
-        for path in ("/health", "/v1/health"):
+        for path in ("/health", "/v1/health", "/schema/openapi.json"):
             assert http.get(path).status_code == 200
         for entry in gated:
             path = concrete(entry.path)

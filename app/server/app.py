@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from litestar import Litestar
+from litestar import Litestar, Router
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
 
+from app import __version__
 from app.engine.engine import Engine
 from app.server.auth import require_api_key
 from app.server.errors import HANDLERS
@@ -14,6 +17,15 @@ from app.server.routes import basics, chat, completions, introspection, unsuppor
 
 ROUTES = [*basics.ROUTES, *completions.ROUTES, *chat.ROUTES, *introspection.ROUTES, *unsupported.ROUTES]
 MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def openapi_config() -> OpenAPIConfig:
+    """The OpenAPI schema Litestar derives from the request Structs, at /schema/openapi.json.
+
+    Public like /health (the schema tells nothing a client could not read in docs/server.md);
+    JSON only, no documentation UI that would fetch scripts from a CDN."""
+    docs = Router("/schema", route_handlers=[], include_in_schema=False, opt={"public": True})
+    return OpenAPIConfig(title="mlxcel", version=__version__, render_plugins=[JsonRenderPlugin()], openapi_router=docs)
 
 
 def create_app(engine: Engine) -> Litestar:
@@ -33,7 +45,7 @@ def create_app(engine: Engine) -> Litestar:
         exception_handlers=HANDLERS,
         guards=[require_api_key],
         lifespan=[run_engine],
-        openapi_config=None,
+        openapi_config=openapi_config(),
         request_max_body_size=MAX_BODY_BYTES,
     )
     app.state.engine = engine

@@ -1,0 +1,121 @@
+"""Hostile requests and the error envelope, shared by the corpus test, the fuzz test and the soak.
+
+Each `Hostile` is one input from issue 10's audit with the status the fixed server documents for
+it (docs/reliability.md). None of them may get a 5xx, and every error answer is
+`{"error": {"code", "message", "type"}}` with `code` equal to the HTTP status.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+POST_ROUTES = (
+    "/completion",
+    "/completions",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/chat/completions",
+    "/tokenize",
+    "/detokenize",
+    "/apply-template",
+)
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+PROMPT = {"prompt": "def f(x):", "n_predict": 2, "temperature": 0}
+
+
+@dataclass(frozen=True)
+class Hostile:
+    name: str
+    method: str
+    path: str
+    status: int
+    body: Any = None  # JSON-encoded when not bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def send(self, http: httpx.Client) -> httpx.Response:
+        content = self.body if isinstance(self.body, bytes | None) else json.dumps(self.body).encode()
+        headers = {"Content-Type": "application/json", **self.headers} if content is not None else self.headers
+        return http.request(self.method, self.path, content=content, headers=headers)
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def corpus(max_body_bytes: int = 16 * 1024 * 1024) -> list[Hostile]:
+    """The audit's inputs that answered 5xx, hung or served wrong output, with their fixed status.
+
+    Seeds of any size are reduced to the key range (llama-server takes any integer), so they
+    answer 200; `max_body_bytes` is the serving profile's, for the 413 case."""
+    cases = [
+        Hostile(
+            "chat_template_kwargs.chat_template",
+            "POST",
+            "/v1/chat/completions",
+            400,
+            {**CHAT, "chat_template_kwargs": {"chat_template": "{% for i in range(10) %}x{% endfor %}"}},
+        ),
+        Hostile(
+            "chat_template_kwargs.return_tensors",
+            "POST",
+            "/v1/chat/completions",
+            400,
+            {**CHAT, "chat_template_kwargs": {"return_tensors": "np"}},
+        ),
+        Hostile("nesting 10000 deep", "POST", "/completion", 400, nested(10_000)),
+        Hostile(
+            "nesting 10000 deep in a field",
+            "POST",
+            "/completion",
+            400,
+            b'{"prompt": "x", "logit_bias": ' + nested(10_000) + b"}",
+        ),
+        Hostile("logit_bias string bias", "POST", "/completion", 400, {**PROMPT, "logit_bias": {"15": "abc"}}),
+        Hostile("logit_bias list string bias", "POST", "/completion", 400, {**PROMPT, "logit_bias": [[15, "abc"]]}),
+        Hostile("logit_bias non-ASCII digit key", "POST", "/completion", 400, {**PROMPT, "logit_bias": {"١٢": 1.0}}),
+        Hostile("temperature 'nan'", "POST", "/completion", 400, {**PROMPT, "temperature": "nan"}),
+        Hostile("temperature 'inf'", "POST", "/completion", 400, {**PROMPT, "temperature": "inf"}),
+        Hostile("top_p 'nan'", "POST", "/v1/completions", 400, {**PROMPT, "top_p": "nan"}),
+        Hostile("repeat_penalty 'nan'", "POST", "/completion", 400, {**PROMPT, "repeat_penalty": "nan"}),
+        Hostile("presence_penalty 'nan'", "POST", "/v1/chat/completions", 400, {**CHAT, "presence_penalty": "nan"}),
+        Hostile("frequency_penalty '-inf'", "POST", "/completion", 400, {**PROMPT, "frequency_penalty": "-inf"}),
+        Hostile("2000 stop strings of 400 chars", "POST", "/completion", 400, {**PROMPT, "stop": ["s" * 400] * 2000}),
+        Hostile("17 stop strings", "POST", "/completion", 400, {**PROMPT, "stop": [f"s{i}" for i in range(17)]}),
+        Hostile("one stop string of 257 chars", "POST", "/completion", 400, {**PROMPT, "stop": "s" * 257}),
+        Hostile(
+            "body over max_body_bytes", "POST", "/completion", 413, b'{"prompt": "' + b"x" * max_body_bytes + b'"}'
+        ),
+        Hostile("n_predict -2", "POST", "/completion", 400, {**PROMPT, "n_predict": -2}),
+        Hostile("unknown route", "GET", "/no-such-route", 404),
+        Hostile("wrong method", "GET", "/completion", 405),
+    ]
+    cases += [Hostile(f"invalid UTF-8 on {path}", "POST", path, 400, b'{"prompt": "\xff\xfe"}') for path in POST_ROUTES]
+    # Last: before issue 10's fix these killed the engine thread, hanging every later request.
+    cases += [
+        Hostile("seed 2**64", "POST", "/completion", 200, {**PROMPT, "seed": 2**64}),
+        Hostile("seed 2**70", "POST", "/completion", 200, {**PROMPT, "seed": 2**70}),
+        Hostile("seed -1 (random)", "POST", "/completion", 200, {**PROMPT, "seed": -1}),
+        Hostile("seed -12345", "POST", "/completion", 200, {**PROMPT, "seed": -12345}),
+    ]
+    return cases
+
+
+def envelope_problem(response: httpx.Response | Any) -> str | None:
+    """Why an error response is not llama-server's envelope, or None when it is (or is no error).
+
+    Takes httpx's or requests' responses (schemathesis calls through requests)."""
+    if response.status_code < 400:
+        return None
+    try:
+        error = response.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        return f"{response.status_code} without the envelope: {response.text[:120]!r}"
+    if not isinstance(error, dict) or error.get("code") != response.status_code:
+        return f"{response.status_code} with a mismatched envelope: {error!r:.120}"
+    if not isinstance(error.get("message"), str) or not isinstance(error.get("type"), str):
+        return f"{response.status_code} envelope lacks message or type: {error!r:.120}"
+    return None

@@ -1,0 +1,116 @@
+"""Schemathesis against the live server's OpenAPI schema: no 5xx but the documented 501s.
+
+Every operation in /schema/openapi.json gets EXAMPLES generated cases that fit the schema and
+EXAMPLES that do not, derandomized so a failure reproduces. Generation is capped at 8 tokens and
+prompts at 256 tokens by the server's own limits, which keeps the run near a minute on 2 cores.
+A T = 0 canary completion before and after must agree: the fuzz must not leave the engine
+wedged or serving different output.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import hypothesis
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, Phase, given
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+
+from ops.bench.hostile import envelope_problem
+from tests.server import serve
+from tests.test_compat_manifest import routes
+
+EXAMPLES = 100
+CALL_TIMEOUT_S = 30
+CANARY = {"prompt": "def fibonacci(n):", "n_predict": 8, "temperature": 0}
+LIMITS = {"MLXCEL_SERVER__MAX_TOKENS": "8", "MLXCEL_SERVER__MAX_PROMPT_TOKENS": "256"}
+
+
+def documented_501s() -> set[str]:
+    """Operations compat/ records as answering 501 (`"METHOD /path"`, path templates as OpenAPI's)."""
+    ids = {e.id for e in routes() if e.error and e.error.status == 501}
+    return {i.replace(":id_slot", "{id_slot}") for i in ids}
+
+
+def canary(url: str) -> str:
+    response = requests.post(f"{url}/completion", json=CANARY, timeout=CALL_TIMEOUT_S)
+    response.raise_for_status()
+    return response.json()["content"]
+
+
+def problem(method: str, path: str, response: requests.Response, allowed_501: set[str]) -> str | None:
+    status = response.status_code
+    if status >= 500 and not (status == 501 and f"{method} {path}" in allowed_501):
+        return f"{status}: {response.text[:160]!r}"
+    return envelope_problem(response)
+
+
+def fuzz_operation(url: str, operation, mode: GenerationMode, allowed_501: set[str], found: list[str]) -> int:
+    """Run EXAMPLES cases of one operation in one mode; record problems instead of raising, so
+    hypothesis does not spend the time budget shrinking. Returns the number of cases sent."""
+    sent = 0
+
+    @hypothesis.settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def run(case) -> None:
+        nonlocal sent
+        sent += 1
+        try:
+            response = case.call(base_url=url, timeout=CALL_TIMEOUT_S)
+        except requests.Timeout:
+            found.append(f"{operation.method.upper()} {operation.path} [{mode}]: no answer in {CALL_TIMEOUT_S} s")
+            return
+        issue = problem(operation.method.upper(), operation.path, response, allowed_501)
+        if issue:
+            found.append(f"{operation.method.upper()} {operation.path} [{mode}]: {issue} <- {case.body!r:.200}")
+
+    try:
+        run()
+    except Unsatisfiable:  # no way to break the schema of an operation without parameters or body
+        assert mode is GenerationMode.NEGATIVE and sent == 0
+    return sent
+
+
+@pytest.mark.slow
+def test_fuzz_the_openapi_schema(tmp_path: Path) -> None:
+    with serve(tmp_path, "--profile", "target-only", env=LIMITS) as server:
+        before = canary(server.url)
+        schema = schemathesis.openapi.from_url(f"{server.url}/schema/openapi.json")
+        allowed_501 = documented_501s()
+        found: list[str] = []
+        cases, started = 0, time.monotonic()
+        operations = [result.ok() for result in schema.get_all_operations()]
+        for operation in operations:
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+                cases += fuzz_operation(server.url, operation, mode, allowed_501, found)
+        elapsed = time.monotonic() - started
+        after = canary(server.url)
+        health = requests.get(f"{server.url}/health", timeout=CALL_TIMEOUT_S)
+    summary = {"operations": len(operations), "cases": cases, "problems": len(found), "seconds": round(elapsed, 1)}
+    print(f"fuzz: {json.dumps(summary)}")  # the case count the reliability notes quote
+    assert found == [], "\n".join(found[:40])
+    assert after == before, "the canary changed after the fuzz"
+    assert health.status_code == 200
+
+
+def test_the_schema_is_public_and_lists_the_request_structs(target_only_server) -> None:
+    with target_only_server.client() as http:
+        schema = http.get("/schema/openapi.json").json()
+    assert schema["info"]["title"] == "mlxcel"
+    body = schema["paths"]["/completion"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/CompletionRequest"}
+    assert {"CompletionRequest", "ChatRequest", "TokenizeRequest"} <= set(schema["components"]["schemas"])
+    assert envelope_problem(http_404 := requests.get(f"{target_only_server.url}/schema/missing.json")) is None
+    assert http_404.status_code == 404
