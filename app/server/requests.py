@@ -104,7 +104,7 @@ def template_variables(extra: dict[str, Any] | None, tokenizer: TokenizerWrapper
     variables = special | {"enable_thinking": bool(getattr(tokenizer, "has_thinking", False))}  # mlx-lm's default
     for key, value in (extra or {}).items():
         if key in RESERVED_TEMPLATE_KEYS or key in special:
-            raise ApiError(400, f"chat_template_kwargs.{key}: not allowed; the server sets it")
+            raise ApiError(400, f"chat_template_kwargs.{key}: not accepted; the server controls the rendering")
         if key == "enable_thinking" and not isinstance(value, bool):
             raise ApiError(400, "chat_template_kwargs.enable_thinking: expected a boolean")
         variables[key] = value
