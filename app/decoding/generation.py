@@ -57,6 +57,9 @@ class Generation:
         self._detokenizer = self.tokenizer.detokenizer
         self._text = ""
         self._streamed = 0
+        self.stop = [s for s in self.stop if s]
+        self._longest_stop = max(map(len, self.stop), default=0)
+        self._scanned = 0  # text[:_scanned] holds no stop string
         self._eos = set(self.tokenizer.eos_token_ids)
         room = self.context_limit - self.prompt_n
         self._limit = room if self.max_tokens < 0 else min(self.max_tokens, room)
@@ -120,25 +123,37 @@ class Generation:
         return Delta(kept, self._release())
 
     def _match_stop_strings(self) -> None:
-        hits = [(self._text.find(s), s) for s in self.stop if s and s in self._text]
+        """The earliest stop string in the text; only text new since the last step (plus the
+        longest stop string's length - 1 before it) can hold one that was not there before."""
+        if not self.stop:
+            return
+        start = max(0, self._scanned - self._longest_stop + 1)
+        hits = [(at, s) for s in self.stop if (at := self._text.find(s, start)) >= 0]
         if hits:
             at, word = min(hits)
             self._text = self._text[:at]
             self.stop_type, self.stopping_word = StopType.WORD, word
+        self._scanned = len(self._text)
 
     def _release(self) -> str:
         """Text not streamed yet, minus any tail that may be the start of a stop string."""
         end = len(self._text)
-        if not self.finished:
-            end -= max((_overlap(self._text, s) for s in self.stop if s), default=0)
+        if not self.finished and self.stop:
+            tail = self._text[max(self._streamed, end - self._longest_stop + 1) :]
+            end -= max(_overlap(tail, s) for s in self.stop)
         chunk = self._text[self._streamed : max(end, self._streamed)]
         self._streamed = max(end, self._streamed)
         return chunk
 
 
-def _overlap(text: str, stop: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `stop`."""
-    for n in range(min(len(stop) - 1, len(text)), 0, -1):
-        if text.endswith(stop[:n]):
-            return n
+def _overlap(tail: str, stop: str) -> int:
+    """Length of the longest suffix of `tail` that is a proper prefix of `stop`.
+
+    Only suffixes starting with stop's first character can match, so `find` skips to those.
+    """
+    at = tail.find(stop[0], max(0, len(tail) - len(stop) + 1))
+    while at >= 0:
+        if stop.startswith(tail[at:]):
+            return len(tail) - at
+        at = tail.find(stop[0], at + 1)
     return 0

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jinja2
+
 from app.drafters.kinds import DETECTED
 from app.loading import CheckpointKind, ModelLoadError, read_checkpoint
+from app.loading.chat_template import load_template_file
 from app.profiles.loader import ProfileError
 from app.profiles.schema import Settings
 
@@ -24,8 +27,25 @@ def tokenizer_vocab(model_dir: Path) -> dict[str, int] | None:
     return vocab
 
 
+def check_chat_template(settings: Settings) -> None:
+    """The operator's chat template must read and compile (it is loaded once, here)."""
+    path = settings.server.chat_template_file
+    if not path:
+        return
+    try:
+        load_template_file(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ProfileError(f"{settings.source}: server.chat_template_file: cannot read {path}: {reason}") from exc
+    except jinja2.TemplateSyntaxError as exc:
+        raise ProfileError(
+            f"{settings.source}: server.chat_template_file: {path}, line {exc.lineno}: {exc.message}"
+        ) from exc
+
+
 def check_models(settings: Settings) -> None:
     where = settings.source
+    check_chat_template(settings)
     try:
         target = read_checkpoint(settings.target)
     except ModelLoadError as exc:

@@ -8,6 +8,8 @@ import msgspec
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from app.decoding.builder import RowRequest
+from app.loading import chat_template
+from app.loading.chat_template import Limits, TemplateLimitError
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
 from app.sampling.rng import resolve_seed
@@ -87,37 +89,94 @@ def check_token_ids(tokens: list[int], vocab: int) -> None:
         raise ApiError(400, f"token ids out of the vocabulary [0, {vocab}): {bad[:5]}")
 
 
-def chat_prompt(
-    messages: list[ChatMessage],
-    tokenizer: TokenizerWrapper,
-    extra: dict[str, Any] | None,
-    *,
-    tokenize: bool = True,
-) -> Any:
-    """The chat template applied to the messages: token ids, or the text when `tokenize` is false."""
+# Keys that steer apply_chat_template itself or name what the server passes to the template: a
+# request may not set them. Other chat_template_kwargs become template variables, as in
+# llama-server (e.g. enable_thinking).
+RESERVED_TEMPLATE_KEYS = frozenset({
+    "chat_template", "tokenize", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+    "tokenizer_kwargs", "padding", "truncation", "max_length", "sanitize_control_tokens",
+    "add_generation_prompt", "continue_final_message", "conversation", "messages", "tools", "documents",
+})  # fmt: skip
+
+
+def template_variables(extra: dict[str, Any] | None, tokenizer: TokenizerWrapper) -> dict[str, Any]:
+    """The special tokens (bos_token, eos_token, ...) and the request's chat_template_kwargs."""
+    special = dict(getattr(tokenizer, "special_tokens_map", {}))
+    variables = special | {"enable_thinking": bool(getattr(tokenizer, "has_thinking", False))}  # mlx-lm's default
+    for key, value in (extra or {}).items():
+        if key in RESERVED_TEMPLATE_KEYS or key in special:
+            raise ApiError(400, f"chat_template_kwargs.{key}: not accepted; the server controls the rendering")
+        if key == "enable_thinking" and not isinstance(value, bool):
+            raise ApiError(400, "chat_template_kwargs.enable_thinking: expected a boolean")
+        variables[key] = value
+    return variables
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
     if not messages:
         raise ApiError(400, "messages must not be empty")
-    rendered = []
+    plain = []
     for message in messages:
         content = message.content
         if isinstance(content, list):
             if any(part.type != "text" for part in content):
                 raise ApiError(400, "only text content parts are supported")
             content = "".join(part.text or "" for part in content)
-        rendered.append({"role": message.role, "content": content or ""})
-    if not getattr(tokenizer, "chat_template", None):
-        raise ApiError(400, "this model has no chat template; use /completion")
+        plain.append({"role": message.role, "content": content or ""})
+    return plain
+
+
+def chat_prompt(
+    messages: list[ChatMessage],
+    tokenizer: TokenizerWrapper,
+    extra: dict[str, Any] | None,
+    settings: Settings,
+    *,
+    tokenize: bool = True,
+) -> Any:
+    """The chat template applied to the messages: token ids, or the text when `tokenize` is false.
+
+    Blocking (a render may take up to server.template_timeout_s): call it off the event loop.
+    """
+    plain = chat_messages(messages)
+    variables = template_variables(extra, tokenizer) | {
+        "messages": plain,
+        "add_generation_prompt": True,
+        "tools": None,  # as transformers passes them: templates test `tools is not none`
+        "documents": None,
+    }
+    server = settings.server
+    limits = Limits(server.template_timeout_s, server.template_max_chars)
     try:
-        out = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=tokenize, **(extra or {}))
+        template = chat_template.chosen(tokenizer, server.chat_template_file)
+        text = None if template is None else chat_template.render(template, limits, variables)
+    except TemplateLimitError as exc:
+        raise ApiError(400, str(exc)) from exc
     except Exception as exc:  # jinja errors surface as a bad request, not a crash
         raise ApiError(400, f"the chat template could not render these messages: {exc}") from exc
-    return list(out) if tokenize else out
+    if text is None:
+        raise ApiError(400, "this model has no chat template; use /completion")
+    return list(tokenizer.encode(text, add_special_tokens=False)) if tokenize else text
 
 
-def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+def stop_strings(stop: str | list[str] | None, settings: Settings) -> tuple[str, ...]:
+    """The non-empty stop strings, within server.max_stop_strings and server.max_stop_len."""
     if stop is None:
         return ()
-    return (stop,) if isinstance(stop, str) else tuple(s for s in stop if s)
+    strings = (stop,) if isinstance(stop, str) else tuple(s for s in stop if s)
+    limits = settings.server
+    if len(strings) > limits.max_stop_strings:
+        raise ApiError(
+            400,
+            f"stop: {len(strings)} strings; this server accepts {limits.max_stop_strings} (server.max_stop_strings)",
+        )
+    longest = max(map(len, strings), default=0)
+    if longest > limits.max_stop_len:
+        raise ApiError(
+            400,
+            f"stop: a string of {longest} characters; this server accepts {limits.max_stop_len} (server.max_stop_len)",
+        )
+    return strings
 
 
 def row_request(request: SamplingFields, tokens: list[int], settings: Settings, params: SamplingParams) -> RowRequest:
@@ -137,7 +196,7 @@ def row_request(request: SamplingFields, tokens: list[int], settings: Settings, 
         sampling=params,
         max_tokens=max_tokens(request, settings),
         seed=resolve_seed(request.seed),  # resolved here so generation_settings reports the seed used
-        stop=stop_strings(request.stop),
+        stop=stop_strings(request.stop, settings),
         ignore_eos=request.ignore_eos,
         n_max=n_max,
         n_min=max(0, request.speculative_n_min or 0),

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 from litestar import Request, Response, get, post
 from litestar.params import JSONBody
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from app.engine.engine import EngineState, unavailable_message
 from app.server import requests
@@ -43,6 +45,11 @@ async def models(request: Request) -> dict[str, Any]:
 @post("/tokenize", status_code=200, name="tokenize")
 async def tokenize(request: Request, data: JSONBody[TokenizeRequest]) -> dict[str, Any]:
     tokenizer = ready_engine(request).target.tokenizer
+    return await asyncio.to_thread(tokens_of, tokenizer, data)
+
+
+def tokens_of(tokenizer: TokenizerWrapper, data: TokenizeRequest) -> dict[str, Any]:
+    """Blocking: a megabyte of text takes seconds with pieces, so the route runs it on a thread."""
     ids = list(tokenizer.encode(data.content, add_special_tokens=data.add_special))
     if not data.with_pieces:
         return {"tokens": ids}
@@ -53,7 +60,7 @@ async def tokenize(request: Request, data: JSONBody[TokenizeRequest]) -> dict[st
 async def detokenize(request: Request, data: JSONBody[DetokenizeRequest]) -> dict[str, Any]:
     engine = ready_engine(request)
     requests.check_token_ids(data.tokens, engine.target.vocab_size)
-    return {"content": engine.target.tokenizer.decode(data.tokens)}
+    return {"content": await asyncio.to_thread(engine.target.tokenizer.decode, data.tokens)}
 
 
 ROUTES = [health, models, tokenize, detokenize]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -37,7 +38,9 @@ async def chat_completion(request: Request, data: JSONBody[ChatRequest]) -> Resp
     engine = ready_engine(request)
     if data.n != 1:
         raise ApiError(400, "only n = 1 is supported")
-    tokens = requests.chat_prompt(data.messages, engine.target.tokenizer, data.chat_template_kwargs)
+    tokens = await asyncio.to_thread(
+        requests.chat_prompt, data.messages, engine.target.tokenizer, data.chat_template_kwargs, engine.settings
+    )
     requests.check_token_ids(tokens, engine.target.vocab_size)
     submission, settings = start(request, data, tokens, request.url.path)
     rid = submission.job.request_id

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -126,7 +127,9 @@ async def native_frames(
 async def completion(request: Request, data: JSONBody[CompletionRequest]) -> Response | Stream:
     """llama-server's native completion (stream: SSE frames ending with the full object)."""
     engine = ready_engine(request)
-    tokens = requests.prompt_tokens(data.prompt, engine.target.tokenizer, engine.target.vocab_size)
+    tokens = await asyncio.to_thread(
+        requests.prompt_tokens, data.prompt, engine.target.tokenizer, engine.target.vocab_size
+    )
     submission, settings = start(request, data, tokens, "/completion")
     prompt = data.prompt if isinstance(data.prompt, str) else engine.target.tokenizer.decode(tokens)
     rid = submission.job.request_id
@@ -139,7 +142,7 @@ async def completion(request: Request, data: JSONBody[CompletionRequest]) -> Res
 # --- OpenAI text completions -----------------------------------------------------------------
 
 
-def openai_prompt(data: OpenAICompletionRequest, request: Request) -> list[int]:
+async def openai_prompt(data: OpenAICompletionRequest, request: Request) -> list[int]:
     engine = ready_engine(request)
     if data.n != 1:
         raise ApiError(400, "only n = 1 is supported")
@@ -149,7 +152,9 @@ def openai_prompt(data: OpenAICompletionRequest, request: Request) -> list[int]:
         if len(data.prompt) != 1:
             raise ApiError(400, "one prompt per request is supported")
         data.prompt = data.prompt[0]
-    return requests.prompt_tokens(data.prompt, engine.target.tokenizer, engine.target.vocab_size)
+    return await asyncio.to_thread(
+        requests.prompt_tokens, data.prompt, engine.target.tokenizer, engine.target.vocab_size
+    )
 
 
 def text_choice(text: str | None, reason: str | None) -> dict[str, Any]:
@@ -180,7 +185,7 @@ async def openai_frames(
 @post("/v1/completions", status_code=200, name="openai-completion")
 async def openai_completion(request: Request, data: JSONBody[OpenAICompletionRequest]) -> Response | Stream:
     """OpenAI text completion (stream: SSE chunks ending with `data: [DONE]`)."""
-    tokens = openai_prompt(data, request)
+    tokens = await openai_prompt(data, request)
     submission, settings = start(request, data, tokens, "/v1/completions")
     rid = submission.job.request_id
     head = {

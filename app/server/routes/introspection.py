@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from importlib.metadata import version
 from typing import Any
 
@@ -196,8 +197,11 @@ async def metrics(request: Request) -> str:
 @post("/apply-template", status_code=200, name="apply-template")
 async def apply_template(request: Request, data: JSONBody[ApplyTemplateRequest]) -> Response:
     """The prompt text the chat template makes of these messages."""
-    tokenizer = ready_engine(request).target.tokenizer
-    return Response({"prompt": requests.chat_prompt(data.messages, tokenizer, None, tokenize=False)})
+    engine = ready_engine(request)
+    prompt = await asyncio.to_thread(
+        requests.chat_prompt, data.messages, engine.target.tokenizer, None, engine.settings, tokenize=False
+    )
+    return Response({"prompt": prompt})
 
 
 ROUTES = [props, slots, metrics, apply_template]

@@ -1,0 +1,220 @@
+"""Chat templates (the model's own or the operator's) rendered in a sandbox, bounded in time and size.
+
+A Jinja render cannot be interrupted from outside, so the limits are enforced from inside: every
+`for` loop iterates through a deadline check, every call, filter and intercepted operator checks
+the deadline and the sizes it is about to make, and the output is checked chunk by chunk.
+Templates are compiled once per source text; the globals mirror transformers' chat environment.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import operator
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2 import nodes
+from jinja2.compiler import CodeGenerator, Frame
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+MAX_POWER_BITS = 4096  # an `a ** b` over this many bits is refused: big-int powers run in C, unchecked
+
+
+class TemplateLimitError(Exception):
+    """A render ran past a profile limit; `key` names it (e.g. server.template_timeout_s)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout_s: float
+    max_chars: int
+
+
+@dataclass
+class Budget:
+    """One render's deadline and size cap, read by the environment's hooks."""
+
+    limits: Limits
+    deadline: float
+
+    def tick(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise TemplateLimitError(
+                "server.template_timeout_s",
+                f"the chat template ran longer than server.template_timeout_s ({self.limits.timeout_s:g} s)",
+            )
+
+    def check_size(self, size: int, what: str = "a value") -> None:
+        if size > self.limits.max_chars:
+            raise TemplateLimitError(
+                "server.template_max_chars",
+                f"the chat template made {what} larger than server.template_max_chars ({self.limits.max_chars})",
+            )
+
+
+_budget: ContextVar[Budget] = ContextVar("chat_template_budget")
+
+
+def _sized(value: Any) -> int:
+    return len(value) if isinstance(value, str | bytes | list | tuple | dict) else 0
+
+
+def _check_arguments(budget: Budget, args: Iterable[Any]) -> None:
+    """Integers size what str.center, indent, format widths and the like allocate in one C call."""
+    budget.tick()
+    for arg in args:
+        if isinstance(arg, int) and not isinstance(arg, bool) and abs(arg) > budget.limits.max_chars:
+            budget.check_size(abs(arg), "an argument")
+
+
+def _checked_size(value: Any) -> Any:
+    _budget.get().check_size(_sized(value))
+    return value
+
+
+def _guarded_iter(iterable: Iterable[Any]) -> Iterator[Any]:
+    budget = _budget.get()
+    for item in iterable:
+        budget.tick()
+        yield item
+
+
+class _GuardedLoops(CodeGenerator):
+    """Compiles `{% for x in xs %}` as a loop over `environment.guarded_iter(xs)`, and `a ~ b` as
+    `environment.checked_size(a ~ b)`."""
+
+    def visit_For(self, node: nodes.For, frame: Frame) -> None:  # noqa: N802 (jinja's visitor name)
+        guarded = nodes.Call(nodes.EnvironmentAttribute("guarded_iter"), [node.iter], [], None, None)
+        super().visit_For(nodes.For(node.target, guarded, node.body, node.else_, node.test, node.recursive), frame)
+
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:  # noqa: N802
+        self.write("environment.checked_size(")
+        super().visit_Concat(node, frame)
+        self.write(")")
+
+
+class _GenerationTag(Extension):
+    """transformers' `{% generation %}` marks assistant text for training masks; here it renders as is."""
+
+    tags = frozenset({"generation"})
+
+    def parse(self, parser: jinja2.parser.Parser) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+class BoundedEnvironment(ImmutableSandboxedEnvironment):
+    code_generator_class = _GuardedLoops
+    intercepted_binops = frozenset({"*", "**", "+"})
+
+    def __init__(self) -> None:
+        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _GenerationTag])
+        self.guarded_iter = _guarded_iter
+        self.checked_size = _checked_size
+        self.filters = {name: _bounded_filter(f) for name, f in self.filters.items()}
+        self.filters["tojson"] = _bounded_filter(tojson)
+        self.globals |= {"raise_exception": raise_exception, "strftime_now": strftime_now}
+
+    def call(self, context: jinja2.runtime.Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        budget = _budget.get()
+        _check_arguments(budget, (*args, *kwargs.values()))
+        result = super().call(context, obj, *args, **kwargs)
+        budget.check_size(_sized(result))
+        return result
+
+    def call_binop(self, context: jinja2.runtime.Context, op: str, left: Any, right: Any) -> Any:
+        budget = _budget.get()
+        budget.tick()
+        if op == "**":
+            if (
+                isinstance(left, int)
+                and isinstance(right, int)
+                and right * max(abs(left).bit_length(), 1) > MAX_POWER_BITS
+            ):
+                budget.check_size(budget.limits.max_chars + 1, "a power")
+            return operator.pow(left, right)
+        if op == "*":
+            count = right if isinstance(right, int) else left if isinstance(left, int) else 1
+            budget.check_size(max(_sized(left), _sized(right)) * max(count, 0))
+            return operator.mul(left, right)
+        budget.check_size(_sized(left) + _sized(right))
+        return operator.add(left, right)
+
+
+def _bounded_filter(function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)  # keeps jinja's pass_context / pass_environment markers
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        budget = _budget.get()
+        _check_arguments(budget, (*args[1:], *kwargs.values()))
+        result = function(*args, **kwargs)
+        budget.check_size(_sized(result))
+        return result
+
+    return bounded
+
+
+def raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+           sort_keys: bool = False) -> str:  # fmt: skip
+    """transformers' tojson: no HTML escaping (prompts are not HTML), and json.dumps's options."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+ENVIRONMENT = BoundedEnvironment()
+
+
+@functools.lru_cache(maxsize=8)
+def compile_template(source: str) -> jinja2.Template:
+    """Raises jinja2.TemplateSyntaxError for a template that does not parse."""
+    return ENVIRONMENT.from_string(source)
+
+
+@functools.lru_cache(maxsize=4)
+def load_template_file(path: str) -> jinja2.Template:
+    """The operator's template, read and compiled once (OSError, TemplateSyntaxError)."""
+    return compile_template(Path(path).read_text(encoding="utf-8"))
+
+
+def chosen(tokenizer: Any, operator_file: str | None) -> jinja2.Template | None:
+    """The operator's template when the profile names one, else the model's own (None: it has none)."""
+    if operator_file:
+        return load_template_file(operator_file)
+    source = getattr(tokenizer, "chat_template", None)
+    if isinstance(source, dict):  # named templates; "default" is the chat one
+        source = source.get("default")
+    return compile_template(source) if source else None
+
+
+def render(template: jinja2.Template, limits: Limits, variables: dict[str, Any]) -> str:
+    """The rendered text; TemplateLimitError past a limit, jinja2 errors for a failing template."""
+    budget = Budget(limits, time.monotonic() + limits.timeout_s)
+    token = _budget.set(budget)
+    try:
+        chunks, size = [], 0
+        for chunk in template.generate(variables):
+            size += len(chunk)
+            budget.check_size(size, "a prompt")
+            budget.tick()
+            chunks.append(chunk)
+        return "".join(chunks)
+    finally:
+        _budget.reset(token)
