@@ -84,6 +84,7 @@ def startup_fields(engine: Engine, rule: str | None) -> dict[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     from app.server.app import create_app
+    from app.server.protocol import EnvelopeHttpToolsProtocol
 
     settings = settings_from_args(args)
     configure_logging(
@@ -107,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         log_level="warning",
         access_log=False,
         lifespan="on",
+        http=EnvelopeHttpToolsProtocol,
     )
     server = uvicorn.Server(config)
     server.run()
