@@ -124,6 +124,7 @@ def startup_fields(engine: Engine, rule: str | None) -> dict[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     from app.server.app import create_app
+    from app.server.protocol import EnvelopeHttpToolsProtocol
 
     settings = settings_from_args(args)
     configure_logging(
@@ -154,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=HANDLER_GRACE_S,
+        http=EnvelopeHttpToolsProtocol,
     )
     server = DrainingServer(config, engine)
     server.run()

@@ -68,7 +68,7 @@ class ServerSettings(Group):
     model_alias: str | None = None  # the model id clients see (default: the target's directory name)
     drain_timeout_s: Annotated[float, msgspec.Meta(ge=0.0, le=3600.0)] = 30.0  # SIGTERM: finish rows this long
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 * 1024 * 1024  # larger bodies get 413
-    max_json_depth: Annotated[int, msgspec.Meta(ge=4, le=1000)] = 64  # deeper JSON bodies get 400
+    max_json_depth: Annotated[int, msgspec.Meta(ge=4, le=512)] = 64  # deeper JSON bodies get 400
     max_stop_strings: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 16  # more `stop` entries get 400
     max_stop_len: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 256  # longer stop strings get 400
     chat_template_file: str | None = None  # operator's Jinja chat template (sandboxed); default: the model's

@@ -1,4 +1,8 @@
-"""The API key gate: with server.api_key set, every route but health needs `Bearer <key>`."""
+"""The API key gate: with server.api_key set, every route but health needs `Bearer <key>`.
+
+OPTIONS never needs it, as in llama-server: browsers send no Authorization header on a CORS
+preflight, and the answer names only the allowed methods.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from app.server.errors import ApiError
 
 def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
     key = connection.app.state.engine.settings.server.api_key
-    if not key or handler.opt.get("public"):
+    if not key or handler.opt.get("public") or connection.scope["method"] == "OPTIONS":
         return
     scheme, _, token = connection.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):

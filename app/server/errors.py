@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import secrets
+import traceback
+
+import msgspec
 import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, NotFoundException, ValidationException
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 TYPES = {
@@ -29,9 +34,21 @@ class ApiError(Exception):
         self.kind = kind or TYPES.get(code, "server_error")
 
 
-def envelope(code: int, message: str, kind: str | None = None) -> Response:
-    body = {"error": {"code": code, "message": message, "type": kind or TYPES.get(code, "server_error")}}
-    return Response(content=body, status_code=code, media_type="application/json")
+def envelope_body(code: int, message: str, kind: str | None = None) -> bytes:
+    return msgspec.json.encode(
+        {"error": {"code": code, "message": message, "type": kind or TYPES.get(code, "server_error")}}
+    )
+
+
+def envelope(code: int, message: str, kind: str | None = None, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        content=envelope_body(code, message, kind), status_code=code, media_type="application/json", headers=headers
+    )
+
+
+def new_error_id() -> str:
+    """Names one failure in both the 500 answer and the log line that carries its traceback."""
+    return secrets.token_hex(6)
 
 
 def on_api_error(_: Request, exc: ApiError) -> Response:
@@ -56,19 +73,36 @@ def on_not_found(request: Request, _: NotFoundException) -> Response:
     return envelope(404, f"File Not Found: {request.method} {request.url.path}")
 
 
+def on_too_large(request: Request, _: RequestEntityTooLarge) -> Response:
+    limit = request.app.state.engine.settings.server.max_body_bytes
+    return envelope(413, f"the request body is larger than this server accepts ({limit} bytes, server.max_body_bytes)")
+
+
 def on_http_error(_: Request, exc: HTTPException) -> Response:
-    return envelope(exc.status_code, str(exc.detail))
+    """Litestar's own errors (405 keeps its Allow header, malformed bodies, bad content-length)."""
+    return envelope(exc.status_code, str(exc.detail), headers=exc.headers)
 
 
 def on_unexpected(request: Request, exc: Exception) -> Response:
-    structlog.get_logger("mlxcel.server").exception("unhandled_error", path=request.url.path)
-    return envelope(HTTP_500_INTERNAL_SERVER_ERROR, f"internal error: {type(exc).__name__}")
+    error_id = new_error_id()
+    structlog.get_logger("mlxcel.server").error(
+        "unhandled_error",
+        error_id=error_id,
+        error_type=type(exc).__name__,
+        error=str(exc),
+        traceback="".join(traceback.format_exception(exc)),
+        method=request.method,
+        path=request.url.path,
+    )
+    message = f"internal error {error_id} ({type(exc).__name__}); the server log has its traceback under this id"
+    return envelope(HTTP_500_INTERNAL_SERVER_ERROR, message)
 
 
 HANDLERS = {
     ApiError: on_api_error,
     ValidationException: on_validation_error,
     NotFoundException: on_not_found,
+    RequestEntityTooLarge: on_too_large,
     HTTPException: on_http_error,
     Exception: on_unexpected,
 }

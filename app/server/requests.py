@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -16,6 +17,9 @@ from app.sampling.rng import resolve_seed
 from app.server.errors import ApiError
 from app.server.schemas import ChatMessage, LogitBias, PromptInput, SamplingFields
 
+# What llama-server's strtol reads whole as a token id. ASCII only: str.isdigit() also takes
+# "١٢" and "²", and int() refuses the second.
+TOKEN_ID = re.compile(r"\s*[+-]?[0-9]+", re.ASCII)
 SAMPLING_FIELDS = (
     "temperature",
     "top_k",
@@ -41,17 +45,26 @@ def max_tokens(request: SamplingFields, settings: Settings) -> int:
 
 
 def logit_bias(raw: LogitBias | None, tokenizer: TokenizerWrapper) -> dict[int, float]:
-    """llama-server's two spellings: {"id": bias} and [[id or text, bias or false], ...]."""
+    """llama-server's two spellings: {"id or text": bias} and [[id or text, bias], ...].
+
+    A bias is a number, or false to ban the token (true is refused: it names no bias). As in
+    llama-server, an object key of ASCII digits is a token id and any other key is text, whose
+    tokens all get the bias; in the list spelling only a number is an id.
+    """
     if not raw:
         return {}
-    pairs = raw.items() if isinstance(raw, dict) else ((entry[0], entry[1]) for entry in raw if len(entry) == 2)
+    pairs = raw.items() if isinstance(raw, dict) else raw
     bias: dict[int, float] = {}
     for key, value in pairs:
-        amount = float("-inf") if value is False else float(value)
-        if isinstance(key, str) and not key.lstrip("-").isdigit():
-            ids = tokenizer.encode(key, add_special_tokens=False)
-        else:
+        if value is True:
+            raise ApiError(400, f"logit_bias: the bias for {key!r} must be a number or false (to ban), not true")
+        amount = float("-inf") if value is False else value
+        if isinstance(key, int):
+            ids = [key]
+        elif isinstance(raw, dict) and TOKEN_ID.fullmatch(key):
             ids = [int(key)]
+        else:
+            ids = tokenizer.encode(key, add_special_tokens=False)
         for token in ids:
             bias[token] = amount
     return bias

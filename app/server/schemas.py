@@ -2,19 +2,64 @@
 
 Unknown fields are ignored, as llama-server ignores them. A field left out takes the profile's
 sampling default. `n_predict`, `max_tokens` and `max_completion_tokens` are one setting.
+Every number must be finite: Litestar converts bodies leniently (strict=False), which turns the
+strings "nan" and "inf" into floats, so `WireStruct` checks every float once decoding is done.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import msgspec
+from msgspec import inspect
 
-LogitBias = dict[str, float | bool] | list[list[int | str | float | bool]]
+# {"id or text": bias} or [[id or text, bias], ...]; a bias is a number, or false to ban
+LogitBias = dict[str, float | bool] | list[tuple[int | str, float | bool]]
 PromptInput = str | list[int | str]
 
 
-class SamplingFields(msgspec.Struct, kw_only=True):
+class WireStruct(msgspec.Struct, kw_only=True):
+    """A request body: decoding fails with 400 when any float in it is NaN or infinite."""
+
+    def __post_init__(self) -> None:
+        for name, wire_name in _float_fields(type(self)):
+            if not _all_finite(getattr(self, name)):
+                raise ValueError(f"{wire_name}: numbers must be finite (NaN and infinity are refused)")
+
+
+@functools.cache
+def _float_fields(cls: type[msgspec.Struct]) -> tuple[tuple[str, str], ...]:
+    """(attribute, wire name) of the fields whose type can hold a float, worked out once per class."""
+    return tuple((f.name, f.encode_name) for f in inspect.type_info(cls).fields if _holds_float(f.type))
+
+
+def _holds_float(kind: inspect.Type) -> bool:
+    if isinstance(kind, inspect.FloatType):
+        return True
+    if isinstance(kind, inspect.UnionType):
+        return any(_holds_float(k) for k in kind.types)
+    if isinstance(kind, inspect.TupleType):
+        return any(_holds_float(k) for k in kind.item_types)
+    if isinstance(kind, inspect.ListType | inspect.VarTupleType):
+        return _holds_float(kind.item_type)
+    if isinstance(kind, inspect.DictType):
+        return _holds_float(kind.value_type)
+    return False
+
+
+def _all_finite(value: object) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_all_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_all_finite(v) for v in value)
+    return True
+
+
+class SamplingFields(WireStruct, kw_only=True):
     """Fields every completion route accepts (llama-server names)."""
 
     n_predict: int | None = None
@@ -61,12 +106,12 @@ class OpenAICompletionRequest(SamplingFields, kw_only=True):
     stream_options: dict[str, Any] | None = None
 
 
-class ContentPart(msgspec.Struct, kw_only=True):
+class ContentPart(WireStruct, kw_only=True):
     type: str
     text: str | None = None
 
 
-class ChatMessage(msgspec.Struct, kw_only=True):
+class ChatMessage(WireStruct, kw_only=True):
     role: str
     content: str | list[ContentPart] | None = None
 
@@ -81,15 +126,15 @@ class ChatRequest(SamplingFields, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class TokenizeRequest(msgspec.Struct, kw_only=True):
+class TokenizeRequest(WireStruct, kw_only=True):
     content: str
     add_special: bool = False
     with_pieces: bool = False
 
 
-class DetokenizeRequest(msgspec.Struct, kw_only=True):
+class DetokenizeRequest(WireStruct, kw_only=True):
     tokens: list[int]
 
 
-class ApplyTemplateRequest(msgspec.Struct, kw_only=True):
+class ApplyTemplateRequest(WireStruct, kw_only=True):
     messages: list[ChatMessage]
