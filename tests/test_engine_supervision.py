@@ -19,7 +19,7 @@ from app.runtime.logging import configure_logging
 from app.sampling import SamplingParams
 from app.sampling.rng import KEY_RANGE
 
-ERROR_ID = re.compile(r"internal error \(id ([0-9a-f]{12})\)")
+ERROR_ID = re.compile(r"internal error ([0-9a-f]{12}) \(\w+\); .*")
 GREEDY = SamplingParams(temperature=0.0)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from enum import StrEnum
@@ -35,6 +34,7 @@ from app.engine.metrics import Metrics
 from app.engine.row import Failed, Finished, Job, Row, Update
 from app.loading import Checkpoint, CheckpointKind, LoadedModel, load_model, read_checkpoint
 from app.profiles.schema import Settings
+from app.runtime.logging import internal_error_message, log_internal_error
 from app.sampling import SamplingParams
 
 IDLE_WAIT_S = 0.05
@@ -54,11 +54,6 @@ class UnavailableError(Exception):
 
 class QueueFullError(UnavailableError):
     """More requests are waiting than the server accepts."""
-
-
-def error_id() -> str:
-    """A short id naming one internal error in both the client's message and the log."""
-    return uuid.uuid4().hex[:12]
 
 
 class Engine:
@@ -219,8 +214,7 @@ class Engine:
                 self._tick(self.rows[slot])
 
     def _die(self, exc: BaseException) -> None:
-        failure_id = error_id()
-        self._log.exception("engine_failed", error_id=failure_id, error_type=type(exc).__name__)
+        failure_id = log_internal_error(self._log, "engine_failed", exc)
         with self._wake:
             self.failure, self.state = exc, EngineState.FAILED
         self._fail_all(
@@ -268,11 +262,8 @@ class Engine:
 
     def _fail_row(self, job: Job, exc: Exception, stage: str) -> None:
         """One row's internal error: logged with its traceback under an id the client also gets."""
-        failure_id = error_id()
-        self._log.exception(
-            "row_failed", request_id=job.request_id, error_id=failure_id, error_type=type(exc).__name__, stage=stage
-        )
-        self._deliver(job, Failed(f"internal error (id {failure_id})"))
+        failure_id = log_internal_error(self._log, "row_failed", exc, request_id=job.request_id, stage=stage)
+        self._deliver(job, Failed(internal_error_message(failure_id, exc)))
 
     def _deliver(self, job: Job, event: Update | Finished | Failed) -> None:
         """Hand an event to the job's sink; a sink that fails cancels its own job only."""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 import msgspec
 import structlog
@@ -50,3 +51,16 @@ def configure_logging(level: str | None, *, fmt: str = "json", stream: TextIO | 
         logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+def log_internal_error(logger: Any, event: str, exc: BaseException, **fields: Any) -> str:
+    """Log an unexpected failure with its type and traceback (`exception`) under a new error id,
+    and return the id: the client's error message names it, so one grep finds the traceback."""
+    error_id = secrets.token_hex(6)
+    logger.error(event, error_id=error_id, error_type=type(exc).__name__, exc_info=exc, **fields)
+    return error_id
+
+
+def internal_error_message(error_id: str, exc: BaseException) -> str:
+    """What a client is told about an unexpected failure: no internals, only the id to report."""
+    return f"internal error {error_id} ({type(exc).__name__}); the server log has its traceback under this id"

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import secrets
-import traceback
-
 import msgspec
 import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, NotFoundException, ValidationException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+from app.runtime.logging import internal_error_message, log_internal_error
 
 TYPES = {
     400: "invalid_request_error",
@@ -46,11 +45,6 @@ def envelope(code: int, message: str, kind: str | None = None, headers: dict[str
     )
 
 
-def new_error_id() -> str:
-    """Names one failure in both the 500 answer and the log line that carries its traceback."""
-    return secrets.token_hex(6)
-
-
 def on_api_error(_: Request, exc: ApiError) -> Response:
     return envelope(exc.code, exc.message, exc.kind)
 
@@ -84,18 +78,9 @@ def on_http_error(_: Request, exc: HTTPException) -> Response:
 
 
 def on_unexpected(request: Request, exc: Exception) -> Response:
-    error_id = new_error_id()
-    structlog.get_logger("mlxcel.server").error(
-        "unhandled_error",
-        error_id=error_id,
-        error_type=type(exc).__name__,
-        error=str(exc),
-        traceback="".join(traceback.format_exception(exc)),
-        method=request.method,
-        path=request.url.path,
-    )
-    message = f"internal error {error_id} ({type(exc).__name__}); the server log has its traceback under this id"
-    return envelope(HTTP_500_INTERNAL_SERVER_ERROR, message)
+    logger = structlog.get_logger("mlxcel.server")
+    error_id = log_internal_error(logger, "unhandled_error", exc, method=request.method, path=request.url.path)
+    return envelope(HTTP_500_INTERNAL_SERVER_ERROR, internal_error_message(error_id, exc))
 
 
 HANDLERS = {
