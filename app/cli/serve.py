@@ -6,8 +6,6 @@ import argparse
 import errno
 import socket
 import sys
-from pathlib import Path
-from typing import TextIO
 
 import structlog
 import uvicorn
@@ -16,7 +14,7 @@ from app import events
 from app.engine.engine import Engine
 from app.loading import ModelLoadError
 from app.profiles import add_profile_flags, settings_from_args
-from app.runtime.logging import configure_logging
+from app.runtime.logging import configure_logging, log_stream
 from app.sampling import SamplingParams
 
 EXIT_CONFIG = 2
@@ -41,14 +39,6 @@ def port_problem(host: str, port: int) -> str | None:
                 return f"port {port} on {host} is already in use (another server or profile holds it)"
             return f"cannot listen on {host}:{port}: {exc.strerror}"
     return None
-
-
-def log_stream(destination: str) -> TextIO:
-    if destination == "stdout":
-        return sys.stdout
-    if destination == "stderr":
-        return sys.stderr
-    return Path(destination).open("a", buffering=1)  # lives as long as the process
 
 
 def announce(engine: Engine) -> None:
