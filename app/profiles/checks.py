@@ -25,7 +25,7 @@ def tokenizer_vocab(model_dir: Path, where: str) -> dict[str, int] | None:
         data = json.loads(path.read_bytes())
         vocab = dict(data.get("model", {}).get("vocab", {}))
         vocab |= {t["content"]: t["id"] for t in data.get("added_tokens", [])}
-    except (ValueError, AttributeError, TypeError, KeyError) as exc:  # not JSON, or not a tokenizer's shape
+    except (OSError, ValueError, AttributeError, TypeError, KeyError) as exc:  # unreadable, not JSON, not its shape
         raise ProfileError(
             f"{where}: {path} is not a valid tokenizer.json ({type(exc).__name__}: {exc}); "
             "replace it with the model's own"
@@ -48,6 +48,7 @@ def check_models(settings: Settings, sources: dict[str, str] | None = None) -> N
             f"{at('target')}: {target.path} is a {target.kind} drafter, not a standalone model; "
             "set target to the model it drafts for and put it under drafter.model"
         )
+    target_vocab = tokenizer_vocab(target.path, at("target"))
     drafter = settings.drafter
     if drafter.kind not in NEEDS_MODEL:
         return
@@ -71,7 +72,6 @@ def check_models(settings: Settings, sources: dict[str, str] | None = None) -> N
             f"{at('drafter.model')}: vocab_size {checkpoint.config.get('vocab_size')} differs from the target's "
             f"{target.config.get('vocab_size')}; train the drafter for this target"
         )
-    target_vocab = tokenizer_vocab(target.path, at("target"))
     drafter_vocab = tokenizer_vocab(checkpoint.path, at("drafter.model"))
     if drafter_vocab is not None and target_vocab is not None and drafter_vocab != target_vocab:
         differ = len(set(target_vocab.items()) ^ set(drafter_vocab.items()))

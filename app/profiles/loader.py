@@ -251,7 +251,7 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
     """
     for key, value in leaves(msgspec.to_builtins(settings)).items():
         if isinstance(value, float) and not math.isfinite(value):
-            raise ProfileError(f"{origin(key, sources, path)}: {value} is not a finite number; give a number")
+            raise ProfileError(f"{origin(key, sources, path)}: {value} is not a finite number; give a finite one")
     api_key = settings.server.api_key
     if api_key is not None and not api_key.strip():
         raise ProfileError(
