@@ -59,9 +59,8 @@ def assert_refused(
     env: dict[str, str] | None = None,
 ) -> None:
     """`serve` and `profiles check` (unless `flags`, which only `serve` takes) refuse `profile`."""
-    commands = [("serve", "--profile", str(profile), *flags)]
-    if not flags:
-        commands.append(("profiles", "check", str(profile)))
+    commands = [] if flags else [("profiles", "check", str(profile))]
+    commands.append(("serve", "--profile", str(profile), *flags))
     for command in commands:
         line = refused(*command, env=env)
         for text in expected:
