@@ -54,8 +54,9 @@ def check_profiles(args: argparse.Namespace) -> int:
     names = args.names or shipped_profiles()
     listeners: dict[tuple[str, int], str] = {}
     for name in names:
-        settings = resolve(name).settings
-        check_models(settings)
+        resolved = resolve(name)
+        settings = resolved.settings
+        check_models(settings, resolved.sources)
         address = (settings.server.host, settings.server.port)
         if settings.server.port and address in listeners:
             raise ProfileError(

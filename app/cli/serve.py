@@ -9,8 +9,6 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
-from typing import TextIO
 
 import structlog
 import uvicorn
@@ -19,7 +17,7 @@ from app import events
 from app.engine.engine import Engine, EngineState
 from app.loading import ModelLoadError
 from app.profiles import add_profile_flags, settings_from_args
-from app.runtime.logging import configure_logging
+from app.runtime.logging import configure_logging, log_stream
 from app.sampling import SamplingParams
 
 EXIT_CONFIG = 2
@@ -47,14 +45,6 @@ def port_problem(host: str, port: int) -> str | None:
                 return f"port {port} on {host} is already in use (another server or profile holds it)"
             return f"cannot listen on {host}:{port}: {exc.strerror}"
     return None
-
-
-def log_stream(destination: str) -> TextIO:
-    if destination == "stdout":
-        return sys.stdout
-    if destination == "stderr":
-        return sys.stderr
-    return Path(destination).open("a", buffering=1)  # lives as long as the process
 
 
 class DrainingServer(uvicorn.Server):

@@ -72,6 +72,8 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         raise ModelLoadError(f"not a model directory (no config.json): {path}")
     try:
         config = json.loads(config_file.read_text())
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {config_file}: {exc.strerror}") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelLoadError(f"not a model directory (config.json is not valid JSON: {exc}): {path}") from exc
     if not isinstance(config, dict) or "model_type" not in config:

@@ -57,8 +57,11 @@ def load_model(path: str | Path, *, role: str = "target", dtype: str = "auto") -
     require_standalone(checkpoint, role)
     try:
         model, tokenizer = mlx_lm_load(str(checkpoint.path))
-    except (ValueError, FileNotFoundError, KeyError) as exc:
-        raise ModelLoadError(f"cannot load {checkpoint.path} as an mlx-lm model: {exc}") from exc
+    except (ValueError, TypeError, KeyError, AttributeError, FileNotFoundError, RuntimeError) as exc:
+        # What a broken directory raises from mlx-lm, transformers or MLX: a config.json value of
+        # the wrong type, a malformed tokenizer.json, truncated weights; a restart fixes none of
+        # them (exit 2). Other OSErrors (EIO on a network mount) may pass, so they stay exit 1.
+        raise ModelLoadError(f"cannot load {checkpoint.path} as an mlx-lm model: {type(exc).__name__}: {exc}") from exc
     target_dtype = compute_dtype(model, checkpoint.config, dtype)
     if target_dtype is not None:
         model.set_dtype(target_dtype)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import msgspec
 
 from app.drafters.kinds import DETECTED
-from app.loading import read_checkpoint
+from app.loading import ModelLoadError, read_checkpoint
 from app.profiles.checks import check_models
-from app.profiles.loader import ProfileError, Resolved, add_profile_flags, flags_of, resolve, shipped_profiles
+from app.profiles.loader import ProfileError, Resolved, add_profile_flags, flags_of, origin, resolve, shipped_profiles
 from app.profiles.schema import Settings
 
 
@@ -26,12 +27,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     drafter = settings.drafter
     rank = {"default": 0, "file": 1, "env": 2, "flag": 3}
     if drafter.model and rank[resolved.sources["drafter.model"]] > rank[resolved.sources["drafter.kind"]]:
-        detected = str(DETECTED[read_checkpoint(drafter.model).kind])
+        try:
+            detected = str(DETECTED[read_checkpoint(drafter.model).kind])
+        except ModelLoadError as exc:
+            raise ProfileError(f"{origin('drafter.model', resolved.sources, Path(settings.source))}: {exc}") from exc
         print(f"Resolved drafter kind: {detected} (auto-detected from {drafter.model}/config.json)", file=sys.stderr)
         settings = msgspec.structs.replace(settings, drafter=msgspec.structs.replace(drafter, kind=detected))
     elif drafter.model and drafter.kind in ("none", "prompt-lookup"):
         print(f"warning: drafter.kind = {drafter.kind} ignores drafter.model ({drafter.model})", file=sys.stderr)
-    check_models(settings)
+    check_models(settings, resolved.sources)
     return settings
 
 

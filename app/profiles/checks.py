@@ -10,20 +10,29 @@ import jinja2
 from app.drafters.kinds import DETECTED
 from app.loading import CheckpointKind, ModelLoadError, read_checkpoint
 from app.loading.chat_template import load_template_file
-from app.profiles.loader import ProfileError
+from app.profiles.loader import ProfileError, origin
 from app.profiles.schema import Settings
 
 NEEDS_MODEL = ("draft-model", "mtp", "dflash")
 
 
-def tokenizer_vocab(model_dir: Path) -> dict[str, int] | None:
-    """Token-to-id map from tokenizer.json, without loading the model (None if absent)."""
+def tokenizer_vocab(model_dir: Path, where: str) -> dict[str, int] | None:
+    """Token-to-id map from tokenizer.json, without loading the model (None if absent).
+
+    `where` names the setting that points at `model_dir`, for the error.
+    """
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
-    vocab = dict(data.get("model", {}).get("vocab", {}))
-    vocab |= {t["content"]: t["id"] for t in data.get("added_tokens", [])}
+    try:
+        data = json.loads(path.read_bytes())
+        vocab = dict(data.get("model", {}).get("vocab", {}))
+        vocab |= {t["content"]: t["id"] for t in data.get("added_tokens", [])}
+    except (OSError, ValueError, AttributeError, TypeError, KeyError) as exc:  # unreadable, not JSON, not its shape
+        raise ProfileError(
+            f"{where}: {path} is not a valid tokenizer.json ({type(exc).__name__}: {exc}); "
+            "replace it with the model's own"
+        ) from exc
     return vocab
 
 
@@ -43,52 +52,56 @@ def check_chat_template(settings: Settings) -> None:
         ) from exc
 
 
-def check_models(settings: Settings) -> None:
-    where = settings.source
-    check_chat_template(settings)
+def check_models(settings: Settings, sources: dict[str, str] | None = None) -> None:
+    """`sources` (from `resolve`) lets each message name where the key was set; without it, the file."""
+
+    def at(key: str) -> str:
+        return origin(key, sources or {}, Path(settings.source))
+
     try:
         target = read_checkpoint(settings.target)
     except ModelLoadError as exc:
-        raise ProfileError(f"{where}: target: {exc}; point target at an mlx-lm model directory") from exc
+        raise ProfileError(f"{at('target')}: {exc}; point target at an mlx-lm model directory") from exc
     if not target.is_standalone:
         raise ProfileError(
-            f"{where}: target: {target.path} is a {target.kind} drafter, not a standalone model; "
+            f"{at('target')}: {target.path} is a {target.kind} drafter, not a standalone model; "
             "set target to the model it drafts for and put it under drafter.model"
         )
+    target_vocab = tokenizer_vocab(target.path, at("target"))
     drafter = settings.drafter
     if drafter.kind not in NEEDS_MODEL:
         return
     if not drafter.model:
         raise ProfileError(
-            f'{where}: drafter.model: required for drafter.kind = "{drafter.kind}"; set it to a model directory'
+            f'{at("drafter.model")}: required for drafter.kind = "{drafter.kind}"; set it to a model directory'
         )
     try:
         checkpoint = read_checkpoint(drafter.model)
     except ModelLoadError as exc:
-        raise ProfileError(f"{where}: drafter.model: {exc}") from exc
+        raise ProfileError(f"{at('drafter.model')}: {exc}") from exc
     detected = DETECTED[checkpoint.kind]
     if detected != drafter.kind:
         raise ProfileError(
-            f'{where}: drafter.kind: "{drafter.kind}" cannot drive {checkpoint.path}, which is a '
+            f'{at("drafter.kind")}: "{drafter.kind}" cannot drive {checkpoint.path}, which is a '
             f'{checkpoint.kind} checkpoint; set drafter.kind = "{detected}"'
         )
     drafter_rows = checkpoint.config.get("vocab_size")
     if not checkpoint.is_standalone and drafter_rows is not None and drafter_rows != target.config.get("vocab_size"):
         raise ProfileError(
-            f"{where}: drafter.model: vocab_size {checkpoint.config.get('vocab_size')} differs from the target's "
+            f"{at('drafter.model')}: vocab_size {checkpoint.config.get('vocab_size')} differs from the target's "
             f"{target.config.get('vocab_size')}; train the drafter for this target"
         )
-    target_vocab, drafter_vocab = tokenizer_vocab(target.path), tokenizer_vocab(checkpoint.path)
+    drafter_vocab = tokenizer_vocab(checkpoint.path, at("drafter.model"))
     if drafter_vocab is not None and target_vocab is not None and drafter_vocab != target_vocab:
         differ = len(set(target_vocab.items()) ^ set(drafter_vocab.items()))
         raise ProfileError(
-            f"{where}: drafter.model: its vocabulary differs from the target's ({differ} entries "
+            f"{at('drafter.model')}: its vocabulary differs from the target's ({differ} entries "
             "differ); pair models that share a tokenizer"
         )
     sampling = settings.sampling
     if checkpoint.kind is CheckpointKind.DSPARK and sampling.temperature > 0 and sampling.top_k != 1:
         raise ProfileError(
-            f"{where}: sampling.temperature: the DSpark drafter is greedy-only, but requests "
+            f"{at('sampling.temperature')}: the DSpark drafter is greedy-only, but requests "
             f"default to temperature {sampling.temperature}; set sampling.temperature = 0 "
             "(or sampling.top_k = 1)"
         )

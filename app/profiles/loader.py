@@ -1,7 +1,8 @@
-"""Resolving a profile: TOML file (dynaconf) < MLXCEL_* environment < command-line flags.
+"""Resolving a profile: TOML file < MLXCEL_* environment < command-line flags.
 
 The result is one validated `Settings` plus where each value came from. Any problem stops
-startup with one message naming the file, the key and the fix (`ProfileError`, exit code 2).
+startup with one message naming where the value came from (file and key, environment variable
+or flag) and the fix (`ProfileError`, exit code 2).
 Relative model paths in a profile are relative to the profile file; on the command line and in
 the environment they are relative to the working directory.
 """
@@ -10,17 +11,19 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import re
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import msgspec
-from dynaconf import Dynaconf
 
 from app.loading.model import REPO_ROOT
 from app.profiles.schema import ENV_OVERRIDES, Settings
+from app.runtime.logging import destination_problem
 
 PROFILES_DIR = REPO_ROOT / "profiles"
 DEFAULT_PROFILE = "default"
@@ -35,7 +38,9 @@ FLAGS = {  # flag dest -> settings key (llama-server's spellings)
     "port": "server.port",
     "api_key": "server.api_key",
 }
-DYNACONF_INTERNALS = {"LOAD_DOTENV", "ENVIRONMENTS", "SETTINGS_FILE", "SETTINGS_FILES"}
+FLAG_NAMES = {key: "--" + dest.replace("_", "-") for dest, key in FLAGS.items()}
+# dynaconf's `@int 8080`, `@jinja {{ ... }}`, `@format ...`: refused, never evaluated (see env_layer).
+AT_CAST = re.compile(r"@[a-z_]+(\s|$)")
 
 
 class ProfileError(Exception):
@@ -53,12 +58,18 @@ def profiles_dir() -> Path:
 
 
 def profile_path(name_or_path: str) -> Path:
-    """A shipped profile's name (`default`) or a path to a TOML file."""
+    """A shipped profile's name (`default`) or a path to a `.toml` file.
+
+    Anything else is refused rather than read: a path to another kind of file (`mine.conf`,
+    `/etc/passwd`) once loaded as no settings at all and served the built-in defaults.
+    """
     candidate = Path(name_or_path).expanduser()
-    if candidate.suffix == ".toml" or os.sep in name_or_path:
-        path = candidate
-    else:
-        path = profiles_dir() / f"{name_or_path}.toml"
+    is_path = candidate.suffix or os.sep in name_or_path
+    path = candidate if is_path else profiles_dir() / f"{name_or_path}.toml"
+    if path.is_dir():
+        raise ProfileError(f"{path}: is a directory; a profile is a .toml file")
+    if path.suffix != ".toml":
+        raise ProfileError(f"{path}: not a .toml file; a profile is a TOML file named NAME.toml")
     if not path.is_file():
         known = ", ".join(shipped_profiles()) or "none"
         raise ProfileError(f"{path}: profile not found (shipped profiles: {known}); pass --profile NAME or a path")
@@ -69,18 +80,38 @@ def shipped_profiles() -> list[str]:
     return sorted(p.stem for p in profiles_dir().glob("*.toml") if p.stem != "template")
 
 
-def _lower_top(data: dict[str, Any]) -> dict[str, Any]:
-    return {k.lower(): v for k, v in data.items() if k not in DYNACONF_INTERNALS}
-
-
 def file_layer(path: Path) -> dict[str, Any]:
+    """The profile file as plain TOML.
+
+    Read with tomllib rather than dynaconf: dynaconf evaluates `@format`/`@jinja` strings and
+    follows `dynaconf_include`, which runs any `.py` file it names; a profile is data only.
+    """
     try:
-        loaded = Dynaconf(
-            settings_files=[str(path)], environments=False, load_dotenv=False, envvar_prefix="MLXCEL_FILE_LAYER_ONLY"
-        )
-        return _lower_top(loaded.as_dict())
-    except Exception as exc:  # TOML syntax errors
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read the profile: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{path}: not UTF-8 text; a profile is a TOML file") from exc
+    except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{path}: not valid TOML: {exc}") from exc
+
+
+def env_value(name: str, raw: str) -> Any:
+    """One variable's value, parsed as a TOML value (`9000` an int, `true` a bool, `nan` a float),
+    else kept as the string it is: dynaconf's convention, without its @-casts.
+
+    A value spelled like a dynaconf cast (`@int 8080`, `@jinja ...`) is refused rather than taken
+    as a string, so a deployment written for dynaconf fails loudly instead of serving the text.
+    """
+    if AT_CAST.match(raw):
+        raise ProfileError(
+            f"environment: {name}: {raw!r}: @-casts are not supported and values are never evaluated; "
+            """write the plain value (a literal string starting with @ can be quoted: '"@..."')"""
+        )
+    try:
+        return tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        return raw
 
 
 def env_layer() -> dict[str, Any]:
@@ -89,18 +120,25 @@ def env_layer() -> dict[str, Any]:
     Other MLXCEL_ variables (MLXCEL_LOG, MLXCEL_PROFILE, MLXCEL_SPECULATIVE_...) are switches,
     not settings, and are left alone; a nested name whose group does not exist is an error.
     """
-    loaded = _lower_top(Dynaconf(environments=False, load_dotenv=False, envvar_prefix=ENV_PREFIX).as_dict())
     fields = set(Settings.__struct_fields__) - {"profile", "source"}
-    out = {}
-    for key, value in loaded.items():
-        if key in fields:
-            # dynaconf keeps nested names as spelled (upper case); settings keys are lower case.
-            lower = isinstance(value, dict) and key != "env"
-            out[key] = {k.lower(): v for k, v in value.items()} if lower else value
-        elif isinstance(value, dict):
-            raise ProfileError(
-                f"environment: {ENV_PREFIX}_{key.upper()}__*: unknown settings group{_hint(key, fields)}"
-            )
+    out: dict[str, Any] = {}
+    for name, raw in os.environ.items():
+        if not name.startswith(f"{ENV_PREFIX}_"):
+            continue
+        key, nested, sub = name[len(ENV_PREFIX) + 1 :].partition("__")
+        key = key.lower()
+        if key not in fields:
+            if nested:
+                raise ProfileError(
+                    f"environment: {ENV_PREFIX}_{key.upper()}__*: unknown settings group{_hint(key, fields)}"
+                )
+            continue
+        value = env_value(name, raw)
+        if not nested:
+            out[key] = value
+        elif isinstance(out.setdefault(key, {}), dict):
+            # The env table's names are environment variables (upper case); settings keys are lower case.
+            out[key][sub if key == "env" else sub.lower()] = value
     return out
 
 
@@ -128,7 +166,9 @@ def check_keys(data: dict[str, Any], where: str) -> None:
         if key not in top:
             raise ProfileError(f"{_label(where, key)}: unknown key{_hint(key, top)}")
         if key == "env":
-            for name in value or {}:
+            if not isinstance(value, dict):
+                raise ProfileError(f"{_label(where, key)}: expected a table ([env]), got {type(value).__name__}")
+            for name in value:
                 if name not in ENV_OVERRIDES:
                     raise ProfileError(
                         f"{_label(where, f'env.{name}')}: not an acceptance-rule override"
@@ -178,7 +218,15 @@ def _choices(dotted: str) -> tuple[str, ...]:
     return get_args(annotation) if get_origin(annotation) is Literal else ()
 
 
-def convert(data: dict[str, Any], where: str) -> Settings:
+def origin(dotted: str, sources: dict[str, str], path: Path) -> str:
+    """Where the operator set a key: `FILE: key`, `environment: MLXCEL_...` or `flag --...`."""
+    source = sources.get(dotted)
+    if source == "flag":
+        return f"flag {FLAG_NAMES[dotted]}"
+    return _label("environment" if source == "env" else str(path), dotted)
+
+
+def convert(data: dict[str, Any], sources: dict[str, str], path: Path) -> Settings:
     try:
         return msgspec.convert(data, Settings, strict=False)
     except msgspec.ValidationError as exc:
@@ -189,8 +237,30 @@ def convert(data: dict[str, Any], where: str) -> Settings:
         choices = _choices(key)
         allowed = f" (allowed: {', '.join(choices)})" if choices else ""
         raise ProfileError(
-            f"{where}: {key}: {reason[0].lower()}{reason[1:]}{allowed}; fix the value (see profiles/template.toml)"
+            f"{origin(key, sources, path)}: {reason[0].lower()}{reason[1:]}{allowed}; "
+            "fix the value (see profiles/template.toml)"
         ) from exc
+
+
+def check_values(settings: Settings, sources: dict[str, str], path: Path) -> None:
+    """What the types let through but nothing can serve.
+
+    NaN and infinities (TOML spells them `nan`, `inf`; so may an environment value) once made
+    every request return ''; an empty API key once turned auth off; a log file that cannot be
+    opened once ended startup in a traceback.
+    """
+    for key, value in leaves(msgspec.to_builtins(settings)).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProfileError(f"{origin(key, sources, path)}: {value} is not a finite number; give a finite one")
+    api_key = settings.server.api_key
+    if api_key is not None and not api_key.strip():
+        raise ProfileError(
+            f"{origin('server.api_key', sources, path)}: empty API key; set a key, or leave server.api_key "
+            "unset to serve without authentication"
+        )
+    problem = destination_problem(settings.logging.destination)
+    if problem:
+        raise ProfileError(f"{origin('logging.destination', sources, path)}: {problem}")
 
 
 def get_key(data: dict[str, Any], dotted: str) -> Any:
@@ -223,13 +293,14 @@ def resolve(name_or_path: str | None = None, flags: dict[str, Any] | None = None
         set_key(data, FLAGS[dest], value)
     data["env"] = {k: str(int(v)) if isinstance(v, bool) else str(v) for k, v in (data.get("env") or {}).items()}
     data["profile"], data["source"] = path.stem, str(path)
-    settings = convert(data, str(path))
     sources = dict.fromkeys(leaves(msgspec.to_builtins(Settings())), "default")
     sources |= dict.fromkeys(leaves(from_file), "file")
     sources |= dict.fromkeys(leaves(from_env), "env")
     sources |= {FLAGS[dest]: "flag" for dest in flags}
     for key in ("profile", "source"):
         sources.pop(key, None)
+    settings = convert(data, sources, path)
+    check_values(settings, sources, path)
     return Resolved(settings, sources)
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 import msgspec
@@ -14,6 +16,38 @@ import structlog
 def _json(_logger: object, _method: str, event: dict) -> str:
     """One JSON object per line (msgspec is several times faster than json.dumps here)."""
     return msgspec.json.encode(event).decode()
+
+
+STANDARD_STREAMS = ("stdout", "stderr")
+
+
+def destination_problem(destination: str) -> str | None:
+    """Why the log cannot go to `destination` (None when it can), found before anything starts.
+
+    Checked without creating the file, so `profiles check` can report it too.
+    """
+    if destination in STANDARD_STREAMS:
+        return None
+    path = Path(destination).expanduser()
+    if path.is_dir():
+        return f"{path} is a directory; give a file path (appended to), stdout or stderr"
+    if path.exists():
+        return None if os.access(path, os.W_OK) else f"{path} is not writable by this user"
+    if not path.parent.is_dir():
+        return f"directory {path.parent} does not exist; create it, or log to stdout or stderr"
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        return f"cannot create {path}: directory {path.parent} is not writable by this user"
+    return None
+
+
+def log_stream(destination: str) -> TextIO:
+    """The stream `logging.destination` names; a path is appended to, line-buffered.
+
+    The profile loader has already checked it with `destination_problem`.
+    """
+    if destination in STANDARD_STREAMS:
+        return getattr(sys, destination)
+    return Path(destination).expanduser().open("a", buffering=1)  # lives as long as the process
 
 
 def configure_logging(level: str | None, *, fmt: str = "json", stream: TextIO | None = None) -> None:
