@@ -224,7 +224,7 @@ def test_a_500_logs_type_traceback_and_the_error_id_it_names() -> None:
 
 @pytest.mark.slow
 def test_with_an_api_key_options_and_health_need_none_and_big_bodies_get_413(tmp_path: Path) -> None:
-    env = {"MLXCEL_SERVER__MAX_BODY_BYTES": "4096", "MLXCEL_SERVER__MAX_JSON_DEPTH": "1000"}
+    env = {"MLXCEL_SERVER__MAX_BODY_BYTES": "4096", "MLXCEL_SERVER__MAX_JSON_DEPTH": "512"}
     with serve(tmp_path, "--profile", "target-only", "--api-key", KEY, env=env) as server, server.client() as http:
         keyed = {"Authorization": f"Bearer {KEY}"}
         assert http.head("/health").status_code == 200
@@ -237,6 +237,6 @@ def test_with_an_api_key_options_and_health_need_none_and_big_bodies_get_413(tmp
         assert http.get("/v1/models").status_code == 401
         big = {"prompt": "x" * 5000, "n_predict": 2}
         assert_error(http.post("/completion", json=big, headers=keyed), 413, "server.max_body_bytes")
-        # within the profile's largest depth limit, but past what msgspec decodes
-        assert_error(post_raw(http, "/completion", nested(1000), headers=keyed), 400, "nests too deeply")
+        # past the profile's largest depth limit, and past what msgspec decodes
+        assert_error(post_raw(http, "/completion", nested(1000), headers=keyed), 400, "server.max_json_depth")
         assert_serving(http, headers=keyed)

@@ -36,8 +36,9 @@ def tokenizer_vocab(model_dir: Path, where: str) -> dict[str, int] | None:
     return vocab
 
 
-def check_chat_template(settings: Settings) -> None:
-    """The operator's chat template must read and compile (it is loaded once, here)."""
+def check_chat_template(settings: Settings, where: str) -> None:
+    """The operator's chat template must read and compile (it is loaded once, here). `where`
+    names the key as it was set (file and key, environment variable or flag)."""
     path = settings.server.chat_template_file
     if not path:
         return
@@ -45,11 +46,9 @@ def check_chat_template(settings: Settings) -> None:
         load_template_file(path)
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
-        raise ProfileError(f"{settings.source}: server.chat_template_file: cannot read {path}: {reason}") from exc
+        raise ProfileError(f"{where}: cannot read {path}: {reason}") from exc
     except jinja2.TemplateSyntaxError as exc:
-        raise ProfileError(
-            f"{settings.source}: server.chat_template_file: {path}, line {exc.lineno}: {exc.message}"
-        ) from exc
+        raise ProfileError(f"{where}: {path}, line {exc.lineno}: {exc.message}") from exc
 
 
 def check_models(settings: Settings, sources: dict[str, str] | None = None) -> None:
@@ -58,6 +57,7 @@ def check_models(settings: Settings, sources: dict[str, str] | None = None) -> N
     def at(key: str) -> str:
         return origin(key, sources or {}, Path(settings.source))
 
+    check_chat_template(settings, at("server.chat_template_file"))
     try:
         target = read_checkpoint(settings.target)
     except ModelLoadError as exc:

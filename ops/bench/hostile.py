@@ -76,7 +76,8 @@ def corpus(max_body_bytes: int = 16 * 1024 * 1024) -> list[Hostile]:
         ),
         Hostile("logit_bias string bias", "POST", "/completion", 400, {**PROMPT, "logit_bias": {"15": "abc"}}),
         Hostile("logit_bias list string bias", "POST", "/completion", 400, {**PROMPT, "logit_bias": [[15, "abc"]]}),
-        Hostile("logit_bias non-ASCII digit key", "POST", "/completion", 400, {**PROMPT, "logit_bias": {"١٢": 1.0}}),
+        # Only ASCII digits spell a token id (llama-server's parse); any other key is text to bias.
+        Hostile("logit_bias non-ASCII digit key", "POST", "/completion", 200, {**PROMPT, "logit_bias": {"١٢": 1.0}}),
         Hostile("temperature 'nan'", "POST", "/completion", 400, {**PROMPT, "temperature": "nan"}),
         Hostile("temperature 'inf'", "POST", "/completion", 400, {**PROMPT, "temperature": "inf"}),
         Hostile("top_p 'nan'", "POST", "/v1/completions", 400, {**PROMPT, "top_p": "nan"}),
