@@ -45,7 +45,8 @@ def canary(url: str) -> str:
 
 def problem(method: str, path: str, response: requests.Response, allowed_501: set[str]) -> str | None:
     status = response.status_code
-    if status >= 500 and not (status == 501 and f"{method} {path}" in allowed_501):
+    documented_as = "GET" if method == "HEAD" else method  # HEAD answers what GET answers, headers only
+    if status >= 500 and not (status == 501 and f"{documented_as} {path}" in allowed_501):
         return f"{status}: {response.text[:160]!r}"
     return envelope_problem(response)
 

@@ -109,7 +109,7 @@ def envelope_problem(response: httpx.Response | Any) -> str | None:
     """Why an error response is not llama-server's envelope, or None when it is (or is no error).
 
     Takes httpx's or requests' responses (schemathesis calls through requests)."""
-    if response.status_code < 400:
+    if response.status_code < 400 or response.request.method == "HEAD":  # HEAD carries no body
         return None
     try:
         error = response.json()["error"]
