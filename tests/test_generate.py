@@ -53,6 +53,14 @@ def test_same_seed_gives_byte_identical_output() -> None:
     assert generate(*args[:-3], "--seed", "8", "--temp", "0.8").stdout != first.stdout
 
 
+def test_a_seed_beyond_64_bits_wraps_as_the_server_takes_it() -> None:
+    """A huge seed raised inside MLX's key derivation; it now wraps modulo 2**64."""
+    args = ["-p", "def fibonacci(n):", "-n", "12", "--temp", "0.8", "--seed"]
+    wrapped, plain = generate(*args, str(2**64 + 7)), generate(*args, "7")
+    assert wrapped.returncode == 0, wrapped.stderr
+    assert wrapped.stdout == plain.stdout
+
+
 def test_rotating_kv_cache_generates(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "-m", str(tiny_dir), "-p", "x " * 40, "-n", "30", "--max-kv-size", "16"]) == 0
     assert "generated: 30 tokens" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from app.loading import EMBEDDED_TARGET, LoadedModel, ModelLoadError, load_model
 from app.runtime.env import truthy
 from app.runtime.logging import configure_logging
 from app.sampling import SamplingParams
+from app.sampling.rng import resolve_seed
 
 DEFAULT_WIDTH = {DrafterKind.DRAFT_MODEL: 4, DrafterKind.PROMPT_LOOKUP: 7}
 
@@ -38,7 +39,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat-last-n", type=int, default=64)
     p.add_argument("--presence-penalty", type=float, default=0.0)
     p.add_argument("--frequency-penalty", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=-1, help="-1: a random seed")
+    p.add_argument("--seed", type=int, default=-1, help="-1: a random seed; any other integer is taken modulo 2**64")
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     p.add_argument("--max-kv-size", type=int, default=None, help="rotating KV cache of this many rows")
     spec = p.add_argument_group("speculative decoding")
@@ -118,10 +119,10 @@ def run(args: argparse.Namespace) -> int:
         governor_adaptive=not args.no_governor_adaptive,
     )
     builder = LoopBuilder(target, drafter, spec)
-    if args.seed >= 0:
-        mx.random.seed(args.seed)
+    seed = resolve_seed(args.seed)  # any integer, as the server takes it; -1 draws one
+    mx.random.seed(seed)
     prompt = encode_prompt(target.tokenizer, args.prompt, not args.no_chat_template)
-    request = RowRequest(prompt=prompt, sampling=sampling_from(args), max_tokens=args.n_predict, seed=args.seed)
+    request = RowRequest(prompt=prompt, sampling=sampling_from(args), max_tokens=args.n_predict, seed=seed)
     generation = builder.build(request)
     if generation.loop.rule is not None:
         log.info("acceptance_rule_active", rule=generation.loop.rule, drafter_kind=resolution.kind, width=width)
