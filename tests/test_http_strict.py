@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import structlog
 from litestar import Litestar, get
 from litestar.testing import TestClient
 from structlog.testing import capture_logs
@@ -213,8 +214,14 @@ def test_a_500_logs_type_traceback_and_the_error_id_it_names() -> None:
     async def boom() -> None:
         raise KeyError("the cause")
 
-    with capture_logs() as logs, TestClient(Litestar([boom], exception_handlers=HANDLERS)) as http:
-        response = http.get("/boom")
+    # Another test may have left structlog filtering below CRITICAL (offline commands silence it).
+    saved = structlog.get_config()
+    structlog.reset_defaults()
+    try:
+        with capture_logs() as logs, TestClient(Litestar([boom], exception_handlers=HANDLERS)) as http:
+            response = http.get("/boom")
+    finally:
+        structlog.configure(**saved)
     assert response.status_code == 500
     [line] = [e for e in logs if e["event"] == "unhandled_error"]
     # The JSON renderer turns exc_info into the `exception` key, the formatted traceback.
