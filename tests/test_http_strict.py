@@ -17,18 +17,9 @@ from litestar.testing import TestClient
 from structlog.testing import capture_logs
 
 from app.server.errors import HANDLERS
+from ops.bench.hostile import POST_ROUTES
 from tests.server import serve
 
-JSON_ROUTES = [
-    "/completion",
-    "/completions",
-    "/v1/completions",
-    "/v1/chat/completions",
-    "/chat/completions",
-    "/tokenize",
-    "/detokenize",
-    "/apply-template",
-]
 GET_ROUTES = ["/health", "/v1/health", "/v1/models", "/models", "/props", "/slots", "/metrics"]
 FLOAT_FIELDS = [
     "temperature",
@@ -66,7 +57,7 @@ def nested(depth: int) -> bytes:
     return b'{"prompt": "x", "n_predict": 2, "extra": ' + inner + b"}"
 
 
-@pytest.mark.parametrize("route", JSON_ROUTES)
+@pytest.mark.parametrize("route", POST_ROUTES)
 def test_invalid_utf8_gets_400_on_every_json_route(default_server, route) -> None:
     with default_server.client() as http:
         assert_error(post_raw(http, route, b'{"prompt": "\xff\xfe", "content": "\xc3("}'), 400, "not valid UTF-8")
