@@ -21,7 +21,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import msgspec
 
-from app.loading.model import REPO_ROOT
+from app.loading.paths import REPO_ROOT
 from app.profiles.schema import ENV_OVERRIDES, Settings
 from app.runtime.logging import destination_problem
 
