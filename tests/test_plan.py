@@ -5,15 +5,17 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import get_args
 
 import msgspec
 import pytest
 
 from app.decoding.builder import RowRequest
 from app.decoding.plan import SamplerClass, plan_from_settings
+from app.drafters.kinds import DrafterKind
 from app.engine.engine import Engine
 from app.profiles import resolve, shipped_profiles
-from app.profiles.schema import STOCHASTIC_ACCEPT_ENV
+from app.profiles.schema import STOCHASTIC_ACCEPT_ENV, DrafterKindName
 from app.sampling import SamplingParams
 from app.server.routes.introspection import drafter_info
 
@@ -89,3 +91,7 @@ def test_the_profile_env_table_wins_over_the_process_environment(table, process,
     plan = plan_from_settings(settings, environ={STOCHASTIC_ACCEPT_ENV: process})
     assert plan.switches.stochastic_accept is expected
     assert plan.rules[SamplerClass.SAMPLED] == ("stochastic" if expected else "sampler-match")
+
+
+def test_the_profile_schema_and_the_drafters_name_the_same_kinds() -> None:
+    assert list(get_args(DrafterKindName)) == [kind.value for kind in DrafterKind]
