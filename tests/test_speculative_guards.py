@@ -37,8 +37,11 @@ def run(generation: Generation) -> Generation:
     return generation
 
 
-def speculative(target: LoadedModel, drafter: LoadedModel, k: int = 4, stochastic: bool = False) -> LoopBuilder:
-    plan = LoopPlan(drafter_kind="draft-model", num_draft_tokens=k, switches=Switches(stochastic_accept=stochastic))
+def speculative(
+    target: LoadedModel, drafter: LoadedModel, k: int = 4, stochastic: bool = False, diagnose: bool = False
+) -> LoopBuilder:
+    switches = Switches(stochastic_accept=stochastic, accept_diag=diagnose)
+    plan = LoopPlan(drafter_kind="draft-model", num_draft_tokens=k, switches=switches)
     return LoopBuilder(target, drafter, plan)
 
 
@@ -182,14 +185,11 @@ def test_penalty_history_is_rewound_on_rejection(regimes) -> None:
     assert drafted.emitted == run(plain.build(request)).emitted
 
 
-def test_measured_acceptance_sits_on_the_closed_form_of_the_rule_that_ran(
-    embedded_target, embedded_drafter, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_measured_acceptance_sits_on_the_closed_form_of_the_rule_that_ran(embedded_target, embedded_drafter) -> None:
     """T = 0.7, >= 2,000 tested positions: sampler-match at sum_prod, stochastic at sum_min (3 SE)."""
-    monkeypatch.setenv("MLXCEL_SPECULATIVE_ACCEPT_DIAG", "1")
     sampling = SamplingParams(temperature=0.7)
     for stochastic, closed_form in [(False, "closed_form_sum_prod"), (True, "closed_form_sum_min")]:
-        builder = speculative(embedded_target, embedded_drafter, stochastic=stochastic)
+        builder = speculative(embedded_target, embedded_drafter, stochastic=stochastic, diagnose=True)
         tested = accepted = 0
         forms: list[tuple[float, int]] = []
         seed = 0
