@@ -17,10 +17,10 @@ from app.acceptance import (
     modified_rejection,
     sampler_match,
     select_rule,
-    stochastic_requested,
     sum_min,
     sum_prod,
 )
+from app.decoding.plan import Switches
 from app.sampling import Distribution, RowRng, SamplingParams
 from tests.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
 
@@ -125,18 +125,18 @@ def test_sampler_match_emits_the_draw_on_both_branches() -> None:
 
 @pytest.mark.parametrize("value", ["1", "true", "YES", "on"])
 def test_truthy_spellings_opt_in(value: str) -> None:
-    assert stochastic_requested(env={"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": value})
+    assert Switches.read(environ={"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": value}).stochastic_accept
 
 
 @pytest.mark.parametrize("value", ["0", "false", "", "off", "2"])
 def test_other_spellings_do_not(value: str) -> None:
-    assert not stochastic_requested(env={"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": value})
+    assert not Switches.read(environ={"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": value}).stochastic_accept
 
 
-def test_keyword_overrides_the_environment() -> None:
+def test_the_profile_env_table_overrides_the_environment() -> None:
     env = {"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": "1"}
-    assert stochastic_requested(False, env) is False
-    assert stochastic_requested(True, {}) is True
+    assert Switches.read({"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": "0"}, env).stochastic_accept is False
+    assert Switches.read({"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": "1"}, {}).stochastic_accept is True
 
 
 def test_rule_selection_follows_the_contract_table() -> None:
@@ -145,10 +145,10 @@ def test_rule_selection_follows_the_contract_table() -> None:
         SamplingParams(temperature=0.0),
         SamplingParams(top_k=1),
     )
-    assert select_rule(greedy, stochastic=True, reports_distribution=True) is Rule.GREEDY_ARGMAX
-    assert select_rule(top1, stochastic=True, reports_distribution=True) is Rule.GREEDY_ARGMAX
-    assert select_rule(hot, stochastic=False, reports_distribution=True) is Rule.SAMPLER_MATCH
-    assert select_rule(hot, stochastic=True, reports_distribution=True) is Rule.STOCHASTIC
-    assert select_rule(hot, stochastic=True, reports_distribution=False) is Rule.SAMPLER_MATCH_NO_Q
-    one_hot = select_rule(hot, stochastic=True, reports_distribution=True, one_hot_proposals=True)
+    assert select_rule(greedy.is_greedy, stochastic=True, reports_distribution=True) is Rule.GREEDY_ARGMAX
+    assert select_rule(top1.is_greedy, stochastic=True, reports_distribution=True) is Rule.GREEDY_ARGMAX
+    assert select_rule(hot.is_greedy, stochastic=False, reports_distribution=True) is Rule.SAMPLER_MATCH
+    assert select_rule(hot.is_greedy, stochastic=True, reports_distribution=True) is Rule.STOCHASTIC
+    assert select_rule(hot.is_greedy, stochastic=True, reports_distribution=False) is Rule.SAMPLER_MATCH_NO_Q
+    one_hot = select_rule(hot.is_greedy, stochastic=True, reports_distribution=True, one_hot_proposals=True)
     assert one_hot is Rule.SAMPLER_MATCH

@@ -14,14 +14,16 @@ import pytest
 from app.acceptance import Rule
 from app.decoding.adaptive import ABANDON_AFTER, WARMUP_ROUNDS, WINDOW_ROUNDS, Phase, WidthController
 from app.decoding.block_loop import BlockLoop, ProbeVerdict, probe_width
-from app.decoding.builder import LoopBuilder, LoopSpec, RowRequest
+from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.loop import TargetLoop
-from app.decoding.runner import ModelRunner
+from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.state import RowState
 from app.drafters.block import load_block_drafter
 from app.loading import EMBEDDED_TARGET, load_model
-from app.loading.model import REPO_ROOT
+from app.loading.paths import REPO_ROOT
+from app.loading.runner import ModelRunner
+from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
 from tests.server import clean_env, serve
 
@@ -40,7 +42,7 @@ def run(generation):
 
 def greedy_tokens(target, prompt: str, n: int) -> list[int]:
     request = RowRequest(target.tokenizer.encode(prompt), GREEDY, max_tokens=n, ignore_eos=True)
-    return run(LoopBuilder(target, None, LoopSpec()).build(request)).emitted
+    return run(LoopBuilder(target, None, LoopPlan()).build(request)).emitted
 
 
 @pytest.mark.parametrize(("drafter", "widths"), [("mtp", [4]), ("dflash", [8]), ("dspark", [8]), ("muse", [4, 8])])
@@ -83,8 +85,9 @@ def perturbed_target():
 
 
 def block_builder(target, drafter: str = "mtp") -> LoopBuilder:
-    return LoopBuilder(target, None, LoopSpec(drafter_kind="mtp" if drafter == "mtp" else "dflash",
-                                              drafter_model=str(MODELS / drafter)))  # fmt: skip
+    kind = "mtp" if drafter == "mtp" else "dflash"
+    plan = plan_from_settings(Settings(drafter=DrafterSettings(kind=kind, model=str(MODELS / drafter))))
+    return LoopBuilder(target, None, plan)
 
 
 def test_a_failed_probe_declines_to_classic_decode(perturbed_target, embedded_target, monkeypatch) -> None:

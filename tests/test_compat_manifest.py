@@ -190,7 +190,8 @@ def test_metrics_move_by_exactly_the_draft_block_totals(tmp_path: Path) -> None:
                 "timings"
             ]
             totals = {key: totals[key] + t[key] for key in keys}
-        http.post("/completion", json={"prompt": "x", "n_predict": 5, "speculative.n_max": 0})
+        # ignore_eos: this unseeded sampled request must decode all 5 tokens, never stop at EOS early
+        http.post("/completion", json={"prompt": "x", "n_predict": 5, "speculative.n_max": 0, "ignore_eos": True})
         after = scrape(http)
 
     def delta(name: str) -> float:

@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.decoding.builder import LoopBuilder, LoopSpec, RowRequest
-from app.decoding.runner import PREFILL_CHUNK
+from app.decoding.builder import LoopBuilder, RowRequest
+from app.decoding.plan import LoopPlan
+from app.loading.runner import PREFILL_CHUNK
 from app.sampling import SamplingParams
 from tests.server import RunningServer, free_port, serve
 
@@ -61,7 +62,7 @@ def test_abandoned_non_streaming_requests_stop_their_rows(target_only_server) ->
 def test_a_long_prompt_prefilled_across_ticks_decodes_the_same(embedded_target, embedded_drafter) -> None:
     """T = 0: a draft-model row whose prefill is interleaved with another row's steps, chunk by
     chunk, decides exactly what the same row decides prefilled in one go."""
-    builder = LoopBuilder(embedded_target, embedded_drafter, LoopSpec(drafter_kind="draft-model"))
+    builder = LoopBuilder(embedded_target, embedded_drafter, LoopPlan(drafter_kind="draft-model"))
     prompt = [(i * 37) % 900 + 10 for i in range(PREFILL_CHUNK * 2 + 100)]
     request = RowRequest(prompt=prompt, sampling=SamplingParams(temperature=0.0), max_tokens=24, ignore_eos=True)
     solo = builder.build(request)

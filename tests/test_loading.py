@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.decoding.builder import LoopBuilder, LoopSpec
+from app.decoding.builder import LoopBuilder
+from app.decoding.plan import LoopPlan
 from app.loading import CheckpointKind, ModelLoadError, check_vocab_agreement, load_model, read_checkpoint
 from ops.models.tiny import build_block_drafter_checkpoint, build_tiny_model
 
@@ -71,13 +72,13 @@ def test_vocabulary_mismatch_is_refused(tmp_path: Path, tiny_model) -> None:
     with pytest.raises(ModelLoadError, match="does not share the target's vocabulary"):
         check_vocab_agreement(tiny_model, other)
     with pytest.raises(ModelLoadError, match="does not share"):
-        LoopBuilder(tiny_model, other, LoopSpec(drafter_kind="draft-model"))
+        LoopBuilder(tiny_model, other, LoopPlan(drafter_kind="draft-model"))
 
 
 def test_untrimmable_cache_is_refused_for_speculation(tmp_path: Path, tiny_model) -> None:
     mamba = load_model(build_tiny_model(tmp_path / "mamba", model_type="mamba"))
     with pytest.raises(ModelLoadError, match=r"cache cannot be rewound \(ArraysCache\)"):
-        LoopBuilder(tiny_model, mamba, LoopSpec(drafter_kind="draft-model"))
+        LoopBuilder(tiny_model, mamba, LoopPlan(drafter_kind="draft-model"))
 
 
 def test_cli_exits_2_with_the_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

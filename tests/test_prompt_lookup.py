@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.decoding.builder import LoopBuilder, LoopSpec, RowRequest
+from app.decoding.builder import LoopBuilder, RowRequest
+from app.decoding.plan import LoopPlan
 from app.drafters.governor import BreakEvenGovernor, GatedGovernor, GradedGovernor, make_governor
 from app.drafters.ngram import NgramIndex
 from app.sampling import SamplingParams
@@ -198,7 +199,7 @@ def test_make_governor_picks_by_floor_and_policy() -> None:
 
 @pytest.mark.parametrize("n_min", [0, 8])
 def test_retracted_proposals_add_no_evidence(embedded_target, n_min: int) -> None:
-    spec = LoopSpec(drafter_kind="prompt-lookup", num_draft_tokens=7, governor_policy="break-even")
+    spec = LoopPlan(drafter_kind="prompt-lookup", num_draft_tokens=7, governor_policy="break-even")
     text = "values = [1, 2, 3]\nvalues = [1, 2, 3]\nvalues = [1, 2, 3]\nvalues = [1, 2, 3]\n"
     request = RowRequest(
         prompt=embedded_target.tokenizer.encode(text),

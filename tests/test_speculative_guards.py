@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from app.acceptance import Rule
-from app.decoding.builder import LoopBuilder, LoopSpec, RowRequest
+from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.loop import SpeculativeLoop
-from app.decoding.runner import ModelRunner
+from app.decoding.plan import LoopPlan, Switches
 from app.drafters.draft_model import DraftModelDrafter
 from app.loading import LoadedModel, load_model
+from app.loading.runner import ModelRunner
 from app.sampling import SamplingParams
 from ops.models.tiny import build_tiny_model
 from tests.derived_models import anti_drafter, constant_output
@@ -36,8 +37,12 @@ def run(generation: Generation) -> Generation:
     return generation
 
 
-def speculative(target: LoadedModel, drafter: LoadedModel, k: int = 4, stochastic: bool | None = None) -> LoopBuilder:
-    return LoopBuilder(target, drafter, LoopSpec(drafter_kind="draft-model", num_draft_tokens=k, stochastic=stochastic))
+def speculative(
+    target: LoadedModel, drafter: LoadedModel, k: int = 4, stochastic: bool = False, diagnose: bool = False
+) -> LoopBuilder:
+    switches = Switches(stochastic_accept=stochastic, accept_diag=diagnose)
+    plan = LoopPlan(drafter_kind="draft-model", num_draft_tokens=k, switches=switches)
+    return LoopBuilder(target, drafter, plan)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +100,7 @@ def test_filtered_target_support_is_never_violated(embedded_target, embedded_dra
 
 @pytest.mark.parametrize("k", [1, 2, 4, 7])
 def test_temperature_zero_stream_is_byte_identical_to_greedy_target_only(embedded_target, embedded_drafter, k):
-    plain = LoopBuilder(embedded_target, None, LoopSpec())
+    plain = LoopBuilder(embedded_target, None, LoopPlan())
     spec = speculative(embedded_target, embedded_drafter, k=k, stochastic=True)
     for text in PROMPTS:
         prompt = embedded_target.tokenizer.encode(text)
@@ -173,21 +178,18 @@ def test_a_fully_accepted_round_owes_its_last_proposal_and_the_next_round_pays_i
 def test_penalty_history_is_rewound_on_rejection(regimes) -> None:
     target, drafter = regimes["all-reject"]
     sampling = SamplingParams(temperature=0.0, repeat_penalty=1.3, repeat_last_n=16)
-    plain = LoopBuilder(target, None, LoopSpec())
+    plain = LoopBuilder(target, None, LoopPlan())
     request = RowRequest(prompt=[5, 6, 7, 8], sampling=sampling, max_tokens=40, ignore_eos=True)
     drafted = run(speculative(target, drafter).build(request))
     assert drafted.state.history.window(-1) == drafted.state.tokens
     assert drafted.emitted == run(plain.build(request)).emitted
 
 
-def test_measured_acceptance_sits_on_the_closed_form_of_the_rule_that_ran(
-    embedded_target, embedded_drafter, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_measured_acceptance_sits_on_the_closed_form_of_the_rule_that_ran(embedded_target, embedded_drafter) -> None:
     """T = 0.7, >= 2,000 tested positions: sampler-match at sum_prod, stochastic at sum_min (3 SE)."""
-    monkeypatch.setenv("MLXCEL_SPECULATIVE_ACCEPT_DIAG", "1")
     sampling = SamplingParams(temperature=0.7)
     for stochastic, closed_form in [(False, "closed_form_sum_prod"), (True, "closed_form_sum_min")]:
-        builder = speculative(embedded_target, embedded_drafter, stochastic=stochastic)
+        builder = speculative(embedded_target, embedded_drafter, stochastic=stochastic, diagnose=True)
         tested = accepted = 0
         forms: list[tuple[float, int]] = []
         seed = 0

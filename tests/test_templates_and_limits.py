@@ -12,8 +12,9 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from app.decoding.builder import LoopBuilder, LoopSpec, RowRequest
+from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import StopType, _overlap
+from app.decoding.plan import LoopPlan
 from app.loading import EMBEDDED_TARGET
 from app.loading.chat_template import Limits, TemplateLimitError, compile_template, render
 from app.profiles import ProfileError, check_models, resolve
@@ -109,7 +110,7 @@ def test_the_model_template_renders_as_transformers_renders_it(embedded_target) 
 
 def run_with_stop(target, stop: list[str], n: int = 40) -> tuple[object, list[str]]:
     request = RowRequest(target.tokenizer.encode(CODE), GREEDY, max_tokens=n, ignore_eos=True, stop=tuple(stop))
-    generation = LoopBuilder(target, None, LoopSpec()).build(request)
+    generation = LoopBuilder(target, None, LoopPlan()).build(request)
     deltas = [generation.prefill().text]
     while not generation.finished:
         deltas.append(generation.step().text)

@@ -9,7 +9,7 @@ from app.acceptance.rules import (
     sum_min,
     sum_prod,
 )
-from app.acceptance.selection import Rule, describe, select_rule, stochastic_requested
+from app.acceptance.selection import Rule, describe, select_rule
 from app.acceptance.stats import AcceptanceStats, diagnostic_line, summary_line
 
 __all__ = [
@@ -23,7 +23,6 @@ __all__ = [
     "modified_rejection",
     "sampler_match",
     "select_rule",
-    "stochastic_requested",
     "sum_min",
     "sum_prod",
     "summary_line",

@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from enum import StrEnum
-
-from app.runtime.env import truthy
-from app.sampling import SamplingParams
-
-STOCHASTIC_ENV = "MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT"
 
 
 class Rule(StrEnum):
@@ -41,22 +34,14 @@ ONE_HOT_NOTE = (
 )
 
 
-def stochastic_requested(override: bool | None = None, env: Mapping[str, str] | None = None) -> bool:
-    """The opt-in: a keyword on the generator wins over the environment variable."""
-    if override is not None:
-        return override
-    return truthy((env if env is not None else os.environ).get(STOCHASTIC_ENV))
+def select_rule(greedy: bool, *, stochastic: bool, reports_distribution: bool, one_hot_proposals: bool = False) -> Rule:
+    """The contract's table for the classic and prompt-lookup paths (the loop plan asks it once
+    per sampler class at startup).
 
-
-def select_rule(
-    sampling: SamplingParams, *, stochastic: bool, reports_distribution: bool, one_hot_proposals: bool = False
-) -> Rule:
-    """The contract's table for the classic and prompt-lookup paths.
-
-    Greedy samplers return the argmax rule first, so temperature-0 output never depends on the
-    opt-in and draws nothing.
+    Greedy samplers (temperature 0 or top_k 1) return the argmax rule first, so temperature-0
+    output never depends on the opt-in and draws nothing.
     """
-    if sampling.is_greedy:
+    if greedy:
         return Rule.GREEDY_ARGMAX
     if not stochastic or one_hot_proposals:
         return Rule.SAMPLER_MATCH

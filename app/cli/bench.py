@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from app.loading.model import REPO_ROOT
+from app.loading.paths import REPO_ROOT
 
 SUITES = ("speculative", "server")
 

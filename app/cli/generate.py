@@ -14,16 +14,17 @@ import mlx.core as mx
 import structlog
 
 from app.acceptance import describe, diagnostic_line, summary_line
-from app.decoding.builder import DIAG_ENV, LoopBuilder, LoopSpec, RowRequest
+from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
+from app.decoding.plan import LoopPlan, Switches
 from app.drafters.kinds import DrafterKind, Resolution, resolve_drafter_kind
+from app.drafters.prompt_lookup import PROMPT_LOOKUP_WIDTH
 from app.loading import EMBEDDED_TARGET, LoadedModel, ModelLoadError, load_model, read_checkpoint
-from app.runtime.env import truthy
 from app.runtime.logging import configure_logging
 from app.sampling import SamplingParams
 from app.sampling.rng import resolve_seed
 
-DEFAULT_WIDTH = {DrafterKind.DRAFT_MODEL: 4, DrafterKind.PROMPT_LOOKUP: 7}
+DEFAULT_WIDTH = {DrafterKind.DRAFT_MODEL: 4, DrafterKind.PROMPT_LOOKUP: PROMPT_LOOKUP_WIDTH}
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -111,14 +112,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"warning: {resolution.disagreement}", file=sys.stderr)
         log.info("drafter_kind_resolved", kind=resolution.kind, explicit=resolution.explicit)
     width = args.num_draft_tokens if args.num_draft_tokens is not None else DEFAULT_WIDTH.get(resolution.kind, 0)
-    spec = LoopSpec(
+    plan = LoopPlan(
         drafter_kind=resolution.kind,
         num_draft_tokens=width,
         max_kv_size=args.max_kv_size,
         governor_policy=args.governor_policy,
         governor_adaptive=not args.no_governor_adaptive,
+        switches=Switches.read(),  # the contract's MLXCEL_* switches, read once
     )
-    builder = LoopBuilder(target, drafter, spec)
+    builder = LoopBuilder(target, drafter, plan)
     seed = resolve_seed(args.seed)  # any integer, as the server takes it; -1 draws one
     mx.random.seed(seed)
     prompt = encode_prompt(target.tokenizer, args.prompt, not args.no_chat_template)
@@ -127,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if generation.loop.rule is not None:
         log.info("acceptance_rule_active", rule=generation.loop.rule, drafter_kind=resolution.kind, width=width)
     stream(generation)
-    report(generation)
+    report(generation, plan)
     return 0
 
 
@@ -140,7 +142,7 @@ def stream(generation: Generation) -> None:
     out.write("\n")
 
 
-def report(generation: Generation) -> None:
+def report(generation: Generation, plan: LoopPlan) -> None:
     """The tokens/s line on stderr; after a speculative run, the acceptance summary on stdout."""
     decode_s = generation.last_token_at - generation.prefill_finished
     prefill_s = generation.prefill_finished - generation.prefill_started
@@ -155,7 +157,7 @@ def report(generation: Generation) -> None:
         return
     one_hot = loop.drafter.one_hot_proposals
     print(summary_line(loop.rule, loop.stats, describe(loop.rule, one_hot_proposals=one_hot)))
-    if truthy(os.environ.get(DIAG_ENV)):
+    if plan.switches.accept_diag:
         print(diagnostic_line(loop.stats))
     stats = loop.stats
     structlog.get_logger("mlxcel.generate").info(

@@ -14,11 +14,11 @@ import structlog
 import uvicorn
 
 from app import events
+from app.decoding.plan import SamplerClass
 from app.engine.engine import Engine, EngineState
 from app.loading import ModelLoadError
 from app.profiles import add_profile_flags, settings_from_args
 from app.runtime.logging import configure_logging, log_stream
-from app.sampling import SamplingParams
 
 EXIT_CONFIG = 2
 EXIT_FAILURE = 1  # the models failed to load for another reason, or the engine failed while serving
@@ -83,29 +83,28 @@ class DrainingServer(uvicorn.Server):
 
 def announce(engine: Engine) -> None:
     """The startup line and the `acceptance_rule_active` event, once the loop is built."""
-    settings = engine.settings
-    rule = engine.rule_at(SamplingParams(temperature=max(settings.sampling.temperature, 0.8)))
-    fields = startup_fields(engine, str(rule) if rule else None)
+    fields = startup_fields(engine)
     structlog.get_logger("mlxcel.serve").info("server_ready", **fields)
     events.acceptance_rule_active(**fields)
 
 
-def startup_fields(engine: Engine, rule: str | None) -> dict[str, object]:
-    settings = engine.settings
+def startup_fields(engine: Engine) -> dict[str, object]:
+    settings, plan = engine.settings, engine.plan
     drafter = settings.drafter
-    widths = engine.block_widths() if engine.block_checkpoint else None
-    width = {"prompt-lookup": 7, "draft-model": drafter.num_draft_tokens}.get(drafter.kind, widths and widths[0])
+    widths = plan.block_widths
+    lookup = drafter.kind == "prompt-lookup"
     return {
         "profile": settings.profile,
         "profile_file": settings.source,
         "target": settings.target,
         "drafter_kind": drafter.kind,
         "drafter_model": drafter.model,
-        "rule": rule,
-        "width": width if drafter.kind != "none" else None,
-        "adaptive_max_width": widths[1] if widths and settings.adaptive.enabled else None,
-        "governor_floor": settings.governor.floor if drafter.kind == "prompt-lookup" else None,
-        "governor_policy": settings.governor.policy if drafter.kind == "prompt-lookup" else None,
+        "rule": plan.rules[SamplerClass.SAMPLED],
+        "rule_at_temperature_0": plan.rules[SamplerClass.ARGMAX],
+        "width": (widths[0] if widths else plan.width) or None,
+        "adaptive_max_width": widths[1] if widths and plan.adaptive else None,
+        "governor_floor": plan.governor_floor if lookup else None,
+        "governor_policy": plan.governor_policy if lookup else None,
         "env_overrides": dict(settings.env),
         "host": settings.server.host,
         "port": settings.server.port,

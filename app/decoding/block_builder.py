@@ -10,20 +10,18 @@ the loop needs passes, the request is declined to classic decode.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
 from app.decoding.adaptive import WidthController
 from app.decoding.block_loop import BlockLoop, ProbeCache, ProbeVerdict
 from app.decoding.loop import TargetLoop
-from app.decoding.runner import ModelRunner
+from app.decoding.plan import LoopPlan
 from app.drafters.block import BlockDrafterModel, load_block_drafter
 from app.loading import LoadedModel, ModelLoadError
-from app.runtime.env import truthy
+from app.loading.runner import ModelRunner
+from app.profiles.schema import ALLOW_INEXACT_ENV
 from app.sampling import SamplingParams
-
-ALLOW_INEXACT_ENV = "MLXCEL_MTP_ALLOW_INEXACT"
 
 
 class DrafterUnavailableError(Exception):
@@ -48,10 +46,7 @@ class BlockChoice:
 @dataclass
 class BlockLoops:
     target: LoadedModel
-    drafter_path: str
-    adaptive: bool = True
-    max_width: int = 16
-    block_size: int | None = None  # a profile's verify-width override
+    plan: LoopPlan
     probes: ProbeCache = field(default_factory=ProbeCache)
     bound: BlockDrafterModel | None = None
     controller: WidthController | None = None
@@ -60,12 +55,12 @@ class BlockLoops:
         if self.bound is not None:
             return 0.0
         try:
-            self.bound = load_block_drafter(self.drafter_path, self.target)
+            self.bound = load_block_drafter(self.plan.drafter_model, self.target)
         except (ModelLoadError, OSError, ValueError, RuntimeError) as exc:
-            raise DrafterUnavailableError(f"the drafter at {self.drafter_path} could not be loaded: {exc}") from exc
-        declared = self.block_size or self.bound.declared_width
-        ceiling = max(declared, min(self.bound.max_width, self.max_width)) if self.adaptive else declared
-        self.controller = WidthController(declared, ceiling, enabled=self.adaptive)
+            path = self.plan.drafter_model
+            raise DrafterUnavailableError(f"the drafter at {path} could not be loaded: {exc}") from exc
+        declared, ceiling = self.plan.block_widths
+        self.controller = WidthController(declared, ceiling, enabled=self.plan.adaptive)
         return self.bound.load_seconds
 
     def _gate(self, notes: list[Note]) -> ProbeVerdict | None:
@@ -79,7 +74,7 @@ class BlockLoops:
                                                       "position": verdict.position}))  # fmt: skip
             if verdict.exact:
                 continue
-            if truthy(os.environ.get(ALLOW_INEXACT_ENV)):
+            if self.plan.switches.allow_inexact:
                 notes.append(Note("exactness_probe_overridden", {"width": width, "position": verdict.position,
                                                                  "env": ALLOW_INEXACT_ENV}))  # fmt: skip
                 continue
@@ -95,7 +90,7 @@ class BlockLoops:
         notes = [Note("drafter_loaded", {"path": str(self.bound.path), "seconds": round(load_seconds, 3)})] if (
             load_seconds
         ) else []  # fmt: skip
-        if self.bound.greedy_only and not sampling.is_greedy:
+        if self.plan.rule(sampling) is None:  # the plan declines this sampler class (DSpark samples nothing)
             reason = "the DSpark drafter is greedy-only; this request samples (temperature > 0, top_k != 1)"
             notes.append(Note("block_loop_declined", {"reason": reason}))
             return BlockChoice(TargetLoop(target), notes, time.perf_counter() - started)

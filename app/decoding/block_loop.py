@@ -19,10 +19,10 @@ import numpy as np
 from app.acceptance import AcceptanceStats, Rule, argmax_against_argmax
 from app.decoding.adaptive import WidthController
 from app.decoding.loop import TargetLoop
-from app.decoding.runner import ModelRunner
 from app.decoding.state import RowState
 from app.drafters.block import BlockDrafterModel, DFlashDrafter, MtpDrafter
 from app.drafters.target_taps import TargetTaps
+from app.loading.runner import ModelRunner
 
 PROBE_PROMPTS = ([11, 42, 7, 300, 19, 5, 88, 1024, 3, 64], [901, 17, 17, 4, 250, 6, 2047, 33, 512, 9, 12, 70])
 

@@ -15,9 +15,9 @@ from app.acceptance import (
     sum_min,
     sum_prod,
 )
-from app.decoding.runner import ModelRunner
 from app.decoding.state import RowState
 from app.drafters.base import Drafter, Proposal
+from app.loading.runner import ModelRunner
 from app.sampling import Distribution
 
 

@@ -46,10 +46,6 @@ class BlockDrafterModel:
         return "mtp" if self.kind is CheckpointKind.MTP else "dflash"
 
     @property
-    def greedy_only(self) -> bool:
-        return self.kind is CheckpointKind.DSPARK
-
-    @property
     def tap_names(self) -> list[int | str]:
         return [FINAL] if self.kind is CheckpointKind.MTP else list(self.shape.target_layer_ids)
 

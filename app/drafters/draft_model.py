@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from app.decoding.runner import ModelRunner
 from app.drafters.base import Proposal
+from app.loading.runner import ModelRunner
 from app.sampling import Distribution
 
 if TYPE_CHECKING:

@@ -12,6 +12,8 @@ if TYPE_CHECKING:
     from app.acceptance import Verdict
     from app.decoding.state import RowState
 
+PROMPT_LOOKUP_WIDTH = 7  # proposals per round: the server's, and the CLI's default
+
 
 class PromptLookupDrafter:
     """Deterministic proposals, so q is one-hot on each draft: sampler-match accepts at p(d),

@@ -14,28 +14,24 @@ gets a 503, and `on_failure` lets the process exit so a supervisor restarts it.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from enum import StrEnum
-from functools import cached_property
 
 import structlog
 
 from app import events
-from app.acceptance import Rule, select_rule, stochastic_requested
 from app.decoding.block_builder import DrafterUnavailableError
-from app.decoding.builder import LoopBuilder, LoopSpec
-from app.drafters.block import declared_widths
+from app.decoding.builder import LoopBuilder
+from app.decoding.plan import LoopPlan, plan_from_settings
 from app.drafters.governor import Governor
 from app.engine.metrics import Metrics
 from app.engine.row import Failed, Finished, Job, Row, Update
-from app.loading import Checkpoint, CheckpointKind, LoadedModel, load_model, read_checkpoint
+from app.loading import LoadedModel, load_model
 from app.profiles.schema import Settings
 from app.runtime.logging import internal_error_message, log_internal_error
-from app.sampling import SamplingParams
 
 IDLE_WAIT_S = 0.05
 
@@ -64,6 +60,7 @@ class Engine:
         on_ready: Callable[[Engine], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.plan: LoopPlan = plan_from_settings(settings)  # decided once: the rules, widths and switches
         self.on_failure = on_failure
         self.on_ready = on_ready
         self.state = EngineState.LOADING
@@ -119,54 +116,14 @@ class Engine:
         assert self.builder is not None
         return self.builder.target
 
-    @cached_property
-    def block_checkpoint(self) -> Checkpoint | None:
-        """The MTP or DFlash-family drafter's checkpoint (read without loading the weights)."""
-        if self.settings.drafter.kind not in ("mtp", "dflash"):
-            return None
-        return read_checkpoint(self.settings.drafter.model)
-
-    def block_widths(self) -> tuple[int, int]:
-        """(declared, widest) verify width of the block drafter, a profile's block_size winning."""
-        checkpoint = self.block_checkpoint
-        declared, widest = declared_widths(checkpoint.kind, checkpoint.config)
-        declared = self.settings.drafter.block_size or declared
-        adaptive = self.settings.adaptive
-        return declared, max(declared, min(widest, adaptive.max_width)) if adaptive.enabled else declared
-
-    def rule_at(self, sampling: SamplingParams) -> Rule | None:
-        """The rule a request with this sampler gets (None when no drafter runs)."""
-        kind = self.settings.drafter.kind
-        if kind == "none":
-            return None
-        if kind in ("mtp", "dflash"):
-            greedy_only = self.block_checkpoint.kind is CheckpointKind.DSPARK
-            return None if greedy_only and not sampling.is_greedy else Rule.ARGMAX_AGAINST_ARGMAX
-        one_hot = kind == "prompt-lookup"
-        return select_rule(
-            sampling, stochastic=stochastic_requested(), reports_distribution=True, one_hot_proposals=one_hot
-        )
-
     def _load(self) -> None:
         settings = self.settings
-        os.environ.update(settings.env)  # acceptance-rule overrides, before the loop is built
         started = time.perf_counter()
         target = load_model(settings.target)
         drafter = None
         if settings.drafter.kind == "draft-model":
             drafter = load_model(settings.drafter.model, role="drafter")
-        spec = LoopSpec(
-            drafter_kind=settings.drafter.kind,
-            num_draft_tokens=7 if settings.drafter.kind == "prompt-lookup" else settings.drafter.num_draft_tokens,
-            governor_policy=settings.governor.policy,
-            governor_adaptive=settings.governor.adaptive,
-            governor_floor=settings.governor.floor,
-            drafter_model=settings.drafter.model,  # block drafters load on first use
-            adaptive_enabled=settings.adaptive.enabled,
-            adaptive_max_width=settings.adaptive.max_width,
-            block_size=settings.drafter.block_size,
-        )
-        self.builder = LoopBuilder(target, drafter, spec)
+        self.builder = LoopBuilder(target, drafter, self.plan)
         self._log.info("models_loaded", target=str(target.path), seconds=round(time.perf_counter() - started, 3))
 
     # --- requests --------------------------------------------------------------------------

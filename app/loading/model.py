@@ -14,10 +14,6 @@ from mlx_lm.utils import load as mlx_lm_load
 
 from app.loading.checkpoint import Checkpoint, ModelLoadError, read_checkpoint, require_standalone
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-EMBEDDED_TARGET = REPO_ROOT / "models" / "target"
-EMBEDDED_DRAFTER = REPO_ROOT / "models" / "drafter"
-
 # On the CPU backend half-precision products are slower than float32; small models are upcast.
 UPCAST_LIMIT_PARAMS = 1_000_000_000
 

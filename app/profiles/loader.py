@@ -21,8 +21,8 @@ from typing import Any, Literal, get_args, get_origin
 
 import msgspec
 
-from app.loading.model import REPO_ROOT
-from app.profiles.schema import ENV_OVERRIDES, Settings
+from app.loading.paths import REPO_ROOT
+from app.profiles.schema import ENV_OVERRIDES, DrafterKindName, Settings
 from app.runtime.logging import destination_problem
 
 PROFILES_DIR = REPO_ROOT / "profiles"
@@ -308,7 +308,7 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="profile name (profiles/NAME.toml) or path; env MLXCEL_PROFILE")
     parser.add_argument("-m", "--model", help="target model directory (overrides the profile)")
     parser.add_argument("--draft-model", help="drafter model directory")
-    parser.add_argument("--draft-kind", choices=["none", "draft-model", "prompt-lookup", "mtp", "dflash"])
+    parser.add_argument("--draft-kind", choices=get_args(DrafterKindName))
     parser.add_argument("--draft-max", type=int, help="draft width k (drafter.num_draft_tokens)")
     parser.add_argument("--host", help="listen address (server.host)")
     parser.add_argument("--port", type=int, help="listen port (server.port)")

@@ -6,16 +6,16 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
+from app.loading.paths import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 
 DrafterKindName = Literal["none", "draft-model", "prompt-lookup", "mtp", "dflash"]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
-ENV_OVERRIDES = (
-    "MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT",
-    "MLXCEL_SPECULATIVE_ACCEPT_DIAG",
-    "MLXCEL_MTP_ALLOW_INEXACT",
-)
+# The contract's acceptance switches: a profile's [env] table may set them (the loop plan reads them once).
+STOCHASTIC_ACCEPT_ENV = "MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT"
+ACCEPT_DIAG_ENV = "MLXCEL_SPECULATIVE_ACCEPT_DIAG"
+ALLOW_INEXACT_ENV = "MLXCEL_MTP_ALLOW_INEXACT"
+ENV_OVERRIDES = (STOCHASTIC_ACCEPT_ENV, ACCEPT_DIAG_ENV, ALLOW_INEXACT_ENV)
 
 
 class Group(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

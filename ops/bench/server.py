@@ -25,7 +25,8 @@ from contextlib import contextmanager
 
 import httpx
 
-from app.decoding.builder import LoopBuilder, LoopSpec, RowRequest
+from app.decoding.builder import LoopBuilder, RowRequest
+from app.decoding.plan import LoopPlan
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, load_model
 from app.sampling import SamplingParams
 from ops.bench.prompts import COPY_HEAVY, HELD_OUT_CODE
@@ -101,8 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     n = args.tokens
     target, drafter = load_model(EMBEDDED_TARGET), load_model(EMBEDDED_DRAFTER, role="drafter")
-    classic = LoopBuilder(target, drafter, LoopSpec(drafter_kind="draft-model", num_draft_tokens=4))
-    plain = LoopBuilder(target, None, LoopSpec())
+    classic = LoopBuilder(target, drafter, LoopPlan(drafter_kind="draft-model", num_draft_tokens=4))
+    plain = LoopBuilder(target, None, LoopPlan())
     encode = target.tokenizer.encode
     arms = {name: Arm(name) for name in ("in-process classic", "server classic", "in-process target-only",
                                           "server target-only", "server target-only (copy-heavy)",

@@ -20,8 +20,10 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from app.decoding.builder import LoopBuilder, LoopSpec, RowRequest
+from app.decoding.builder import LoopBuilder, RowRequest
+from app.decoding.plan import LoopPlan, Switches, plan_from_settings
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, LoadedModel, load_model
+from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams
 from ops.bench.prompts import COPY_HEAVY, HELD_OUT_CODE, PROSE
 
@@ -110,12 +112,16 @@ def main(argv: list[str] | None = None) -> None:
 
     target, drafter = load_model(EMBEDDED_TARGET), load_model(EMBEDDED_DRAFTER, role="drafter")
     encode = target.tokenizer.encode
-    plain = LoopBuilder(target, None, LoopSpec())
-    classic = LoopBuilder(target, drafter, LoopSpec(drafter_kind="draft-model", num_draft_tokens=k, stochastic=False))
-    stochastic = LoopBuilder(target, drafter, LoopSpec(drafter_kind="draft-model", num_draft_tokens=k, stochastic=True))
-    lookup_cli = LoopBuilder(target, None, LoopSpec(drafter_kind="prompt-lookup", num_draft_tokens=7))
+    plain = LoopBuilder(target, None, LoopPlan())
+    classic = LoopBuilder(target, drafter, LoopPlan(drafter_kind="draft-model", num_draft_tokens=k))
+    stochastic = LoopBuilder(
+        target,
+        drafter,
+        LoopPlan(drafter_kind="draft-model", num_draft_tokens=k, switches=Switches(stochastic_accept=True)),
+    )
+    lookup_cli = LoopBuilder(target, None, LoopPlan(drafter_kind="prompt-lookup", num_draft_tokens=7))
     lookup_server = LoopBuilder(
-        target, None, LoopSpec(drafter_kind="prompt-lookup", num_draft_tokens=7, governor_policy="break-even")
+        target, None, LoopPlan(drafter_kind="prompt-lookup", num_draft_tokens=7, governor_policy="break-even")
     )
 
     code = [encode(p) for p in HELD_OUT_CODE]
@@ -150,7 +156,13 @@ def main(argv: list[str] | None = None) -> None:
         name: LoopBuilder(
             target,
             None,
-            LoopSpec(drafter_kind="mtp" if name == "mtp" else "dflash", drafter_model=str(REPO_ROOT / "models" / name)),
+            plan_from_settings(
+                Settings(
+                    drafter=DrafterSettings(
+                        kind="mtp" if name == "mtp" else "dflash", model=str(REPO_ROOT / "models" / name)
+                    )
+                )
+            ),
         )
         for name in ("mtp", "dflash", "dspark", "muse")
     }

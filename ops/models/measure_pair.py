@@ -17,8 +17,9 @@ import time
 
 import mlx.core as mx
 
-from app.decoding.builder import LoopBuilder, LoopSpec, RowRequest
-from app.decoding.runner import ModelRunner
+from app.decoding.builder import LoopBuilder, RowRequest
+from app.decoding.plan import LoopPlan
+from app.loading.runner import ModelRunner
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, LoadedModel, load_model
 from app.sampling import SamplingParams
 from ops.bench.prompts import HELD_OUT_CODE
@@ -53,8 +54,8 @@ def main() -> None:
     weights = sum(p.stat().st_size for d in (EMBEDDED_TARGET, EMBEDDED_DRAFTER) for p in d.glob("*.safetensors"))
     t_ms, d_ms = forward_ms(target), forward_ms(drafter)
     prompts = [target.tokenizer.encode(p) for p in HELD_OUT_CODE]
-    plain = LoopBuilder(target, None, LoopSpec())
-    classic = LoopBuilder(target, drafter, LoopSpec(drafter_kind="draft-model", num_draft_tokens=4))
+    plain = LoopBuilder(target, None, LoopPlan())
+    classic = LoopBuilder(target, drafter, LoopPlan(drafter_kind="draft-model", num_draft_tokens=4))
     tokens = seconds = tested = accepted = 0
     for prompt in prompts:
         n, s, _ = run(plain, prompt, 128)

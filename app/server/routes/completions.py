@@ -15,7 +15,6 @@ from litestar.response import Stream
 from app.engine.row import Finished, Update
 from app.server import requests
 from app.server.errors import ApiError
-from app.server.routes.introspection import speculative_width
 from app.server.schemas import CompletionRequest, OpenAICompletionRequest, SamplingFields
 from app.server.service import Submission, model_alias, ready_engine, submit
 from app.server.streaming import DONE, REQUEST_ID, error_frame, frame, sse
@@ -27,7 +26,7 @@ def start(request: Request, data: SamplingFields, tokens: list[int], route: str)
     tokenizer = engine.target.tokenizer
     params = requests.sampling(data, engine.settings, tokenizer, engine.target.vocab_size)
     row_request = requests.row_request(data, tokens, engine.settings, params)
-    settings = generation_settings(row_request, params, model_alias(engine.settings), speculative_width(engine))
+    settings = generation_settings(row_request, params, model_alias(engine.settings), engine.plan.width)
     return submit(request, engine, row_request, route, data.stream, data.stream and data.timings_per_token), settings
 
 

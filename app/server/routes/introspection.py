@@ -11,8 +11,8 @@ from litestar import Request, Response, get, post
 from litestar.params import JSONBody
 
 from app import __version__
+from app.decoding.plan import SamplerClass
 from app.engine.engine import Engine, EngineState
-from app.sampling import SamplingParams
 from app.server import requests
 from app.server.schemas import ApplyTemplateRequest
 from app.server.service import engine_of, model_alias, ready_engine
@@ -20,35 +20,21 @@ from app.server.service import engine_of, model_alias, ready_engine
 BUILD_INFO = f"mlxcel {__version__} (mlx {version('mlx')}, mlx-lm {version('mlx-lm')})"
 
 
-def speculative_width(engine: Engine) -> int:
-    """Proposals per round at the configured (declared) width."""
-    drafter = engine.settings.drafter
-    if drafter.kind == "none":
-        return 0
-    if drafter.kind == "prompt-lookup":
-        return 7
-    if drafter.kind in ("mtp", "dflash"):
-        return engine.block_widths()[0] - 1
-    return drafter.num_draft_tokens
-
-
 def drafter_info(engine: Engine) -> dict[str, Any]:
-    settings = engine.settings
-    hot = SamplingParams(temperature=max(settings.sampling.temperature, 0.8))
-    rule = engine.rule_at(hot)
+    settings, plan = engine.settings, engine.plan
     return {
         "profile": settings.profile,
         "profile_file": settings.source,
         "drafter": {
             "kind": settings.drafter.kind,
             "model": settings.drafter.model,
-            "width": speculative_width(engine),
+            "width": plan.width,
             "p_min": settings.drafter.p_min,
         },
-        "rule_at_temperature_0": "greedy-argmax" if rule else None,
-        "rule_at_temperature_above_0": str(rule) if rule else None,
+        "rule_at_temperature_0": plan.rules[SamplerClass.ARGMAX],
+        "rule_at_temperature_above_0": plan.rules[SamplerClass.SAMPLED],
         "adaptive": msgspec.to_builtins(settings.adaptive),
-        "block_widths": list(engine.block_widths()) if engine.block_checkpoint else None,
+        "block_widths": list(plan.block_widths) if plan.block_widths else None,
         "governor": msgspec.to_builtins(settings.governor) if settings.drafter.kind == "prompt-lookup" else None,
         "env_overrides": dict(settings.env),
     }
@@ -62,7 +48,7 @@ async def props(request: Request) -> dict[str, Any]:
     ready = engine.state is EngineState.READY
     defaults |= {
         "n_ctx": engine.builder.context_limit if ready else None,
-        "speculative.n_max": speculative_width(engine),
+        "speculative.n_max": engine.plan.width,
         "speculative.n_min": 0,
         "speculative.p_min": settings.drafter.p_min,
     }
@@ -83,7 +69,7 @@ async def props(request: Request) -> dict[str, Any]:
 async def slots(request: Request) -> list[dict[str, Any]]:
     engine = ready_engine(request)
     rows = dict(engine.rows)
-    width = speculative_width(engine)
+    width = engine.plan.width
     out = []
     for slot in range(engine.settings.server.max_rows):
         row = rows.get(slot)

@@ -8,7 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from app.loading import ModelLoadError
+from app.loading.checkpoint import ModelLoadError
 
 PREFILL_CHUNK = 512
 

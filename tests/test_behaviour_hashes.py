@@ -1,0 +1,115 @@
+"""Behaviour guard: every shipped profile's outputs, hashed, must not change under refactors.
+
+The hashes were recorded from the code before issue 11's plan refactor. Each profile's loop is
+built the way the server builds it (the engine's load, then the builder, in process, no HTTP)
+and run on a fixed prompt set at temperature 0 and at a seeded temperature 0.7. A profile
+that declines sampling (dspark: the DSpark drafter is greedy-only) serves T = 0.7 with classic
+decode; its hash is recorded too, together with the decline note it must keep logging.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+
+from app.decoding.builder import RowRequest
+from app.engine.engine import Engine
+from app.profiles import resolve, shipped_profiles
+from app.profiles.schema import ENV_OVERRIDES
+from app.sampling import SamplingParams
+
+PROMPTS = (
+    "def merge_sorted(left, right):\n",
+    "The three primary colours are",
+    "for i in range(10):\n    print(i)\nfor i in range(10):\n",
+)
+N_PREDICT = 24
+SEED = 1234
+HOT = 0.7
+
+# profile -> (sha256 at T = 0, sha256 at seeded T = 0.7, loop notes at T = 0.7)
+EXPECTED = {
+    "default": (
+        "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
+        "743e8b822eef0a18a92e32e9ec5ce76bd00b458796d6f3e3625f4eeb492a9b08",
+        [],
+    ),
+    "dflash": (
+        "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
+        "83351557b0f54d96fd90c49a325ebaca32292eee87f94c06a471b4c9e74a41be",
+        [],
+    ),
+    "dspark": (
+        "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
+        "9005b86d0a524b2db95f05ba4e379bcb8ed63247fab24fbc4afa4842d9da6f25",
+        ["block_loop_declined", "block_loop_declined", "block_loop_declined"],
+    ),
+    "mtp": (
+        "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
+        "83351557b0f54d96fd90c49a325ebaca32292eee87f94c06a471b4c9e74a41be",
+        [],
+    ),
+    "muse": (
+        "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
+        "83351557b0f54d96fd90c49a325ebaca32292eee87f94c06a471b4c9e74a41be",
+        [],
+    ),
+    "prompt-lookup": (
+        "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
+        "9005b86d0a524b2db95f05ba4e379bcb8ed63247fab24fbc4afa4842d9da6f25",
+        [],
+    ),
+    "stochastic": (
+        "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
+        "a54d8b903cff88711d29aebd6114e2e656934f63787514ab747d07ba8e7e0871",
+        [],
+    ),
+    "target-only": (
+        "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
+        "9005b86d0a524b2db95f05ba4e379bcb8ed63247fab24fbc4afa4842d9da6f25",
+        [],
+    ),
+}
+
+
+def outputs(engine: Engine, temperature: float) -> tuple[str, list[str]]:
+    """sha256 of the emitted token ids of every prompt, and the loop notes the requests logged."""
+    emitted, notes = [], []
+    tokenizer = engine.target.tokenizer
+    for prompt in PROMPTS:
+        sampling = SamplingParams(temperature=temperature)
+        request = RowRequest(list(tokenizer.encode(prompt)), sampling, max_tokens=N_PREDICT, seed=SEED)
+        generation = engine.builder.build(request)
+        generation.prefill()
+        while not generation.finished:
+            generation.step()
+        emitted.append(generation.emitted)
+        notes += [note.event for note in generation.notes if note.event == "block_loop_declined"]
+    return hashlib.sha256(json.dumps(emitted).encode()).hexdigest(), notes
+
+
+@pytest.fixture
+def clean_contract_env(monkeypatch: pytest.MonkeyPatch):
+    for name in ENV_OVERRIDES:
+        monkeypatch.delenv(name, raising=False)
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_every_shipped_profile_is_hashed() -> None:
+    assert sorted(EXPECTED) == shipped_profiles()
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_outputs_are_unchanged(name: str, clean_contract_env: None) -> None:
+    engine = Engine(resolve(name).settings)
+    engine._load()
+    cold, cold_notes = outputs(engine, 0.0)
+    hot, hot_notes = outputs(engine, HOT)
+    assert cold_notes == []
+    assert (cold, hot, hot_notes) == EXPECTED[name]
