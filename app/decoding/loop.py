@@ -38,12 +38,6 @@ class TargetLoop:
         self.target = target
         self._ahead: mx.array | None = None
 
-    def prefill(self, state: RowState) -> int:
-        """Feed the whole prompt and decide the first token."""
-        while (token := self.prefill_chunk(state)) is None:
-            pass
-        return token
-
     def prefill_chunk(self, state: RowState) -> int | None:
         """Feed one chunk of the prompt; on the last one decide the first token and return it."""
         logits = self.target.prefill_chunk(state.tokens)

@@ -11,54 +11,20 @@ the last frame (prefill included), EOS ignored.
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import REPO_ROOT, Arm, machine, table, write_section  # first: sets up MLX's BLAS
+from ops.bench.common import Arm, machine, table, write_section  # first: sets up MLX's BLAS
 
 # isort: on
 import argparse
 import json
 import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-import httpx
 
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, load_model
 from app.sampling import SamplingParams
 from ops.bench.prompts import COPY_HEAVY, HELD_OUT_CODE
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@contextmanager
-def server(profile: str) -> Iterator[str]:
-    port = free_port()
-    env = {"MLXCEL_LOGGING__DESTINATION": "stderr", "PATH": "/usr/bin:/bin"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--profile", profile, "--port", str(port)],
-        cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(30)
+from ops.bench.spawn import spawned_server
 
 
 def stream_over_http(url: str, prompt: str, n: int) -> tuple[int, float]:
@@ -111,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     # One server at a time next to this process for the in-process comparison (every server holds
     # its own copy of the weights, and this machine's caches are shared); both for the lookup one.
     for profile, builder, label in (("default", classic, "classic"), ("target-only", plain, "target-only")):
-        with server(profile) as url:
+        with spawned_server(profile) as (url, _):
             for repeat in range(args.repeats):
                 for i, prompt in enumerate(HELD_OUT_CODE):
                     pairs = [
@@ -120,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
                     ]
                     for arm, run in pairs if (i + repeat) % 2 == 0 else pairs[::-1]:
                         add(arm, run())
-    with server("target-only") as plain_url, server("prompt-lookup") as lookup_url:
+    with spawned_server("target-only") as (plain_url, _), spawned_server("prompt-lookup") as (lookup_url, _):
         for _ in range(args.repeats):
             for prompt in COPY_HEAVY:
                 add(arms["server target-only (copy-heavy)"], stream_over_http(plain_url, prompt, n))

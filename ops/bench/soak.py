@@ -18,20 +18,19 @@ import argparse
 import json
 import random
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from ops.bench.hostile import corpus, envelope_problem
+from ops.bench.spawn import spawned_server
 
 HANG_S = 120.0  # a request not answered (or failed) by then is a hang
 ABANDON_S = 0.5  # the abandoning client's read timeout
@@ -339,32 +338,6 @@ def run_soak(url: str, pid: int, seconds: float, clients: int, seed: int = 0) ->
     )
 
 
-@contextmanager
-def spawn(profile: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`mlxcel serve --profile PROFILE` on a free port; its URL and process once healthy."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {"MLXCEL_LOGGING__DESTINATION": str(log), "PATH": "/usr/bin:/bin"}
-    command = [sys.executable, "-m", "app", "serve", "--profile", profile, "--port", str(port)]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError(f"the server did not become healthy (exit {process.poll()}); log: {log}")
-        yield url, process
-    finally:
-        process.terminate()
-        process.wait(30)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=3.0)
@@ -373,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     log = Path(tempfile.mkdtemp(prefix="mlxcel-soak-")) / "server.log"
-    with spawn(args.profile, log) as (url, process):
+    with spawned_server(args.profile, str(log)) as (url, process):
         report = run_soak(url, process.pid, args.minutes * 60, args.clients, args.seed)
     print(report.table())
     failures = report.failures()
