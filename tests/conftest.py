@@ -33,7 +33,7 @@ def tiny_model(tiny_dir: Path) -> LoadedModel:
 @pytest.fixture(scope="session")
 def default_server(tmp_path_factory: pytest.TempPathFactory):
     """The embedded default profile (classic draft model), shared by the server tests."""
-    from tests.server import serve
+    from tests.support.server import serve
 
     with serve(tmp_path_factory.mktemp("default-server")) as server:
         yield server
@@ -41,7 +41,7 @@ def default_server(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="session")
 def target_only_server(tmp_path_factory: pytest.TempPathFactory):
-    from tests.server import serve
+    from tests.support.server import serve
 
     with serve(tmp_path_factory.mktemp("target-only-server"), "--profile", "target-only") as server:
         yield server

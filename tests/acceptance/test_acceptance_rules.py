@@ -22,7 +22,7 @@ from app.acceptance import (
 )
 from app.decoding.plan import Switches
 from app.sampling import Distribution, RowRng, SamplingParams
-from tests.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
+from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
 
 CATEGORIES = list(range(6))
 P = [0.35, 0.25, 0.15, 0.12, 0.08, 0.05]

@@ -19,8 +19,8 @@ from app.loading import EMBEDDED_TARGET
 from app.loading.chat_template import Limits, TemplateLimitError, compile_template, render
 from app.profiles import ProfileError, check_models, resolve
 from app.sampling import SamplingParams
-from tests.server import serve, sse_frames
-from tests.test_profiles import mlxcel
+from tests.support.cli import mlxcel
+from tests.support.server import serve, sse_frames
 
 LIMITS = Limits(timeout_s=0.3, max_chars=1024 * 1024)
 NESTED_LOOPS = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"

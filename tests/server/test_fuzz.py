@@ -22,8 +22,8 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from ops.bench.hostile import envelope_problem
-from tests.server import serve
-from tests.test_compat_manifest import routes
+from tests.support.compat import routes
+from tests.support.server import serve
 
 EXAMPLES = 100
 CALL_TIMEOUT_S = 30

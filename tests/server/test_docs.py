@@ -7,11 +7,12 @@ import re
 import shlex
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+from tests.support import ROOT
+
+DOCS = ROOT / "docs"
 PRINTED_URL = "http://127.0.0.1:8080"
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from app.profiles import shipped_profiles
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "ops" / "deploy"
 
 

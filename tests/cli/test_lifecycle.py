@@ -18,7 +18,7 @@ from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan
 from app.loading.runner import PREFILL_CHUNK
 from app.sampling import SamplingParams
-from tests.server import RunningServer, free_port, serve
+from tests.support.server import RunningServer, free_port, serve
 
 LONG_STREAM = {"prompt": "def main():\n", "n_predict": 3000, "ignore_eos": True, "temperature": 0, "stream": True}
 

@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from app.server.errors import HANDLERS
 from ops.bench.hostile import POST_ROUTES
-from tests.server import serve
+from tests.support.server import serve
 
 GET_ROUTES = ["/health", "/v1/health", "/v1/models", "/models", "/props", "/slots", "/metrics"]
 FLOAT_FIELDS = [

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 from app.profiles import ProfileError, check_models, resolve, shipped_profiles
 from ops.models.tiny import build_block_drafter_checkpoint, build_tiny_model
-from tests.server import clean_env, free_port, serve
-from tests.test_loading import DSPARK
+from tests.support.checkpoints import DSPARK
+from tests.support.cli import mlxcel, write
+from tests.support.server import free_port, serve
 
 SHIPPED = ["default", "target-only", "prompt-lookup", "stochastic", "mtp", "dflash", "dspark", "muse"]
 COPY_HEAVY = "x = [1, 2, 3]\ny = [4, 5, 6]\nx = [1, 2, 3]\ny = [4, 5, 6]\nx = [1, 2, 3]\n"
@@ -27,18 +25,6 @@ EXPECTED = {  # drafter kind, rule at T > 0, draft_kind in a response's timings
     "dspark": ("dflash", None, "dflash"),  # greedy-only: requests that sample are declined
     "muse": ("dflash", "argmax-against-argmax", "dflash"),
 }
-
-
-def mlxcel(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app", *args], capture_output=True, text=True, env=clean_env(**(env or {}))
-    )
-
-
-def write(tmp_path: Path, name: str, text: str) -> Path:
-    path = tmp_path / f"{name}.toml"
-    path.write_text(text.replace("@TARGET@", str(EMBEDDED_TARGET)).replace("@DRAFTER@", str(EMBEDDED_DRAFTER)))
-    return path
 
 
 def test_shipped_profiles_are_the_documented_ones() -> None:

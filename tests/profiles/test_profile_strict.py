@@ -13,8 +13,8 @@ import pytest
 from app.cli import main
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 from app.profiles import resolve
-from tests.server import free_port
-from tests.test_profiles import mlxcel, write
+from tests.support.cli import mlxcel, write
+from tests.support.server import free_port
 
 TARGET_ONLY = 'target = "@TARGET@"\n'
 

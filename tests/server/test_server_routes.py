@@ -8,7 +8,7 @@ import sys
 import openai
 import pytest
 
-from tests.server import sse_frames
+from tests.support.server import sse_frames
 
 BASE_KEYS = [
     "cache_n",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Literal
 
 import httpx
 import msgspec
@@ -14,63 +13,9 @@ import pytest
 from app.engine.engine import Engine
 from app.profiles import resolve
 from app.server.app import create_app
-from tests.server import serve
-
-ROOT = Path(__file__).resolve().parents[1]
-MANIFEST = ROOT / "compat" / "llama-server" / "b10621"
-State = Literal["supported", "aliased", "not_applicable", "deferred", "by_design"]
-
-
-class ErrorShape(msgspec.Struct, forbid_unknown_fields=True):
-    status: int
-    type: str
-
-
-class RouteEntry(msgspec.Struct, forbid_unknown_fields=True):
-    kind: Literal["route"]
-    id: str
-    method: Literal["GET", "POST", "PUT", "DELETE", "PATCH"]
-    path: str
-    state: State
-    notes: str
-    test: str | None = None
-    error: ErrorShape | None = None
-    served_as: str | None = None
-
-
-class SpeculativeEntry(msgspec.Struct, forbid_unknown_fields=True):
-    kind: Literal["request_field", "server_flag"]
-    id: str
-    state: State
-    notes: str
-    test: str | None = None
-    served_as: str | None = None
-
-
-class Routes(msgspec.Struct, forbid_unknown_fields=True):
-    schema_version: Literal[1]
-    entries: list[RouteEntry]
-
-
-class Speculative(msgspec.Struct, forbid_unknown_fields=True):
-    schema_version: Literal[1]
-    entries: list[SpeculativeEntry]
-
-
-def load(name: str) -> object:
-    return json.loads((MANIFEST / name).read_text())
-
-
-def routes() -> list[RouteEntry]:
-    return msgspec.convert(load("routes.json"), Routes).entries
-
-
-def claimed(states: set[str]) -> list[RouteEntry]:
-    return [e for e in routes() if e.state in states]
-
-
-def concrete(path: str) -> str:
-    return re.sub(r":\w+", "0", path)
+from tests.support import ROOT
+from tests.support.compat import MANIFEST, RouteEntry, Speculative, claimed, concrete, load, routes
+from tests.support.server import serve
 
 
 def test_manifest_files_are_valid_and_canonical() -> None:

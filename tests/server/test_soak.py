@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ops.bench.soak import run_soak
-from tests.server import serve
+from tests.support.server import serve
 
 
 @pytest.mark.slow

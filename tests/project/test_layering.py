@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
 
 
 def test_the_import_contracts_hold() -> None:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from ops.bench.hostile import PROMPT, Hostile, corpus, envelope_problem
-from tests.server import RunningServer, serve
+from tests.support.server import RunningServer, serve
 
 MAX_BODY_BYTES = 2 * 1024 * 1024  # small enough to send cheaply, above the 2,000 stop strings
 TIMEOUT_S = 30  # a hostile request or the completion after it taking longer counts as a hang

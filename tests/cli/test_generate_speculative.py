@@ -13,7 +13,7 @@ import pytest
 
 from app.loading import EMBEDDED_DRAFTER
 from ops.models.tiny import build_block_drafter_checkpoint
-from tests.test_loading import DFLASH
+from tests.support.checkpoints import DFLASH
 
 SUMMARY = re.compile(
     r"^\[Speculative acceptance\] rule=(?P<rule>[a-z-]+) rounds=(?P<rounds>\d+) proposed=(?P<proposed>\d+) "

@@ -16,7 +16,7 @@ import uvicorn
 from app.engine.engine import Engine
 from app.profiles import resolve
 from app.server.app import create_app
-from tests.server import clean_env, free_port, sse_frames
+from tests.support.server import clean_env, free_port, sse_frames
 
 PROMPTS = [
     "def rolling_mean(values, window):\n",

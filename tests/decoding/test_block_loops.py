@@ -25,7 +25,7 @@ from app.loading.paths import REPO_ROOT
 from app.loading.runner import ModelRunner
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
-from tests.server import clean_env, serve
+from tests.support.server import clean_env, serve
 
 MODELS = REPO_ROOT / "models"
 GREEDY = SamplingParams(temperature=0.0)

@@ -14,20 +14,7 @@ from app.decoding.builder import LoopBuilder
 from app.decoding.plan import LoopPlan
 from app.loading import CheckpointKind, ModelLoadError, check_vocab_agreement, load_model, read_checkpoint
 from ops.models.tiny import build_block_drafter_checkpoint, build_tiny_model
-
-DFLASH = {
-    "architectures": ["DFlashDraftModel"],
-    "model_type": "qwen3",
-    "block_size": 8,
-    "dflash_config": {"mask_token_id": 3, "target_layer_ids": [1, 5]},
-}
-DSPARK = {
-    "architectures": ["Lfm2DSparkDraftModel"],
-    "model_type": "lfm2",
-    "markov_rank": 16,
-    "dflash_config": {"mask_token_id": 3, "target_layer_ids": [1]},
-}
-MUSE = {"architectures": ["MuseGlimmerAssistantModel"], "model_type": "muse_glimmer_assistant"}
+from tests.support.checkpoints import DFLASH, DSPARK, MUSE
 
 
 def test_missing_path(tmp_path: Path) -> None:

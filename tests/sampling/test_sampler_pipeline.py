@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from app.sampling import Distribution, RowRng, SamplerPipeline, SamplingParams
-from tests.reference_sampler import final_distribution, penalise
+from tests.support.reference_sampler import final_distribution, penalise
 
 VOCAB = 64
 

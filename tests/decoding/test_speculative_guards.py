@@ -15,8 +15,8 @@ from app.loading import LoadedModel, load_model
 from app.loading.runner import ModelRunner
 from app.sampling import SamplingParams
 from ops.models.tiny import build_tiny_model
-from tests.derived_models import anti_drafter, constant_output
-from tests.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
+from tests.support.derived_models import anti_drafter, constant_output
+from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
 
 TOKENS = list(range(10, 16))
 P = [0.35, 0.25, 0.15, 0.12, 0.08, 0.05]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from typing import get_args
 
 import msgspec
@@ -18,8 +17,9 @@ from app.profiles import resolve, shipped_profiles
 from app.profiles.schema import STOCHASTIC_ACCEPT_ENV, DrafterKindName
 from app.sampling import SamplingParams
 from app.server.routes.introspection import drafter_info
+from tests.support import ROOT
 
-APP = Path(__file__).resolve().parents[1] / "app"
+APP = ROOT / "app"
 SAMPLERS = {SamplerClass.ARGMAX: 0.0, SamplerClass.SAMPLED: 0.7}
 # Process setup before any library reads them (app/__init__.py, the BLAS preload): not settings.
 ENV_WRITES_ALLOWED = {"app/__init__.py", "app/runtime/blas.py"}

@@ -1,0 +1,66 @@
+"""The compat/llama-server manifest, typed: which routes and fields we claim, and how."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Literal
+
+import msgspec
+
+from tests.support import ROOT
+
+MANIFEST = ROOT / "compat" / "llama-server" / "b10621"
+State = Literal["supported", "aliased", "not_applicable", "deferred", "by_design"]
+
+
+class ErrorShape(msgspec.Struct, forbid_unknown_fields=True):
+    status: int
+    type: str
+
+
+class RouteEntry(msgspec.Struct, forbid_unknown_fields=True):
+    kind: Literal["route"]
+    id: str
+    method: Literal["GET", "POST", "PUT", "DELETE", "PATCH"]
+    path: str
+    state: State
+    notes: str
+    test: str | None = None
+    error: ErrorShape | None = None
+    served_as: str | None = None
+
+
+class SpeculativeEntry(msgspec.Struct, forbid_unknown_fields=True):
+    kind: Literal["request_field", "server_flag"]
+    id: str
+    state: State
+    notes: str
+    test: str | None = None
+    served_as: str | None = None
+
+
+class Routes(msgspec.Struct, forbid_unknown_fields=True):
+    schema_version: Literal[1]
+    entries: list[RouteEntry]
+
+
+class Speculative(msgspec.Struct, forbid_unknown_fields=True):
+    schema_version: Literal[1]
+    entries: list[SpeculativeEntry]
+
+
+def load(name: str) -> object:
+    return json.loads((MANIFEST / name).read_text())
+
+
+def routes() -> list[RouteEntry]:
+    return msgspec.convert(load("routes.json"), Routes).entries
+
+
+def claimed(states: set[str]) -> list[RouteEntry]:
+    return [e for e in routes() if e.state in states]
+
+
+def concrete(path: str) -> str:
+    return re.sub(r":\w+", "0", path)
