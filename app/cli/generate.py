@@ -135,9 +135,8 @@ def run(args: argparse.Namespace) -> int:
 
 def stream(generation: Generation) -> None:
     out = sys.stdout
-    out.write(generation.prefill().text)
-    while not generation.finished:
-        out.write(generation.step().text)
+    for delta in generation:
+        out.write(delta.text)
         out.flush()
     out.write("\n")
 

@@ -76,7 +76,7 @@ class DrainingServer(uvicorn.Server):
             if self.engine.state is not EngineState.DRAINING or self.engine.idle:
                 self.should_exit = True
             elif time.monotonic() >= self.drain_deadline:
-                self._log.warning("drain_timed_out", rows=len(self.engine.rows))
+                self._log.warning("drain_timed_out", rows=len(self.engine.snapshot().rows))
                 self.engine.abort("the server shut down before this request finished")
         return await super().on_tick(counter)
 

@@ -10,6 +10,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from app.decoding.loop import TargetLoop
 from app.decoding.state import RowState
+from app.decoding.timings import Timings
 
 
 class StopType(StrEnum):
@@ -19,12 +20,17 @@ class StopType(StrEnum):
     WORD = "word"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Delta:
-    """What one step added: decided tokens and the text that is now safe to stream."""
+    """What one step added: decided tokens and the text that is now safe to stream.
+
+    The engine streams deltas as they come, with the request's `timings` so far (base keys only)
+    when it asked for per-token timings.
+    """
 
     tokens: list[int]
     text: str
+    timings: Timings | None = None
 
 
 @dataclass
@@ -34,6 +40,9 @@ class Generation:
     `max_tokens` counts every decided token (an EOS included); -1 means until EOS or the context
     limit. Stop strings are matched on the text; text that could still become a stop string is
     held back from the stream until it cannot.
+
+    Iterating it runs it: `for delta in generation:` yields each step's delta (the prefill's
+    chunks first, empty until the first token) and stops once it has finished.
     """
 
     loop: TargetLoop
@@ -75,6 +84,15 @@ class Generation:
     @property
     def prefilled(self) -> bool:
         return self.prefill_finished > 0.0
+
+    def __iter__(self) -> Generation:
+        return self
+
+    def __next__(self) -> Delta:
+        """One step: a chunk of the prefill until the first token, then a decode step or round."""
+        if self.finished:
+            raise StopIteration
+        return self.step() if self.prefilled else self.prefill_chunk()
 
     def prefill(self) -> Delta:
         """The whole prefill at once, up to the first token (offline callers)."""

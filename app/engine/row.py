@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.acceptance import AcceptanceStats
 from app.decoding.builder import RowRequest
-from app.decoding.generation import Generation
-from app.engine.timings import Timings, make_timings
-
-
-@dataclass(frozen=True)
-class Update:
-    """Text and tokens one step decided (streamed as they come)."""
-
-    text: str
-    tokens: list[int]
-    timings: Timings | None  # base keys only, for requests that asked for per-token timings
+from app.decoding.generation import Delta, Generation
+from app.decoding.timings import Timings, make_timings
+from app.drafters.governor import Governor
 
 
 @dataclass(frozen=True)
@@ -41,7 +35,7 @@ class Failed:
     kind: str = "server_error"
 
 
-Event = Update | Finished | Failed
+Event = Delta | Finished | Failed
 Sink = Callable[[Event], None]
 
 
@@ -59,6 +53,33 @@ class Job:
     cancelled: bool = False
 
 
+@dataclass(frozen=True)
+class LoopFacts:
+    """What a row's round loop reports about itself (rule, counters, drafter kind, governor).
+
+    The one place the engine reads the loop's optional attributes, so a change to the round
+    loop's protocol changes this function only.
+    """
+
+    rule: str | None
+    lossless: bool
+    stats: AcceptanceStats | None
+    draft_kind: str | None
+    governor: Governor | None
+
+
+def loop_facts(generation: Generation) -> LoopFacts:
+    loop = generation.loop
+    drafter = getattr(loop, "drafter", None)
+    return LoopFacts(
+        rule=str(loop.rule) if loop.rule else None,
+        lossless=loop.rule is not None and loop.rule.lossless,
+        stats=loop.stats,
+        draft_kind=loop.draft_kind,
+        governor=getattr(drafter, "governor", None),
+    )
+
+
 class Row:
     """A job with its generation, advanced one step per engine tick."""
 
@@ -66,31 +87,32 @@ class Row:
         self.job = job
         self.generation = generation
         self.slot = slot
-        self.excluded_s = 0.0  # one-off costs (a drafter's first load) kept out of every timing
 
-    def advance(self) -> Update:
-        """One tick: a chunk of the prefill until the first token, then a decode step or round."""
-        generation = self.generation
-        delta = generation.step() if generation.prefilled else generation.prefill_chunk()
-        timings = self.timings().base() if self.job.per_token_timings else None
-        return Update(text=delta.text, tokens=delta.tokens, timings=timings)
+    def advance(self) -> Delta:
+        """One tick: the generation's next step, with the timings so far if the request wants them."""
+        delta = next(self.generation)
+        if not self.job.per_token_timings:
+            return delta
+        return dataclasses.replace(delta, timings=self.timings().base())
 
     def timings(self) -> Timings:
         generation = self.generation
-        loop = generation.loop
+        facts = loop_facts(generation)
         first = generation.prefill_finished or time.perf_counter()
         last = generation.last_token_at or first
         return make_timings(
             prompt_n=generation.prompt_n,
-            prompt_ms=max(0.0, (first - self.job.created - self.excluded_s) * 1000.0),
+            # a drafter's first load, paid by this request, is kept out of its timings
+            prompt_ms=max(0.0, (first - self.job.created - generation.excluded_s) * 1000.0),
             predicted_n=len(generation.emitted),
             predicted_ms=(last - first) * 1000.0,
-            stats=loop.stats,
-            draft_kind=loop.draft_kind,
+            stats=facts.stats,
+            draft_kind=facts.draft_kind,
         )
 
     def finished(self) -> Finished:
         generation = self.generation
+        facts = loop_facts(generation)
         return Finished(
             text=generation.text,
             tokens=list(generation.emitted),
@@ -98,6 +120,6 @@ class Row:
             stopping_word=generation.stopping_word,
             prompt_n=generation.prompt_n,
             timings=self.timings(),
-            rule=str(generation.loop.rule) if generation.loop.rule else None,
-            draft_kind=generation.loop.draft_kind,
+            rule=facts.rule,
+            draft_kind=facts.draft_kind,
         )

@@ -68,7 +68,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     if not path.is_dir():
         raise ModelLoadError(f"not a model directory (a file was given): {path}")
     config_file = path / "config.json"
-    if not config_file.is_file():
+    if not config_file.exists() or config_file.is_dir():  # a named pipe or other readable file will do
         raise ModelLoadError(f"not a model directory (no config.json): {path}")
     try:
         config = json.loads(config_file.read_text())

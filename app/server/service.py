@@ -12,8 +12,9 @@ from litestar import Request
 from litestar.types import Receive
 
 from app.decoding.builder import RowRequest
+from app.decoding.generation import Delta
 from app.engine.engine import Engine, EngineState, UnavailableError, unavailable_message
-from app.engine.row import Event, Failed, Finished, Job, Update
+from app.engine.row import Event, Failed, Finished, Job
 from app.profiles.schema import Settings
 from app.server.errors import ApiError
 
@@ -65,18 +66,18 @@ class Submission:
         self.job.cancelled = True
         self.events.put_nowait(DISCONNECTED)  # the engine sends nothing to a cancelled row
 
-    async def stream(self) -> AsyncIterator[Update | Finished | Failed]:
+    async def stream(self) -> AsyncIterator[Delta | Finished | Failed]:
         """Events as the engine produces them; a client that disconnects stops its row.
 
-        Updates that queued up while the last frame was being sent go out as one frame, so a
+        Deltas that queued up while the last frame was being sent go out as one frame, so a
         slow reader costs fewer frames instead of falling further behind.
         """
         try:
             while True:
                 event = await self.events.get()
-                while isinstance(event, Update) and not self.events.empty():
+                while isinstance(event, Delta) and not self.events.empty():
                     following = self.events.get_nowait()
-                    if not isinstance(following, Update):
+                    if not isinstance(following, Delta):
                         yield event
                         event = following
                         break
@@ -88,8 +89,8 @@ class Submission:
             self.job.cancelled = True
 
 
-def merge(first: Update, second: Update) -> Update:
-    return Update(text=first.text + second.text, tokens=first.tokens + second.tokens, timings=second.timings)
+def merge(first: Delta, second: Delta) -> Delta:
+    return Delta(text=first.text + second.text, tokens=first.tokens + second.tokens, timings=second.timings)
 
 
 def submit(

@@ -38,13 +38,13 @@ async def models(request: Request) -> dict[str, Any]:
         "meta": {"path": settings.target},
     }
     if engine.state is EngineState.READY:
-        entry["meta"] |= {"n_vocab": engine.target.vocab_size, "n_ctx_train": engine.builder.context_limit}
+        entry["meta"] |= {"n_vocab": engine.model.vocab_size, "n_ctx_train": engine.model.context_limit}
     return {"object": "list", "data": [entry], "models": [{"name": entry["id"], "model": entry["id"]}]}
 
 
 @post("/tokenize", status_code=200, name="tokenize")
 async def tokenize(request: Request, data: JSONBody[TokenizeRequest]) -> dict[str, Any]:
-    tokenizer = ready_engine(request).target.tokenizer
+    tokenizer = ready_engine(request).model.tokenizer
     return await asyncio.to_thread(tokens_of, tokenizer, data)
 
 
@@ -59,8 +59,8 @@ def tokens_of(tokenizer: TokenizerWrapper, data: TokenizeRequest) -> dict[str, A
 @post("/detokenize", status_code=200, name="detokenize")
 async def detokenize(request: Request, data: JSONBody[DetokenizeRequest]) -> dict[str, Any]:
     engine = ready_engine(request)
-    requests.check_token_ids(data.tokens, engine.target.vocab_size)
-    return {"content": await asyncio.to_thread(engine.target.tokenizer.decode, data.tokens)}
+    requests.check_token_ids(data.tokens, engine.model.vocab_size)
+    return {"content": await asyncio.to_thread(engine.model.tokenizer.decode, data.tokens)}
 
 
 ROUTES = [health, models, tokenize, detokenize]

@@ -39,9 +39,9 @@ async def chat_completion(request: Request, data: JSONBody[ChatRequest]) -> Resp
     if data.n != 1:
         raise ApiError(400, "only n = 1 is supported")
     tokens = await asyncio.to_thread(
-        requests.chat_prompt, data.messages, engine.target.tokenizer, data.chat_template_kwargs, engine.settings
+        requests.chat_prompt, data.messages, engine.model.tokenizer, data.chat_template_kwargs, engine.settings
     )
-    requests.check_token_ids(tokens, engine.target.vocab_size)
+    requests.check_token_ids(tokens, engine.model.vocab_size)
     submission, settings = start(request, data, tokens, request.url.path)
     rid = submission.job.request_id
     head = {

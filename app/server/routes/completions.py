@@ -12,7 +12,8 @@ from litestar import Request, Response, post
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from app.engine.row import Finished, Update
+from app.decoding.generation import Delta
+from app.engine.row import Finished
 from app.server import requests
 from app.server.errors import ApiError
 from app.server.schemas import CompletionRequest, OpenAICompletionRequest, SamplingFields
@@ -23,8 +24,8 @@ from app.server.streaming import DONE, REQUEST_ID, error_frame, frame, sse
 def start(request: Request, data: SamplingFields, tokens: list[int], route: str) -> tuple[Submission, dict]:
     """Validate, build the row request, submit it; returns the submission and its settings."""
     engine = ready_engine(request)
-    tokenizer = engine.target.tokenizer
-    params = requests.sampling(data, engine.settings, tokenizer, engine.target.vocab_size)
+    tokenizer = engine.model.tokenizer
+    params = requests.sampling(data, engine.settings, tokenizer, engine.model.vocab_size)
     row_request = requests.row_request(data, tokens, engine.settings, params)
     settings = generation_settings(row_request, params, model_alias(engine.settings), engine.plan.width)
     return submit(request, engine, row_request, route, data.stream, data.stream and data.timings_per_token), settings
@@ -101,7 +102,7 @@ async def native_frames(
     submission: Submission, data: CompletionRequest, settings: dict, prompt: str
 ) -> AsyncIterator[bytes]:
     async for event in submission.stream():
-        if isinstance(event, Update):
+        if isinstance(event, Delta):
             chunk: dict[str, Any] = {
                 "index": 0,
                 "content": event.text,
@@ -127,10 +128,10 @@ async def completion(request: Request, data: JSONBody[CompletionRequest]) -> Res
     """llama-server's native completion (stream: SSE frames ending with the full object)."""
     engine = ready_engine(request)
     tokens = await asyncio.to_thread(
-        requests.prompt_tokens, data.prompt, engine.target.tokenizer, engine.target.vocab_size
+        requests.prompt_tokens, data.prompt, engine.model.tokenizer, engine.model.vocab_size
     )
     submission, settings = start(request, data, tokens, "/completion")
-    prompt = data.prompt if isinstance(data.prompt, str) else engine.target.tokenizer.decode(tokens)
+    prompt = data.prompt if isinstance(data.prompt, str) else engine.model.tokenizer.decode(tokens)
     rid = submission.job.request_id
     if data.stream:
         return sse(native_frames(submission, data, settings, prompt), rid)
@@ -151,9 +152,7 @@ async def openai_prompt(data: OpenAICompletionRequest, request: Request) -> list
         if len(data.prompt) != 1:
             raise ApiError(400, "one prompt per request is supported")
         data.prompt = data.prompt[0]
-    return await asyncio.to_thread(
-        requests.prompt_tokens, data.prompt, engine.target.tokenizer, engine.target.vocab_size
-    )
+    return await asyncio.to_thread(requests.prompt_tokens, data.prompt, engine.model.tokenizer, engine.model.vocab_size)
 
 
 def text_choice(text: str | None, reason: str | None) -> dict[str, Any]:
@@ -168,7 +167,7 @@ async def openai_frames(
     `choice(text, finish_reason)` shapes a choice (a text choice or a chat delta).
     """
     async for event in submission.stream():
-        if isinstance(event, Update):
+        if isinstance(event, Delta):
             chunk = {**head, "choices": [choice(event.text, None)]}
             if per_token:
                 chunk["timings"] = event.timings

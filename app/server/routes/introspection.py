@@ -13,6 +13,7 @@ from litestar.params import JSONBody
 from app import __version__
 from app.decoding.plan import SamplerClass
 from app.engine.engine import Engine, EngineState
+from app.engine.snapshot import EngineSnapshot
 from app.server import requests
 from app.server.schemas import ApplyTemplateRequest
 from app.server.service import engine_of, model_alias, ready_engine
@@ -20,7 +21,7 @@ from app.server.service import engine_of, model_alias, ready_engine
 BUILD_INFO = f"mlxcel {__version__} (mlx {version('mlx')}, mlx-lm {version('mlx-lm')})"
 
 
-def drafter_info(engine: Engine) -> dict[str, Any]:
+def drafter_info(engine: Engine | EngineSnapshot) -> dict[str, Any]:
     settings, plan = engine.settings, engine.plan
     return {
         "profile": settings.profile,
@@ -42,12 +43,12 @@ def drafter_info(engine: Engine) -> dict[str, Any]:
 
 @get("/props", name="props")
 async def props(request: Request) -> dict[str, Any]:
-    engine = engine_of(request)
+    engine = engine_of(request).snapshot()
     settings = engine.settings
+    model = engine.model if engine.state is EngineState.READY else None
     defaults = msgspec.to_builtins(settings.sampling)
-    ready = engine.state is EngineState.READY
     defaults |= {
-        "n_ctx": engine.builder.context_limit if ready else None,
+        "n_ctx": model.context_limit if model else None,
         "speculative.n_max": engine.plan.width,
         "speculative.n_min": 0,
         "speculative.p_min": settings.drafter.p_min,
@@ -58,7 +59,7 @@ async def props(request: Request) -> dict[str, Any]:
         "model_path": settings.target,
         "model_alias": model_alias(settings),
         "build_info": BUILD_INFO,
-        "chat_template": getattr(engine.target.tokenizer, "chat_template", None) if ready else None,
+        "chat_template": getattr(model.tokenizer, "chat_template", None) if model else None,
         "modalities": {"vision": False, "audio": False},
         "is_sleeping": False,
         "mlxcel": drafter_info(engine),
@@ -67,8 +68,8 @@ async def props(request: Request) -> dict[str, Any]:
 
 @get("/slots", name="slots")
 async def slots(request: Request) -> list[dict[str, Any]]:
-    engine = ready_engine(request)
-    rows = dict(engine.rows)
+    engine = ready_engine(request).snapshot()
+    rows = {row.slot: row for row in engine.rows}
     width = engine.plan.width
     out = []
     for slot in range(engine.settings.server.max_rows):
@@ -77,31 +78,30 @@ async def slots(request: Request) -> list[dict[str, Any]]:
             "id": slot,
             "id_task": -1,
             "is_processing": row is not None,
-            "n_ctx": engine.builder.context_limit,
+            "n_ctx": engine.model.context_limit,
         }
         if row is not None:
-            generation, sampling = row.generation, row.job.request.sampling
-            stats = generation.loop.stats
-            n_max = row.job.request.n_max if row.job.request.n_max is not None else width
+            asked = row.request
+            n_max = asked.n_max if asked.n_max is not None else width
             entry |= {
-                "id_task": row.job.request_id,
+                "id_task": row.request_id,
                 "params": {
-                    **msgspec.to_builtins(sampling),
-                    "n_predict": row.job.request.max_tokens,
+                    **msgspec.to_builtins(asked.sampling),
+                    "n_predict": asked.max_tokens,
                     "speculative.n_max": n_max,
-                    "speculative.n_min": row.job.request.n_min,
-                    "speculative.p_min": row.job.request.p_min,
+                    "speculative.n_min": asked.n_min,
+                    "speculative.p_min": asked.p_min,
                 },
                 "next_token": {
-                    "n_decoded": len(generation.emitted),
-                    "has_next_token": not generation.finished,
+                    "n_decoded": row.decided,
+                    "has_next_token": not row.finished,
                 },
                 "draft": {
-                    "draft_n": stats.proposed,
-                    "draft_n_accepted": stats.accepted,
-                    "draft_rounds": stats.rounds,
+                    "draft_n": row.draft.proposed,
+                    "draft_n_accepted": row.draft.accepted,
+                    "draft_rounds": row.draft.rounds,
                 }
-                if stats is not None
+                if row.draft is not None
                 else None,
             }
         out.append(entry)
@@ -117,7 +117,7 @@ def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]
 @get("/metrics", name="metrics", media_type="text/plain; version=0.0.4")
 async def metrics(request: Request) -> str:
     """Prometheus text with llama-server's metric names and the speculative counters."""
-    m = ready_engine(request).metrics
+    m = ready_engine(request).snapshot().metrics
     prompt_rate = m.prompt_tokens_total / m.prompt_seconds_total if m.prompt_seconds_total else 0.0
     predicted_rate = (
         m.tokens_predicted_total / m.tokens_predicted_seconds_total if m.tokens_predicted_seconds_total else 0.0
@@ -185,7 +185,7 @@ async def apply_template(request: Request, data: JSONBody[ApplyTemplateRequest])
     """The prompt text the chat template makes of these messages."""
     engine = ready_engine(request)
     prompt = await asyncio.to_thread(
-        requests.chat_prompt, data.messages, engine.target.tokenizer, None, engine.settings, tokenize=False
+        requests.chat_prompt, data.messages, engine.model.tokenizer, None, engine.settings, tokenize=False
     )
     return Response({"prompt": prompt})
 

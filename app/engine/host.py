@@ -1,0 +1,67 @@
+"""The model host: the plan, the loaded models, and the loop builder that makes each row's loop.
+
+It is touched by the engine thread only (loading, building); HTTP handlers see what it loaded
+through `ModelInfo`, a frozen record made once the models are in.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import structlog
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from app.decoding.builder import LoopBuilder, RowRequest
+from app.decoding.generation import Generation
+from app.decoding.plan import LoopPlan, plan_from_settings
+from app.drafters.governor import Listener
+from app.loading import LoadedModel, load_model
+from app.profiles.schema import Settings
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What HTTP handlers may know of the loaded target: read-only, made once at load."""
+
+    path: str
+    context_limit: int
+    vocab_size: int
+    tokenizer: TokenizerWrapper  # HTTP tokenizes and renders templates with it, off the event loop
+
+
+class ModelHost:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.plan: LoopPlan = plan_from_settings(settings)  # decided once: the rules, widths and switches
+        self.builder: LoopBuilder | None = None
+        self.info: ModelInfo | None = None
+        self._log = structlog.get_logger("mlxcel.engine")
+
+    def load(self) -> ModelInfo:
+        """Load the target (and a classic drafter); block drafters load on their first request."""
+        settings = self.settings
+        started = time.perf_counter()
+        target = load_model(settings.target)
+        drafter = None
+        if settings.drafter.kind == "draft-model":
+            drafter = load_model(settings.drafter.model, role="drafter")
+        self.builder = LoopBuilder(target, drafter, self.plan)
+        self._log.info("models_loaded", target=str(target.path), seconds=round(time.perf_counter() - started, 3))
+        self.info = ModelInfo(
+            path=str(target.path),
+            context_limit=self.builder.context_limit,
+            vocab_size=target.vocab_size,
+            tokenizer=target.tokenizer,
+        )
+        return self.info
+
+    @property
+    def target(self) -> LoadedModel:
+        assert self.builder is not None
+        return self.builder.target
+
+    def build(self, request: RowRequest, governor_listener: Listener) -> Generation:
+        """A request's generation; may take seconds (a block drafter's first load and probes)."""
+        assert self.builder is not None
+        return self.builder.build(request, governor_listener)

@@ -1,0 +1,231 @@
+"""The scheduler: the queue, its lock, admission, ticks and cancellation.
+
+Each tick advances every active row by one step (a prefill chunk, a decode step, or one verify
+round), so concurrent streams interleave fairly and a long request cannot starve a short one.
+Rows never share state (caches, samplers, key streams), so each row's output is exactly what
+it would be alone. Requests beyond `max_rows` wait in the queue; beyond `max_queue` they are
+refused. The step boundary is per row, which is where batched forwards would slot in.
+
+The lock guards the queue and the rows table only and is never held while a loop is built or a
+row advances: `submit` runs on the HTTP event loop, and a block drafter's first load (seconds)
+must not keep it, or any route, waiting. Everything else runs on the engine thread (`serve`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from enum import StrEnum
+from functools import partial
+
+import structlog
+
+from app.decoding.block_builder import DrafterUnavailableError
+from app.engine.host import ModelHost
+from app.engine.reporter import Reporter
+from app.engine.row import Event, Failed, Job, Row
+from app.profiles.schema import ServerSettings
+from app.runtime.logging import internal_error_message, log_internal_error
+
+IDLE_WAIT_S = 0.05
+
+
+class EngineState(StrEnum):
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"  # shutting down: running rows may finish, new requests are refused
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class UnavailableError(Exception):
+    """The engine takes no new request now (its message says why)."""
+
+
+class QueueFullError(UnavailableError):
+    """More requests are waiting than the server accepts."""
+
+
+def unavailable_message(state: EngineState) -> str:
+    """Why requests get 503 in this state (the health check and every route say the same)."""
+    if state is EngineState.LOADING:
+        return "Loading model"
+    if state is EngineState.DRAINING:
+        return "the server is shutting down"
+    return f"the model is not available ({state})"
+
+
+class Scheduler:
+    def __init__(self, limits: ServerSettings, host: ModelHost, reporter: Reporter) -> None:
+        self.limits = limits
+        self.host = host
+        self.reporter = reporter
+        self.state = EngineState.LOADING
+        self.rows: dict[int, Row] = {}
+        self._queue: deque[Job] = deque()
+        self._admitting: Job | None = None  # taken off the queue, its loop being built (outside the lock)
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._abort: str | None = None  # set by `abort`: fail every row and queued job with this
+        self._log = structlog.get_logger("mlxcel.engine")
+
+    # --- called from other threads (HTTP, signal handlers): the lock only -------------------
+
+    def submit(self, job: Job) -> None:
+        with self._wake:
+            if self.state is not EngineState.READY:
+                raise UnavailableError(unavailable_message(self.state))
+            if len(self._queue) >= self.limits.max_queue and self._running() >= self.limits.max_rows:
+                raise QueueFullError(f"{len(self._queue)} requests are already waiting; try again later")
+            self._queue.append(job)
+            self._count()
+            self._wake.notify()
+
+    def drain(self) -> None:
+        """Refuse new requests from now on; the running and queued ones go on."""
+        with self._wake:
+            if self.state is EngineState.READY:
+                self.state = EngineState.DRAINING
+
+    def abort(self, message: str) -> None:
+        """End every running and queued request with a 503 carrying `message` (drain timed out)."""
+        with self._wake:
+            self._abort = message
+            self._wake.notify_all()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+
+    def set_state(self, state: EngineState) -> None:
+        with self._wake:
+            self.state = state
+
+    @property
+    def idle(self) -> bool:
+        """No request is queued, being admitted or running (`abort`'s failures delivered)."""
+        return not self.rows and not self._queue and self._admitting is None and self._abort is None
+
+    # --- the engine thread -----------------------------------------------------------------
+
+    def serve(self) -> None:
+        while not self._stopping:
+            if self._abort is not None:
+                self.fail_all(Failed(self._abort, 503, "unavailable_error"))
+                self._abort = None
+            self._admit()
+            if not self.rows:
+                with self._wake:
+                    if not self._queue and not self._stopping and self._abort is None:
+                        self._wake.wait(IDLE_WAIT_S)
+                continue
+            for slot in list(self.rows):
+                self._tick(self.rows[slot])
+
+    def fail_all(self, event: Failed) -> None:
+        with self._wake:
+            jobs = [row.job for row in self.rows.values()] + list(self._queue)
+            if self._admitting is not None:  # the engine broke while building its loop
+                jobs.append(self._admitting)
+            self.rows.clear()
+            self._queue.clear()
+            self._admitting = None
+            self._count()
+        for job in jobs:
+            try:
+                job.sink(event)
+            except BaseException:  # one broken sink must not keep the others waiting
+                self._log.exception("sink_failed", request_id=job.request_id)
+
+    def _running(self) -> int:
+        return len(self.rows) + (self._admitting is not None)
+
+    def _count(self) -> None:
+        self.reporter.occupancy(waiting=len(self._queue), running=self._running())
+
+    def _admit(self) -> None:
+        while (job := self._next_job()) is not None:
+            slot = next(i for i in range(self.limits.max_rows) if i not in self.rows)
+            row = self._build(job, slot)  # outside the lock: this may take seconds
+            with self._wake:
+                self._admitting = None
+                if row is not None:
+                    self.rows[slot] = row
+                self._count()
+
+    def _next_job(self) -> Job | None:
+        """The next queued job still wanted, if a row is free for it (marked as being admitted)."""
+        with self._wake:
+            while self._queue and len(self.rows) < self.limits.max_rows:
+                job = self._queue.popleft()
+                if job.cancelled:  # its client left while it waited
+                    self.reporter.cancelled(job, decided=0)
+                    continue
+                self._admitting = job
+                self._count()
+                return job
+            self._count()
+            return None
+
+    def _build(self, job: Job, slot: int) -> Row | None:
+        try:
+            listener = self.reporter.governor_listener(job, partial(self._decided, job))
+            generation = self.host.build(job.request, listener)
+            self.reporter.built(job, generation)
+        except DrafterUnavailableError as exc:
+            self.reporter.drafter_unavailable(job, str(exc))
+            self._deliver(job, Failed(str(exc), 503, "unavailable_error"))
+            return None
+        except Exception as exc:
+            self._fail_row(job, exc, "admit")
+            return None
+        return Row(job, generation, slot)
+
+    def _decided(self, job: Job) -> int:
+        row = next((r for r in self.rows.values() if r.job is job), None)
+        return len(row.generation.emitted) if row is not None else 0
+
+    def _fail_row(self, job: Job, exc: Exception, stage: str) -> None:
+        """One row's internal error: logged with its traceback under an id the client also gets."""
+        failure_id = log_internal_error(self._log, "row_failed", exc, request_id=job.request_id, stage=stage)
+        self._deliver(job, Failed(internal_error_message(failure_id, exc)))
+
+    def _deliver(self, job: Job, event: Event) -> None:
+        """Hand an event to the job's sink; a sink that fails cancels its own job only."""
+        try:
+            job.sink(event)
+        except Exception:
+            self._log.exception("sink_failed", request_id=job.request_id)
+            job.cancelled = True
+
+    def _tick(self, row: Row) -> None:
+        job = row.job
+        if job.cancelled:
+            self._retire(row)
+            self.reporter.cancelled(job, decided=len(row.generation.emitted))
+            return
+        try:
+            self._advance(row)
+        except Exception as exc:  # a failing row must not take the server down
+            self._retire(row)
+            self._fail_row(job, exc, "tick")
+
+    def _advance(self, row: Row) -> None:
+        job = row.job
+        delta = row.advance()
+        streamed = job.stream and (delta.text or delta.tokens)
+        if row.generation.finished:
+            self._retire(row)
+            result = row.finished()
+            self.reporter.finished(row, result)
+            if streamed:
+                self._deliver(job, delta)
+            self._deliver(job, result)
+        elif streamed:
+            self._deliver(job, delta)
+
+    def _retire(self, row: Row) -> None:
+        with self._wake:
+            self.rows.pop(row.slot, None)
+            self._count()
