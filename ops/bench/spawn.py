@@ -1,4 +1,4 @@
-"""`mlxcel serve` in a subprocess for the benchmarks: a free port, a clean environment, healthy."""
+"""Servers in subprocesses for the benchmarks: a free port, a clean environment, healthy."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import httpx
@@ -16,16 +16,27 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_S = 120
 
 
+def spawned_server(profile: str, log: str = "stderr") -> AbstractContextManager[tuple[str, subprocess.Popen]]:
+    """`mlxcel serve --profile PROFILE` logging to `log`. The environment holds no MLXCEL_
+    variable but the log's, so only the profile counts."""
+    command = [sys.executable, "-m", "app", "serve", "--profile", profile]
+    return spawned(command, {"MLXCEL_LOGGING__DESTINATION": log}, f"log: {log}")
+
+
 @contextmanager
-def spawned_server(profile: str, log: str = "stderr") -> Iterator[tuple[str, subprocess.Popen]]:
-    """`mlxcel serve --profile PROFILE` on a free port, logging to `log`; its URL and process once
-    /health answers 200. The environment holds no MLXCEL_ variable, so only the profile counts."""
+def spawned(command: list[str], env: dict[str, str], hint: str = "") -> Iterator[tuple[str, subprocess.Popen]]:
+    """`command --port PORT` on a free port with only `env` (and PATH) set; its URL and process
+    once /health answers 200. `hint` says where to look when it never does."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {"MLXCEL_LOGGING__DESTINATION": log, "PATH": "/usr/bin:/bin"}
-    command = [sys.executable, "-m", "app", "serve", "--profile", profile, "--port", str(port)]
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [*command, "--port", str(port)],
+        cwd=REPO_ROOT,
+        env={"PATH": "/usr/bin:/bin", **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + STARTUP_S
@@ -36,7 +47,7 @@ def spawned_server(profile: str, log: str = "stderr") -> Iterator[tuple[str, sub
             except httpx.TransportError:
                 time.sleep(0.1)
         else:
-            raise RuntimeError(f"the server did not become healthy (exit {process.poll()}); log: {log}")
+            raise RuntimeError(f"{command[2:]} did not become healthy (exit {process.poll()}); {hint}")
         yield url, process
     finally:
         process.terminate()

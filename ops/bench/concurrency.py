@@ -1,0 +1,241 @@
+"""Concurrent streaming clients: the profiles' servers and `mlx_lm.server`, side by side.
+
+Starts one `mlxcel serve` per profile and `mlx_lm.server` on the same target (through
+ops/bench/mlx_lm_server.py: same BLAS, float32, EOS ignored, batching up to the largest client
+count, no prompt cache since ours has none), all at once. For each client count c the held-out
+prompts are sent in waves of c concurrent streaming `/v1/completions` requests (T = 0, a fixed
+token count, EOS ignored), every arm taking the same wave in turn, so arms see the same machine
+state. A cell covers every prompt at least once per repeat.
+
+Per arm and client count: aggregate tokens/s (all tokens over the waves' wall time, prefill
+included), time to first token, and inter-token latency: the gap before a frame spread over the
+tokens it carries (a speculative round of 3 tokens after 30 ms counts as three 10 ms gaps).
+
+    python -m ops.bench.concurrency [--clients 1,2,4,8,16] [--tokens 64] [--repeats 2]
+        [--profiles target-only,default,prompt-lookup,mtp] [--no-mlx-lm] [--note TEXT] [--no-write]
+"""
+
+from __future__ import annotations
+
+# isort: off
+from ops.bench.common import machine, table, write_section  # first: sets up MLX's BLAS
+
+# isort: on
+import argparse
+import json
+import math
+import re
+import selectors
+import socket
+import sys
+import time
+from bisect import bisect_left
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+from ops.bench.prompts import HELD_OUT_CODE
+from ops.bench.spawn import REPO_ROOT, spawned, spawned_server
+
+PROFILES = ["target-only", "default", "prompt-lookup", "mtp"]
+MLX_LM = "mlx_lm.server"
+FRAME = re.compile(rb"^data: (\{.*\})\r?$", re.M)
+WARMUP_TOKENS = 8
+
+
+@dataclass
+class Stream:
+    """What one streaming request received: its bytes, and (time, bytes so far) at each recv."""
+
+    sent: float
+    received: bytearray = field(default_factory=bytearray)
+    arrivals: list[tuple[float, int]] = field(default_factory=list)
+
+
+@dataclass
+class Cell:
+    """One arm at one client count, summed over its waves."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    first_token_s: list[float] = field(default_factory=list)
+    inter_token_s: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def request_body(prompt: str, n: int, arm: str) -> bytes:
+    fields = {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
+              "stream_options": {"include_usage": True}}  # fmt: skip
+    if arm != MLX_LM:  # mlx_lm.server ignores EOS through its wrapper; its frames carry one token each
+        fields |= {"ignore_eos": True, "timings_per_token": True}
+    return json.dumps(fields).encode()
+
+
+def wave(url: str, bodies: list[bytes]) -> tuple[list[Stream], float]:
+    """Send every request at once and read all streams from one thread: on a two-core machine the
+    client shares the cores with the servers, so it only collects bytes and parses afterwards."""
+    host, port = url.removeprefix("http://").split(":")
+    selector = selectors.DefaultSelector()
+    streams = []
+    start = time.perf_counter()
+    for body in bodies:
+        connection = socket.create_connection((host, int(port)))
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+        streams.append(Stream(time.perf_counter()))
+        connection.sendall(head.encode() + body)
+        selector.register(connection, selectors.EVENT_READ, streams[-1])
+    while selector.get_map():
+        for key, _ in selector.select():
+            chunk = key.fileobj.recv(1 << 16)
+            if chunk:
+                key.data.received += chunk
+                key.data.arrivals.append((time.perf_counter(), len(key.data.received)))
+            else:
+                selector.unregister(key.fileobj)
+                key.fileobj.close()
+    return streams, time.perf_counter() - start
+
+
+def record(cell: Cell, stream: Stream, n: int) -> None:
+    """Add one stream's tokens, first-token time and per-token gaps to `cell`."""
+    times, ends = [t for t, _ in stream.arrivals], [size for _, size in stream.arrivals]
+    usage, counted, last = None, 0, None
+    for match in FRAME.finditer(stream.received):
+        payload = json.loads(match.group(1))
+        at = times[bisect_left(ends, match.end())]
+        usage = payload.get("usage") or usage
+        if "timings" in payload:
+            delivered = payload["timings"]["predicted_n"] - counted
+        else:
+            delivered = int(any(choice.get("text") for choice in payload.get("choices", [])))
+        if not delivered:
+            continue
+        if last is None:
+            cell.first_token_s.append(at - stream.sent)
+        else:
+            cell.inter_token_s += [(at - last) / delivered] * delivered
+        last, counted = at, counted + delivered
+    if usage is None or usage["completion_tokens"] != n:
+        raise RuntimeError(f"expected {n} tokens, got {usage}: {bytes(stream.received[-300:])!r}")
+    cell.tokens += n
+
+
+def waves_of(clients: int, offset: int) -> list[list[str]]:
+    """Every held-out prompt at least once, in waves of `clients` concurrent requests."""
+    count = clients * math.ceil(len(HELD_OUT_CODE) / clients)
+    prompts = [HELD_OUT_CODE[(offset + i) % len(HELD_OUT_CODE)] for i in range(count)]
+    return [prompts[i : i + clients] for i in range(0, count, clients)]
+
+
+def mlx_lm_command(max_clients: int) -> list[str]:
+    width = str(max_clients)
+    return [sys.executable, "-m", "ops.bench.mlx_lm_server", "--model", str(REPO_ROOT / "models" / "target"),
+            "--decode-concurrency", width, "--prompt-concurrency", width, "--prompt-cache-size", "0",
+            "--log-level", "WARNING"]  # fmt: skip
+
+
+def measure(urls: dict[str, str], clients: list[int], n: int, repeats: int) -> dict[tuple[str, int], Cell]:
+    arms = list(urls)
+    for arm in arms:  # load, compile and size the caches before timing anything
+        wave(urls[arm], [request_body(p, WARMUP_TOKENS, arm) for p in waves_of(max(clients), 0)[0]])
+    cells = {(arm, c): Cell() for arm in arms for c in clients}
+    turn = 0
+    for repeat in range(repeats):
+        for c in clients:
+            for prompts in waves_of(c, repeat):
+                turn += 1
+                for arm in arms[turn % len(arms) :] + arms[: turn % len(arms)]:
+                    streams, seconds = wave(urls[arm], [request_body(p, n, arm) for p in prompts])
+                    cells[arm, c].seconds += seconds
+                    for stream in streams:
+                        record(cells[arm, c], stream, n)
+    return cells
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else math.nan
+
+
+def spread(seconds: list[float], spec: str) -> str:
+    """p50 / p95 in milliseconds."""
+    return f"{percentile(seconds, 0.5) * 1e3:{spec}} / {percentile(seconds, 0.95) * 1e3:{spec}}"
+
+
+def ratio(a: Cell | None, b: Cell | None) -> str:
+    return f"{a.tokens_per_second / b.tokens_per_second:.2f}x" if a and b and b.tokens_per_second else ""
+
+
+def goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
+    """Issue 12's goals for the default profile at 8 clients, where this run measured them."""
+    one, eight, theirs = cells.get(("default", 1)), cells.get(("default", 8)), cells.get((MLX_LM, 8))
+    if not (one and eight):
+        return []
+    spread = percentile(eight.inter_token_s, 0.95) / percentile(one.inter_token_s, 0.95)
+    lines = [
+        f"- default profile, 8 clients against 1: {ratio(eight, one)} aggregate (goal ≥ 3x); "
+        f"p95 inter-token latency {spread:.2f}x (goal ≤ 2x)."
+    ]
+    if theirs:
+        lines.append(f"- default profile against `mlx_lm.server` at 8 clients: {ratio(eight, theirs)} (goal ≥ 1.5x).")
+    return lines
+
+
+def render(cells: dict[tuple[str, int], Cell], n: int, repeats: int, note: str = "") -> str:
+    arms = list(dict.fromkeys(arm for arm, _ in cells))
+    clients = sorted({c for _, c in cells})
+    rows = []
+    for arm in arms:
+        for c in clients:
+            cell = cells[arm, c]
+            rows.append([arm if arm == MLX_LM else f"`{arm}` profile", str(c), f"{cell.tokens_per_second:.1f}",
+                         ratio(cell, cells.get((arm, 1))), ratio(cell, cells.get((MLX_LM, c))),
+                         spread(cell.inter_token_s, ".1f"), spread(cell.first_token_s, ".0f")])  # fmt: skip
+    header = ["arm", "clients", "aggregate tokens/s", "vs own 1 client", f"vs {MLX_LM}",
+              "inter-token ms p50 / p95", "first token ms p50 / p95"]  # fmt: skip
+    intro = (
+        f"{machine()}. Waves of concurrent streaming `/v1/completions` clients over the "
+        f"{len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, T=0, EOS ignored, {repeats} repeats, "
+        f"arms interleaved wave by wave. `{MLX_LM}` 0.32.2 runs the same target as float32 on the same "
+        "BLAS, batching up to the largest client count (`--decode-concurrency`, `--prompt-concurrency`), "
+        "prompt cache off. Inter-token latency spreads each frame's gap over the tokens it carries."
+    )
+    parts = ["## Concurrent streaming clients (`ops/bench/concurrency.py`)", "", intro, ""]
+    parts += [note, ""] if note else []
+    parts += [table(header, rows), "", *goals(cells)]
+    return "\n".join(parts)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    def numbers(text: str) -> list[int]:
+        return sorted({int(part) for part in text.split(",")})
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=numbers, default=[1, 2, 4, 8, 16], help="client counts, e.g. 1,2,4,8")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens per request")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--profiles", type=lambda text: text.split(","), default=PROFILES)
+    parser.add_argument("--no-mlx-lm", action="store_true", help=f"leave {MLX_LM} out")
+    parser.add_argument("--note", default="", help="a line for the section (e.g. the machine's state)")
+    parser.add_argument("--no-write", action="store_true", help="print the table only")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    with ExitStack() as servers:
+        urls = {profile: servers.enter_context(spawned_server(profile))[0] for profile in args.profiles}
+        if not args.no_mlx_lm:
+            urls[MLX_LM] = servers.enter_context(spawned(mlx_lm_command(max(args.clients)), {}))[0]
+        cells = measure(urls, args.clients, args.tokens, args.repeats)
+    body = render(cells, args.tokens, args.repeats, args.note)
+    print(body)
+    if not args.no_write:
+        write_section("concurrency", body)
+
+
+if __name__ == "__main__":
+    main()

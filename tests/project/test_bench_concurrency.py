@@ -1,0 +1,67 @@
+"""The concurrency benchmark's options, stream accounting and table, without starting a server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ops.bench.concurrency import MLX_LM, Cell, Stream, parse_args, record, render, waves_of
+from ops.bench.prompts import HELD_OUT_CODE
+
+
+def test_help_and_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--help"])
+    assert exited.value.code == 0 and "--clients" in capsys.readouterr().out
+    args = parse_args(["--clients", "8,1,2", "--tokens", "16", "--profiles", "default", "--no-mlx-lm", "--no-write"])
+    assert (args.clients, args.tokens, args.profiles, args.no_mlx_lm, args.no_write) == (
+        [1, 2, 8],
+        16,
+        ["default"],
+        True,
+        True,
+    )
+
+
+def test_every_client_count_covers_every_prompt() -> None:
+    for clients in (1, 3, 8, 16):
+        waves = waves_of(clients, offset=5)
+        assert all(len(w) == clients for w in waves)
+        assert {p for w in waves for p in w} == set(HELD_OUT_CODE)
+
+
+def frame(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def test_a_speculative_frame_spreads_its_gap_over_its_tokens() -> None:
+    """Frames of 1 then 3 tokens, the second split across two reads: one first-token time and
+    three gaps of a third of the time between the frames each."""
+    first = frame({"choices": [{"text": "a"}], "timings": {"predicted_n": 1}})
+    second = frame({"choices": [{"text": "bcd"}], "timings": {"predicted_n": 4}})
+    final = frame({"choices": [{"text": ""}], "usage": {"completion_tokens": 4}, "timings": {"predicted_n": 4}})
+    stream = Stream(sent=10.0)
+    for at, data in ((10.5, first + second[:5]), (10.8, second[5:] + final + b"data: [DONE]\n\n")):
+        stream.received += data
+        stream.arrivals.append((at, len(stream.received)))
+    cell = Cell()
+    record(cell, stream, 4)
+    assert cell.tokens == 4 and cell.first_token_s == [0.5]
+    assert cell.inter_token_s == pytest.approx([0.1] * 3)
+    with pytest.raises(RuntimeError, match="expected 5 tokens"):
+        record(Cell(), stream, 5)
+
+
+def test_table_ratios_and_goals() -> None:
+    cells = {
+        ("default", 1): Cell(tokens=100, seconds=1.0, first_token_s=[0.05], inter_token_s=[0.01] * 10),
+        ("default", 8): Cell(tokens=800, seconds=2.0, first_token_s=[0.1], inter_token_s=[0.015] * 10),
+        (MLX_LM, 1): Cell(tokens=50, seconds=1.0, first_token_s=[0.06], inter_token_s=[0.02] * 10),
+        (MLX_LM, 8): Cell(tokens=400, seconds=2.0, first_token_s=[0.2], inter_token_s=[0.04] * 10),
+    }
+    text = render(cells, n=64, repeats=1, note="a busy machine")
+    assert "| `default` profile | 8 | 400.0 | 4.00x | 2.00x | 15.0 / 15.0 | 100 / 100 |" in text
+    assert "| mlx_lm.server | 1 | 50.0 | 1.00x | 1.00x | 20.0 / 20.0 | 60 / 60 |" in text
+    assert "4.00x aggregate (goal ≥ 3x); p95 inter-token latency 1.50x" in text
+    assert "at 8 clients: 2.00x (goal ≥ 1.5x)" in text and "a busy machine" in text
