@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.decoding.adaptive import FixedWidth
 from app.decoding.block_builder import BlockChoice, BlockLoops
 from app.decoding.generation import Generation
-from app.decoding.loop import SpeculativeLoop, TargetLoop
+from app.decoding.loop import Drafting, RoundLoop, Speculation, SpeculativeLoop, TargetLoop
 from app.decoding.plan import LoopPlan
 from app.decoding.state import RowState
-from app.drafters.base import Drafter
 from app.drafters.draft_model import DraftModelDrafter
-from app.drafters.governor import Listener, make_governor
+from app.drafters.governor import Governor, Listener, make_governor
+from app.drafters.kinds import DrafterKind
 from app.drafters.prompt_lookup import PromptLookupDrafter
 from app.loading import LoadedModel, ModelLoadError, check_vocab_agreement
 from app.loading.runner import ModelRunner
@@ -40,7 +41,7 @@ class LoopBuilder:
     """Builds each request's loop as the plan says; it decides nothing the plan has decided."""
 
     def __init__(self, target: LoadedModel, drafter: LoadedModel | None, plan: LoopPlan) -> None:
-        if plan.drafter_kind == "draft-model":
+        if plan.drafter_kind is DrafterKind.DRAFT_MODEL:
             if drafter is None:
                 raise ModelLoadError("drafter kind draft-model needs a drafter model (--draft-model)")
             check_vocab_agreement(target, drafter)
@@ -60,17 +61,22 @@ class LoopBuilder:
     def context_limit(self) -> int:
         return int(self.target.config.get("max_position_embeddings") or DEFAULT_CONTEXT)
 
-    def make_drafter(self, request: RowRequest, width: int, listener: Listener | None) -> Drafter | None:
+    def classic(self, request: RowRequest, listener: Listener | None) -> tuple[Drafting | None, Governor | None]:
+        """The draft model's or prompt lookup's drafting for this request, and prompt lookup's governor."""
         plan = self.plan
-        if plan.drafter_kind == "draft-model" and self.drafter is not None:
-            return DraftModelDrafter(self.drafter, self.target.vocab_size, p_min=request.p_min)
-        if plan.drafter_kind == "prompt-lookup":
+        width = plan.num_draft_tokens if request.n_max is None else min(request.n_max, plan.num_draft_tokens)
+        if width <= 0:
+            return None, None
+        if plan.drafter_kind is DrafterKind.DRAFT_MODEL:
+            proposer = DraftModelDrafter(self.drafter, self.target.vocab_size, p_min=request.p_min)
+            return Drafting(proposer, FixedWidth(width), request.n_min), None
+        if plan.drafter_kind is DrafterKind.PROMPT_LOOKUP:
             governor = make_governor(
                 width, policy=plan.governor_policy, adaptive=plan.governor_adaptive, floor=plan.governor_floor
             )
             governor.listener = listener
-            return PromptLookupDrafter(governor)
-        return None
+            return Drafting(PromptLookupDrafter(governor), FixedWidth(width), request.n_min), governor
+        return None, None
 
     def build(self, request: RowRequest, governor_listener: Listener | None = None) -> Generation:
         state = RowState(
@@ -79,19 +85,24 @@ class LoopBuilder:
             rng=RowRng(resolve_seed(request.seed)),
         )
         target = ModelRunner(self.target.model, max_kv_size=self.plan.max_kv_size)
-        width = self.plan.num_draft_tokens if request.n_max is None else min(request.n_max, self.plan.num_draft_tokens)
-        choice = BlockChoice(TargetLoop(target))
-        if self.block is not None and request.n_max != 0:
-            choice = self.block.choose(target, request.sampling, request.n_max)
-        drafter = self.make_drafter(request, width, governor_listener) if width > 0 and self.block is None else None
-        loop: TargetLoop
-        if drafter is None:
-            loop = choice.loop
-        else:
-            rule = self.plan.rule(request.sampling)
-            loop = SpeculativeLoop(
-                target, drafter, rule, width, diagnose=self.plan.switches.accept_diag, n_min=request.n_min
+        choice, governor = BlockChoice(None), None
+        if self.block is None:
+            drafting, governor = self.classic(request, governor_listener)
+            choice = BlockChoice(drafting)
+        elif request.n_max != 0:
+            choice = self.block.choose(request.sampling, request.n_max)
+        rule = self.plan.rule(request.sampling)
+        loop: RoundLoop = TargetLoop(target)
+        if choice.drafting is not None and rule is not None:
+            proposer = choice.drafting.proposer
+            speculation = Speculation(
+                rule=rule,
+                draft_kind=proposer.kind,
+                one_hot_proposals=proposer.one_hot_proposals,
+                diagnose=self.plan.switches.accept_diag,
+                governor=governor,
             )
+            loop = SpeculativeLoop(target, choice.drafting, speculation)
         return Generation(
             loop=loop,
             state=state,

@@ -8,7 +8,7 @@ from enum import StrEnum
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from app.decoding.loop import TargetLoop
+from app.decoding.loop import RoundLoop
 from app.decoding.state import RowState
 
 
@@ -36,7 +36,7 @@ class Generation:
     held back from the stream until it cannot.
     """
 
-    loop: TargetLoop
+    loop: RoundLoop
     state: RowState
     tokenizer: TokenizerWrapper
     max_tokens: int
@@ -113,8 +113,8 @@ class Generation:
             if len(self.emitted) + len(kept) >= self._limit:
                 self.stop_type = StopType.LIMIT
                 break
-        if len(kept) < len(tokens) and self.loop.stats is not None:
-            self.loop.stats.clamp_last_round(len(kept))
+        if len(kept) < len(tokens):  # the one place a stop inside a round uncounts its drafts
+            self.loop.speculation.stats.clamp_last_round(len(kept))
         self.emitted.extend(kept)
         if self.finished:
             self._detokenizer.finalize()

@@ -257,7 +257,7 @@ class Engine:
         if row.generation.finished:
             self._retire(row)
             result = row.finished()
-            self.metrics.observe(result, row.generation.loop.stats)
+            self.metrics.observe(result, row.generation.loop.speculation.stats)
             self._report(row)
             if job.stream and (update.text or update.tokens):
                 self._deliver(job, update)
@@ -270,20 +270,19 @@ class Engine:
         self.metrics.requests_processing = len(self.rows)
 
     def _report(self, row: Row) -> None:
-        loop = row.generation.loop
-        if loop.stats is None or loop.stats.rounds == 0 or loop.rule is None:
+        speculation = row.generation.loop.speculation
+        if not speculation.ran:
             return
-        governor = getattr(loop.drafter, "governor", None)
         events.speculative_request(
             request_id=row.job.request_id,
             route=row.job.route,
-            rule=str(loop.rule),
-            draft_kind=str(loop.draft_kind),
-            stats=loop.stats,
+            rule=str(speculation.rule),
+            draft_kind=str(speculation.draft_kind),
+            stats=speculation.stats,
             predicted_n=len(row.generation.emitted),
-            biased=not loop.rule.lossless and not row.generation.state.sampler.is_greedy,
-            governor_pauses=governor.pauses if governor else 0,
-            governor_resumes=governor.resumes if governor else 0,
+            biased=not speculation.rule.lossless and not row.generation.state.sampler.is_greedy,
+            governor_pauses=speculation.governor_pauses,
+            governor_resumes=speculation.governor_resumes,
             profile=self.settings.profile,
         )
 

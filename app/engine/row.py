@@ -77,7 +77,7 @@ class Row:
 
     def timings(self) -> Timings:
         generation = self.generation
-        loop = generation.loop
+        speculation = generation.loop.speculation
         first = generation.prefill_finished or time.perf_counter()
         last = generation.last_token_at or first
         return make_timings(
@@ -85,8 +85,8 @@ class Row:
             prompt_ms=max(0.0, (first - self.job.created - self.excluded_s) * 1000.0),
             predicted_n=len(generation.emitted),
             predicted_ms=(last - first) * 1000.0,
-            stats=loop.stats,
-            draft_kind=loop.draft_kind,
+            stats=speculation.stats,
+            draft_kind=speculation.draft_kind,
         )
 
     def finished(self) -> Finished:
@@ -98,6 +98,6 @@ class Row:
             stopping_word=generation.stopping_word,
             prompt_n=generation.prompt_n,
             timings=self.timings(),
-            rule=str(generation.loop.rule) if generation.loop.rule else None,
-            draft_kind=generation.loop.draft_kind,
+            rule=generation.loop.speculation.rule,
+            draft_kind=generation.loop.speculation.draft_kind,
         )

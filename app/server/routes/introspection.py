@@ -81,7 +81,8 @@ async def slots(request: Request) -> list[dict[str, Any]]:
         }
         if row is not None:
             generation, sampling = row.generation, row.job.request.sampling
-            stats = generation.loop.stats
+            speculation = generation.loop.speculation
+            stats = speculation.stats
             n_max = row.job.request.n_max if row.job.request.n_max is not None else width
             entry |= {
                 "id_task": row.job.request_id,
@@ -101,7 +102,7 @@ async def slots(request: Request) -> list[dict[str, Any]]:
                     "draft_n_accepted": stats.accepted,
                     "draft_rounds": stats.rounds,
                 }
-                if stats is not None
+                if speculation.drafting
                 else None,
             }
         out.append(entry)
