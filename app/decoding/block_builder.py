@@ -36,8 +36,10 @@ class Note:
 
 
 @dataclass
-class BlockChoice:
-    drafting: Drafting | None  # None: declined, the row decodes target-only
+class Choice:
+    """How one request drafts, and what choosing it cost and wants logged."""
+
+    drafting: Drafting | None  # None: no drafter (none configured, n_max 0, or declined)
     notes: list[Note] = field(default_factory=list)
     setup_seconds: float = 0.0  # this request paid the drafter's first load or a first probe
 
@@ -83,7 +85,7 @@ class BlockLoops:
             return verdict
         return None
 
-    def choose(self, sampling: SamplingParams, n_max: int | None) -> BlockChoice:
+    def choose(self, sampling: SamplingParams, n_max: int | None) -> Choice:
         started = time.perf_counter()
         load_seconds = self._load()
         notes = [Note("drafter_loaded", {"path": str(self.bound.path), "seconds": round(load_seconds, 3)})] if (
@@ -92,13 +94,13 @@ class BlockLoops:
         if self.plan.rule(sampling) is None:  # the plan declines this sampler class (DSpark samples nothing)
             reason = "the DSpark drafter is greedy-only; this request samples (temperature > 0, top_k != 1)"
             notes.append(Note("block_loop_declined", {"reason": reason}))
-            return BlockChoice(None, notes, time.perf_counter() - started)
+            return Choice(None, notes, time.perf_counter() - started)
         failed = self._gate(notes)
         if failed is not None:
             reason = (f"exactness probe failed at width {failed.width}, position {failed.position} "
                       f"(max |difference| {failed.max_difference:.3g}); serving classic decode")  # fmt: skip
             notes.append(Note("block_loop_declined", {"reason": reason, "width": failed.width,
                                                       "position": failed.position}))  # fmt: skip
-            return BlockChoice(None, notes, time.perf_counter() - started)
+            return Choice(None, notes, time.perf_counter() - started)
         drafting = Drafting(block_proposer(self.bound), ControlledWidth(self.controller, n_max))
-        return BlockChoice(drafting, notes, time.perf_counter() - started)
+        return Choice(drafting, notes, time.perf_counter() - started)

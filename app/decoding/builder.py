@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.decoding.adaptive import FixedWidth
-from app.decoding.block_builder import BlockChoice, BlockLoops
+from app.decoding.block_builder import BlockLoops, Choice
 from app.decoding.generation import Generation
 from app.decoding.loop import Drafting, RoundLoop, Speculation, SpeculativeLoop, TargetLoop
 from app.decoding.plan import LoopPlan
 from app.decoding.state import RowState
 from app.drafters.draft_model import DraftModelDrafter
-from app.drafters.governor import Governor, Listener, make_governor
+from app.drafters.governor import Listener, make_governor
 from app.drafters.kinds import DrafterKind
 from app.drafters.prompt_lookup import PromptLookupDrafter
 from app.loading import LoadedModel, ModelLoadError, check_vocab_agreement
@@ -61,22 +61,24 @@ class LoopBuilder:
     def context_limit(self) -> int:
         return int(self.target.config.get("max_position_embeddings") or DEFAULT_CONTEXT)
 
-    def classic(self, request: RowRequest, listener: Listener | None) -> tuple[Drafting | None, Governor | None]:
-        """The draft model's or prompt lookup's drafting for this request, and prompt lookup's governor."""
+    def choose(self, request: RowRequest, listener: Listener | None) -> Choice:
+        """This request's drafting: the block loops', or the draft model's or prompt lookup's."""
+        if self.block is not None:
+            return self.block.choose(request.sampling, request.n_max) if request.n_max != 0 else Choice(None)
         plan = self.plan
         width = plan.num_draft_tokens if request.n_max is None else min(request.n_max, plan.num_draft_tokens)
         if width <= 0:
-            return None, None
+            return Choice(None)
         if plan.drafter_kind is DrafterKind.DRAFT_MODEL:
             proposer = DraftModelDrafter(self.drafter, self.target.vocab_size, p_min=request.p_min)
-            return Drafting(proposer, FixedWidth(width), request.n_min), None
+            return Choice(Drafting(proposer, FixedWidth(width), request.n_min))
         if plan.drafter_kind is DrafterKind.PROMPT_LOOKUP:
             governor = make_governor(
                 width, policy=plan.governor_policy, adaptive=plan.governor_adaptive, floor=plan.governor_floor
             )
             governor.listener = listener
-            return Drafting(PromptLookupDrafter(governor), FixedWidth(width), request.n_min), governor
-        return None, None
+            return Choice(Drafting(PromptLookupDrafter(governor), FixedWidth(width), request.n_min, governor))
+        return Choice(None)
 
     def build(self, request: RowRequest, governor_listener: Listener | None = None) -> Generation:
         state = RowState(
@@ -85,12 +87,7 @@ class LoopBuilder:
             rng=RowRng(resolve_seed(request.seed)),
         )
         target = ModelRunner(self.target.model, max_kv_size=self.plan.max_kv_size)
-        choice, governor = BlockChoice(None), None
-        if self.block is None:
-            drafting, governor = self.classic(request, governor_listener)
-            choice = BlockChoice(drafting)
-        elif request.n_max != 0:
-            choice = self.block.choose(request.sampling, request.n_max)
+        choice = self.choose(request, governor_listener)
         rule = self.plan.rule(request.sampling)
         loop: RoundLoop = TargetLoop(target)
         if choice.drafting is not None and rule is not None:
@@ -100,7 +97,7 @@ class LoopBuilder:
                 draft_kind=proposer.kind,
                 one_hot_proposals=proposer.one_hot_proposals,
                 diagnose=self.plan.switches.accept_diag,
-                governor=governor,
+                governor=choice.drafting.governor,
             )
             loop = SpeculativeLoop(target, choice.drafting, speculation)
         return Generation(

@@ -62,6 +62,7 @@ class Drafting:
     proposer: Proposer
     widths: Widths
     n_min: int = 0  # speculative.n_min: shorter proposals are retracted unverified
+    governor: Governor | None = None  # prompt lookup's, reported with the row's speculation
 
 
 class RoundLoop(Protocol):

@@ -19,16 +19,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from app.acceptance import (
-    Rule,
-    Verdict,
-    argmax_against_argmax,
-    greedy_argmax,
-    modified_rejection,
-    sampler_match,
-    sum_min,
-    sum_prod,
-)
+from app.acceptance import Rule, Verdict, rules
 from app.decoding.state import RowState
 from app.drafters.base import Proposal, Proposer
 from app.loading.runner import ModelRunner
@@ -39,6 +30,9 @@ if TYPE_CHECKING:
 
     from app.decoding.loop import Speculation
     from app.drafters.target_taps import FeatureHook
+
+
+ARGMAX_RULES = {Rule.GREEDY_ARGMAX: rules.greedy_argmax, Rule.ARGMAX_AGAINST_ARGMAX: rules.argmax_against_argmax}
 
 
 @dataclass
@@ -86,16 +80,15 @@ def judge(rule: Rule, state: RowState, proposal: Proposal, logits: mx.array) -> 
         state.history.rewind(base)
         state.history.extend(proposal.tokens.tolist())
     contexts = state.contexts(range(base, base + proposal.k + 1))
-    if rule in (Rule.GREEDY_ARGMAX, Rule.ARGMAX_AGAINST_ARGMAX):
+    if rule in ARGMAX_RULES:
         argmax = sampler.greedy(logits, contexts)
         mx.eval(proposal.tokens, argmax)
-        decide = greedy_argmax if rule is Rule.GREEDY_ARGMAX else argmax_against_argmax
-        return decide(proposal.tokens.tolist(), argmax.tolist()), None
+        return ARGMAX_RULES[rule](proposal.tokens.tolist(), argmax.tolist()), None
     p = sampler.distribution(logits, contexts, state.rng)
     drafts = proposal.tokens.tolist()
     if rule is Rule.STOCHASTIC and proposal.q is not None:
-        return modified_rejection(drafts, p, proposal.q, state.rng), p
-    return sampler_match(drafts, p, state.rng), p
+        return rules.modified_rejection(drafts, p, proposal.q, state.rng), p
+    return rules.sampler_match(drafts, p, state.rng), p
 
 
 def _diagnose(
@@ -106,7 +99,7 @@ def _diagnose(
     # Greedy p is one-hot on the argmax, which is the emitted token at every tested row.
     p = _one_hot(mx.array(verdict.tokens[:tested]), vocab) if p is None else p[:tested].dense()
     q = proposal.q[:tested].dense() if proposal.q is not None else _one_hot(proposal.tokens[:tested], vocab)
-    speculation.stats.observe_closed_forms(sum_min(p, q).tolist(), sum_prod(p, q).tolist())
+    speculation.stats.observe_closed_forms(rules.sum_min(p, q).tolist(), rules.sum_prod(p, q).tolist())
 
 
 def _one_hot(tokens: mx.array, vocab: int) -> mx.array:
