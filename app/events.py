@@ -44,7 +44,7 @@ def speculative_request(
         rounds=stats.rounds,
         proposed=stats.proposed,
         positions_tested=stats.positions_tested,
-        accepted=min(stats.accepted, predicted_n),
+        accepted=stats.accepted,
         per_position_acceptance=round(stats.per_position_acceptance, 4),
         mean_accepted_len=round(stats.mean_accepted_len, 4),
         predicted_n=predicted_n,

@@ -13,7 +13,7 @@ import sys
 import mlx.core as mx
 import structlog
 
-from app.acceptance import describe, diagnostic_line, summary_line
+from app.acceptance import diagnostic_line, summary_line
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.plan import LoopPlan, Switches
@@ -126,8 +126,9 @@ def run(args: argparse.Namespace) -> int:
     prompt = encode_prompt(target.tokenizer, args.prompt, not args.no_chat_template)
     request = RowRequest(prompt=prompt, sampling=sampling_from(args), max_tokens=args.n_predict, seed=seed)
     generation = builder.build(request)
-    if generation.loop.rule is not None:
-        log.info("acceptance_rule_active", rule=generation.loop.rule, drafter_kind=resolution.kind, width=width)
+    speculation = generation.loop.speculation
+    if speculation.drafting:
+        log.info("acceptance_rule_active", rule=speculation.rule, drafter_kind=resolution.kind, width=width)
     stream(generation)
     report(generation, plan)
     return 0
@@ -151,17 +152,16 @@ def report(generation: Generation, plan: LoopPlan) -> None:
         f"prompt: {generation.prompt_n} tokens in {prefill_s:.3f} s; generated: {n} tokens, {rate:.1f} tokens/s",
         file=sys.stderr,
     )
-    loop = generation.loop
-    if loop.stats is None or loop.rule is None:
+    speculation = generation.loop.speculation
+    if not speculation.drafting:
         return
-    one_hot = loop.drafter.one_hot_proposals
-    print(summary_line(loop.rule, loop.stats, describe(loop.rule, one_hot_proposals=one_hot)))
+    stats = speculation.stats
+    print(summary_line(speculation.rule, stats, speculation.description))
     if plan.switches.accept_diag:
-        print(diagnostic_line(loop.stats))
-    stats = loop.stats
+        print(diagnostic_line(stats))
     structlog.get_logger("mlxcel.generate").info(
         "speculative_decode_finished",
-        rule=loop.rule,
+        rule=speculation.rule,
         rounds=stats.rounds,
         proposed=stats.proposed,
         positions_tested=stats.positions_tested,

@@ -15,6 +15,7 @@ import uvicorn
 
 from app import events
 from app.decoding.plan import SamplerClass
+from app.drafters.kinds import DrafterKind
 from app.engine.engine import Engine, EngineState
 from app.loading import ModelLoadError
 from app.profiles import add_profile_flags, settings_from_args
@@ -92,7 +93,7 @@ def startup_fields(engine: Engine) -> dict[str, object]:
     settings, plan = engine.settings, engine.plan
     drafter = settings.drafter
     widths = plan.block_widths
-    lookup = drafter.kind == "prompt-lookup"
+    lookup = plan.drafter_kind is DrafterKind.PROMPT_LOOKUP
     return {
         "profile": settings.profile,
         "profile_file": settings.source,

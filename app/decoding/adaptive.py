@@ -1,4 +1,8 @@
-"""Adaptive verify width for the block loops (the upstream controller's constants).
+"""Verify widths: how many proposals a round asks for, fixed or adaptive.
+
+The classic kinds ask for a fixed number (the plan's, capped by the request's n_max; prompt
+lookup's governor may then propose fewer). The block loops adapt (the upstream controller's
+constants):
 
 Warm up at the drafter's declared width, then measure emitted tokens per millisecond over
 32-round windows. A trial of the wider width is adopted only if it beats the held width by more
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
 WARMUP_ROUNDS = 8
 WINDOW_ROUNDS = 32
@@ -114,3 +119,43 @@ class WidthController:
 
     def _next(self, phase: Phase) -> None:
         self.phase, self.window = phase, Window()
+
+
+class Widths(Protocol):
+    """Where a speculative loop takes each round's width from."""
+
+    def proposals(self) -> int:
+        """Proposals to ask for this round (the loop caps them by the tokens left)."""
+        ...
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A verify round of proposals emitted `tokens` in `seconds`."""
+        ...
+
+
+@dataclass
+class FixedWidth:
+    """The classic kinds: the plan's width, capped by the request's n_max."""
+
+    width: int
+
+    def proposals(self) -> int:
+        return self.width
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A fixed width learns nothing from a round."""
+
+
+@dataclass
+class ControlledWidth:
+    """A block loop row: the shared controller's verify width (bonus row included), capped by n_max."""
+
+    controller: WidthController
+    n_max: int | None = None
+
+    def proposals(self) -> int:
+        width = self.controller.width() - 1
+        return width if self.n_max is None else min(width, self.n_max)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self.controller.observe(tokens, seconds)

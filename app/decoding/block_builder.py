@@ -13,13 +13,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from app.decoding.adaptive import WidthController
-from app.decoding.block_loop import BlockLoop, ProbeCache, ProbeVerdict
-from app.decoding.loop import TargetLoop
+from app.decoding.adaptive import ControlledWidth, WidthController
+from app.decoding.exactness import ProbeCache, ProbeVerdict
+from app.decoding.loop import Drafting
 from app.decoding.plan import LoopPlan
-from app.drafters.block import BlockDrafterModel, load_block_drafter
+from app.drafters.block import BlockDrafterModel, block_proposer, load_block_drafter
 from app.loading import LoadedModel, ModelLoadError
-from app.loading.runner import ModelRunner
 from app.profiles.schema import ALLOW_INEXACT_ENV
 from app.sampling import SamplingParams
 
@@ -37,8 +36,10 @@ class Note:
 
 
 @dataclass
-class BlockChoice:
-    loop: TargetLoop
+class Choice:
+    """How one request drafts, and what choosing it cost and wants logged."""
+
+    drafting: Drafting | None  # None: no drafter (none configured, n_max 0, or declined)
     notes: list[Note] = field(default_factory=list)
     setup_seconds: float = 0.0  # this request paid the drafter's first load or a first probe
 
@@ -84,7 +85,7 @@ class BlockLoops:
             return verdict
         return None
 
-    def choose(self, target: ModelRunner, sampling: SamplingParams, n_max: int | None) -> BlockChoice:
+    def choose(self, sampling: SamplingParams, n_max: int | None) -> Choice:
         started = time.perf_counter()
         load_seconds = self._load()
         notes = [Note("drafter_loaded", {"path": str(self.bound.path), "seconds": round(load_seconds, 3)})] if (
@@ -93,14 +94,13 @@ class BlockLoops:
         if self.plan.rule(sampling) is None:  # the plan declines this sampler class (DSpark samples nothing)
             reason = "the DSpark drafter is greedy-only; this request samples (temperature > 0, top_k != 1)"
             notes.append(Note("block_loop_declined", {"reason": reason}))
-            return BlockChoice(TargetLoop(target), notes, time.perf_counter() - started)
+            return Choice(None, notes, time.perf_counter() - started)
         failed = self._gate(notes)
         if failed is not None:
             reason = (f"exactness probe failed at width {failed.width}, position {failed.position} "
                       f"(max |difference| {failed.max_difference:.3g}); serving classic decode")  # fmt: skip
             notes.append(Note("block_loop_declined", {"reason": reason, "width": failed.width,
                                                       "position": failed.position}))  # fmt: skip
-            return BlockChoice(TargetLoop(target), notes, time.perf_counter() - started)
-        cap = None if n_max is None else n_max + 1
-        loop = BlockLoop(target, self.bound, self.controller, cap)
-        return BlockChoice(loop, notes, time.perf_counter() - started)
+            return Choice(None, notes, time.perf_counter() - started)
+        drafting = Drafting(block_proposer(self.bound), ControlledWidth(self.controller, n_max))
+        return Choice(drafting, notes, time.perf_counter() - started)

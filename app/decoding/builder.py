@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.decoding.block_builder import BlockChoice, BlockLoops
+from app.decoding.adaptive import FixedWidth
+from app.decoding.block_builder import BlockLoops, Choice
 from app.decoding.generation import Generation
-from app.decoding.loop import SpeculativeLoop, TargetLoop
+from app.decoding.loop import Drafting, RoundLoop, Speculation, SpeculativeLoop, TargetLoop
 from app.decoding.plan import LoopPlan
 from app.decoding.state import RowState
-from app.drafters.base import Drafter
 from app.drafters.draft_model import DraftModelDrafter
 from app.drafters.governor import Listener, make_governor
+from app.drafters.kinds import DrafterKind
 from app.drafters.prompt_lookup import PromptLookupDrafter
 from app.loading import LoadedModel, ModelLoadError, check_vocab_agreement
 from app.loading.runner import ModelRunner
@@ -40,7 +41,7 @@ class LoopBuilder:
     """Builds each request's loop as the plan says; it decides nothing the plan has decided."""
 
     def __init__(self, target: LoadedModel, drafter: LoadedModel | None, plan: LoopPlan) -> None:
-        if plan.drafter_kind == "draft-model":
+        if plan.drafter_kind is DrafterKind.DRAFT_MODEL:
             if drafter is None:
                 raise ModelLoadError("drafter kind draft-model needs a drafter model (--draft-model)")
             check_vocab_agreement(target, drafter)
@@ -60,17 +61,24 @@ class LoopBuilder:
     def context_limit(self) -> int:
         return int(self.target.config.get("max_position_embeddings") or DEFAULT_CONTEXT)
 
-    def make_drafter(self, request: RowRequest, width: int, listener: Listener | None) -> Drafter | None:
+    def choose(self, request: RowRequest, listener: Listener | None) -> Choice:
+        """This request's drafting: the block loops', or the draft model's or prompt lookup's."""
+        if self.block is not None:
+            return self.block.choose(request.sampling, request.n_max) if request.n_max != 0 else Choice(None)
         plan = self.plan
-        if plan.drafter_kind == "draft-model" and self.drafter is not None:
-            return DraftModelDrafter(self.drafter, self.target.vocab_size, p_min=request.p_min)
-        if plan.drafter_kind == "prompt-lookup":
+        width = plan.num_draft_tokens if request.n_max is None else min(request.n_max, plan.num_draft_tokens)
+        if width <= 0:
+            return Choice(None)
+        if plan.drafter_kind is DrafterKind.DRAFT_MODEL:
+            proposer = DraftModelDrafter(self.drafter, self.target.vocab_size, p_min=request.p_min)
+            return Choice(Drafting(proposer, FixedWidth(width), request.n_min))
+        if plan.drafter_kind is DrafterKind.PROMPT_LOOKUP:
             governor = make_governor(
                 width, policy=plan.governor_policy, adaptive=plan.governor_adaptive, floor=plan.governor_floor
             )
             governor.listener = listener
-            return PromptLookupDrafter(governor)
-        return None
+            return Choice(Drafting(PromptLookupDrafter(governor), FixedWidth(width), request.n_min, governor))
+        return Choice(None)
 
     def build(self, request: RowRequest, governor_listener: Listener | None = None) -> Generation:
         state = RowState(
@@ -79,19 +87,19 @@ class LoopBuilder:
             rng=RowRng(resolve_seed(request.seed)),
         )
         target = ModelRunner(self.target.model, max_kv_size=self.plan.max_kv_size)
-        width = self.plan.num_draft_tokens if request.n_max is None else min(request.n_max, self.plan.num_draft_tokens)
-        choice = BlockChoice(TargetLoop(target))
-        if self.block is not None and request.n_max != 0:
-            choice = self.block.choose(target, request.sampling, request.n_max)
-        drafter = self.make_drafter(request, width, governor_listener) if width > 0 and self.block is None else None
-        loop: TargetLoop
-        if drafter is None:
-            loop = choice.loop
-        else:
-            rule = self.plan.rule(request.sampling)
-            loop = SpeculativeLoop(
-                target, drafter, rule, width, diagnose=self.plan.switches.accept_diag, n_min=request.n_min
+        choice = self.choose(request, governor_listener)
+        rule = self.plan.rule(request.sampling)
+        loop: RoundLoop = TargetLoop(target)
+        if choice.drafting is not None and rule is not None:
+            proposer = choice.drafting.proposer
+            speculation = Speculation(
+                rule=rule,
+                draft_kind=proposer.kind,
+                one_hot_proposals=proposer.one_hot_proposals,
+                diagnose=self.plan.switches.accept_diag,
+                governor=choice.drafting.governor,
             )
+            loop = SpeculativeLoop(target, choice.drafting, speculation)
         return Generation(
             loop=loop,
             state=state,

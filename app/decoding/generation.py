@@ -8,7 +8,7 @@ from enum import StrEnum
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from app.decoding.loop import TargetLoop
+from app.decoding.loop import RoundLoop
 from app.decoding.state import RowState
 from app.decoding.timings import Timings
 
@@ -45,7 +45,7 @@ class Generation:
     chunks first, empty until the first token) and stops once it has finished.
     """
 
-    loop: TargetLoop
+    loop: RoundLoop
     state: RowState
     tokenizer: TokenizerWrapper
     max_tokens: int
@@ -131,8 +131,8 @@ class Generation:
             if len(self.emitted) + len(kept) >= self._limit:
                 self.stop_type = StopType.LIMIT
                 break
-        if len(kept) < len(tokens) and self.loop.stats is not None:
-            self.loop.stats.clamp_last_round(len(kept))
+        if len(kept) < len(tokens):  # the one place a stop inside a round uncounts its drafts
+            self.loop.speculation.stats.clamp_last_round(len(kept))
         self.emitted.extend(kept)
         if self.finished:
             self._detokenizer.finalize()

@@ -1,24 +1,97 @@
-"""Round loops: target-only decoding, and verify rounds over a drafter's proposals."""
+"""Round loops: target-only decoding, and verify rounds over any proposer's proposals.
+
+Both satisfy `RoundLoop`; `Generation` drives either one and reads its `speculation` report,
+which every loop has (a target-only loop's has no rule and no rounds).
+"""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
 import mlx.core as mx
 
-from app.acceptance import (
-    AcceptanceStats,
-    Rule,
-    Verdict,
-    argmax_against_argmax,
-    greedy_argmax,
-    modified_rejection,
-    sampler_match,
-    sum_min,
-    sum_prod,
-)
+from app.acceptance import AcceptanceStats, Rule, describe
+from app.decoding.adaptive import Widths
 from app.decoding.state import RowState
-from app.drafters.base import Drafter, Proposal
+from app.decoding.verify import VerifyRow, observed, verify
+from app.drafters.base import Proposal, Proposer
+from app.drafters.governor import Governor
+from app.drafters.kinds import DrafterKind
 from app.loading.runner import ModelRunner
-from app.sampling import Distribution
+
+
+@dataclass
+class Speculation:
+    """What speculation does and did for one row: the rule, the drafter kind, the counters."""
+
+    rule: Rule | None = None  # None: no drafter runs for this row
+    draft_kind: DrafterKind | None = None
+    one_hot_proposals: bool = False
+    diagnose: bool = False  # collect the closed forms (MLXCEL_SPECULATIVE_ACCEPT_DIAG)
+    governor: Governor | None = None  # prompt lookup's, whose pauses the request event reports
+    stats: AcceptanceStats = field(default_factory=AcceptanceStats)
+
+    @property
+    def drafting(self) -> bool:
+        return self.rule is not None
+
+    @property
+    def ran(self) -> bool:
+        """At least one round was verified."""
+        return self.drafting and self.stats.rounds > 0
+
+    @property
+    def description(self) -> str:
+        return describe(self.rule, one_hot_proposals=self.one_hot_proposals)
+
+    @property
+    def governor_pauses(self) -> int:
+        return self.governor.pauses if self.governor is not None else 0
+
+    @property
+    def governor_resumes(self) -> int:
+        return self.governor.resumes if self.governor is not None else 0
+
+
+@dataclass
+class Drafting:
+    """What a speculative row drafts with: its proposer, its width source, its n_min."""
+
+    proposer: Proposer
+    widths: Widths
+    n_min: int = 0  # speculative.n_min: shorter proposals are retracted unverified
+    governor: Governor | None = None  # prompt lookup's, reported with the row's speculation
+
+
+class RoundLoop(Protocol):
+    """One row's decode: the prompt chunk by chunk, then one step (or verify round) at a time."""
+
+    speculation: Speculation
+
+    def prefill_chunk(self, state: RowState) -> int | None:
+        """Feed one chunk of the prompt; once it is all in, decide the first token and return it."""
+        ...
+
+    def step(self, state: RowState, budget: int) -> list[int]:
+        """Decide at least one and at most `budget` tokens."""
+        ...
+
+
+def first_token(state: RowState, logits: mx.array) -> int:
+    """The token after the prompt, from the last prefill chunk's logits."""
+    token, _ = state.sampler.sample(logits, state.contexts([len(state.tokens)]), state.rng)
+    state.decide([token])
+    return token
+
+
+def decode_one(target: ModelRunner, state: RowState) -> list[int]:
+    """One plain decode step: forward the pending token, sample the next."""
+    logits = target.forward(state.tokens[target.length :])[-1:]
+    token, _ = state.sampler.sample(logits, state.contexts([len(state.tokens)]), state.rng)
+    state.decide([token])
+    return [token]
 
 
 class TargetLoop:
@@ -30,27 +103,18 @@ class TargetLoop:
     does not depend on it; the queued step is simply dropped when the row stops.
     """
 
-    draft_kind: str | None = None
-    rule: Rule | None = None
-    stats: AcceptanceStats | None = None
-
     def __init__(self, target: ModelRunner) -> None:
         self.target = target
+        self.speculation = Speculation()
         self._ahead: mx.array | None = None
 
     def prefill_chunk(self, state: RowState) -> int | None:
-        """Feed one chunk of the prompt; on the last one decide the first token and return it."""
         logits = self.target.prefill_chunk(state.tokens)
-        if logits is None:
-            return None
-        token, _ = state.sampler.sample(logits, state.contexts([len(state.tokens)]), state.rng)
-        state.decide([token])
-        return token
+        return None if logits is None else first_token(state, logits)
 
     def step(self, state: RowState, budget: int) -> list[int]:
-        """Decide at least one and at most `budget` tokens."""
         if not self._can_pipeline(state):
-            return self.decode_one(state)
+            return decode_one(self.target, state)
         current = self._ahead if self._ahead is not None else self._decide_lazily(state, state.tokens[-1:])
         self._ahead = self._decide_lazily(state, current) if budget > 1 else None
         if self._ahead is not None:
@@ -69,92 +133,52 @@ class TargetLoop:
             return state.sampler.greedy(logits)
         return state.sampler.distribution(logits).draw(state.rng.next_key())
 
-    def decode_one(self, state: RowState) -> list[int]:
-        logits = self.target.forward(state.tokens[self.target.length :])[-1:]
-        token, _ = state.sampler.sample(logits, state.contexts([len(state.tokens)]), state.rng)
-        state.decide([token])
-        return [token]
 
+class SpeculativeLoop:
+    """Propose up to the width's proposals, verify them in one target forward, settle.
 
-class SpeculativeLoop(TargetLoop):
-    """Draft k tokens, verify [last, d_1..d_k] in one target forward, let the rule decide, rewind.
-
-    The target cache always holds every decided token but the last; after a round that emitted
-    accepted + 1 tokens it is rewound by the k - accepted rejected rows.
+    Every drafter kind runs here; they differ only in their proposer and width source. A proposal
+    shorter than `n_min` is retracted: a proposer that reads nothing of the target then gets a
+    plain decode step, one with a hook gets a verify of no proposals (its forward feeds the hook).
     """
 
-    def __init__(
-        self, target: ModelRunner, drafter: Drafter, rule: Rule, width: int, diagnose: bool, n_min: int = 0
-    ) -> None:
-        super().__init__(target)
-        self.target.require_rewindable("target")
-        self.drafter = drafter
-        self.draft_kind = drafter.kind
-        self.rule = rule
-        self.width = width
-        self.diagnose = diagnose
-        self.n_min = max(1, n_min)
-        self.stats = AcceptanceStats()
-        self._first: int | None = None  # the first token, decided before the drafter's prefill ends
+    def __init__(self, target: ModelRunner, drafting: Drafting, speculation: Speculation) -> None:
+        target.require_rewindable("target")
+        self.target = target
+        self.proposer = drafting.proposer
+        self.widths = drafting.widths
+        self.speculation = speculation
+        self.n_min = max(1, drafting.n_min)
+        self._first: int | None = None  # the first token, decided before the proposer's prefill ends
+        self._prompt_features: list[mx.array] = []  # the hook's rows of the prefill chunks so far
 
     def prefill_chunk(self, state: RowState) -> int | None:
-        """A chunk of the target's prefill, then (from the tick it decides) one of the drafter's."""
+        """A chunk of the target's prefill, then (from the tick it decides) one of the proposer's."""
         if self._first is None:
-            self._first = super().prefill_chunk(state)
-            if self._first is None:
+            with observed(self.proposer.hook) as features:
+                logits = self.target.prefill_chunk(state.tokens)
+            self._prompt_features += features
+            if logits is None:
                 return None
-        return self._first if self.drafter.prefill(state) else None
+            self._first = first_token(state, logits)
+        chunks = self._prompt_features
+        if not self.proposer.prefill(state, mx.concatenate(chunks, axis=1) if chunks else None):
+            return None
+        self._prompt_features = []
+        return self._first
 
     def step(self, state: RowState, budget: int) -> list[int]:
-        """One verify round, or a plain decode step when there is nothing to verify."""
+        started = time.perf_counter()
         base = len(state.tokens)
-        k = min(self.width, budget - 1)
-        proposal = self.drafter.propose(state, k) if k > 0 else Proposal.empty()
-        if proposal.k < self.n_min:  # nothing (or too little) to verify: retract, decode plainly
-            emitted = self.decode_one(state)
-            self.drafter.settle(state, base, Proposal.empty(), None)
-            return emitted
-        logits = self.target.forward(mx.concatenate([mx.array(state.tokens[self.target.length :]), proposal.tokens]))
-        verdict = self.judge(state, proposal, logits[-(proposal.k + 1) :])
-        self.target.rewind(self.target.length - (base + verdict.accepted))
-        state.settle(verdict.tokens, verdict.accepted)
-        self.drafter.settle(state, base, proposal, verdict)
-        self.stats.observe(proposal.k, verdict)
+        width = min(self.widths.proposals(), budget - 1)
+        proposal = self.proposer.propose(state, width) if width > 0 else Proposal.empty()
+        if proposal.k < self.n_min:
+            proposal = Proposal.empty()
+            if self.proposer.hook is None:
+                emitted = decode_one(self.target, state)
+                self.proposer.settle(state, base, proposal, None, None)
+                return emitted
+        (verdict,) = verify([VerifyRow(state, self.target, self.proposer, proposal, self.speculation)])
+        if proposal.k:
+            self.widths.observe(len(verdict.tokens), time.perf_counter() - started)
         return verdict.tokens
-
-    def judge(self, state: RowState, proposal: Proposal, logits: mx.array) -> Verdict:
-        """Apply the rule to the verify rows `[k+1, V]`."""
-        base, sampler = len(state.tokens), state.sampler
-        if sampler.needs_context:
-            drafts = proposal.tokens.tolist()
-            state.history.rewind(base)
-            state.history.extend(drafts)
-        contexts = state.contexts(range(base, base + proposal.k + 1))
-        if self.rule in (Rule.GREEDY_ARGMAX, Rule.ARGMAX_AGAINST_ARGMAX):
-            argmax = sampler.greedy(logits, contexts)
-            mx.eval(proposal.tokens, argmax)
-            rule = greedy_argmax if self.rule is Rule.GREEDY_ARGMAX else argmax_against_argmax
-            verdict = rule(proposal.tokens.tolist(), argmax.tolist())
-            p = None
-        else:
-            p = sampler.distribution(logits, contexts, state.rng)
-            drafts = proposal.tokens.tolist()
-            if self.rule is Rule.STOCHASTIC and proposal.q is not None:
-                verdict = modified_rejection(drafts, p, proposal.q, state.rng)
-            else:
-                verdict = sampler_match(drafts, p, state.rng)
-        if self.diagnose:
-            self._diagnose(proposal, p, verdict, logits.shape[-1])
-        return verdict
-
-    def _diagnose(self, proposal: Proposal, p: Distribution | None, verdict: Verdict, vocab: int) -> None:
-        """Closed forms over the positions this round tested (one-hot rows where nothing is sampled)."""
-        tested = verdict.tested
-        # Greedy p is one-hot on the argmax, which is the emitted token at every tested row.
-        p = _one_hot(mx.array(verdict.tokens[:tested]), vocab) if p is None else p[:tested].dense()
-        q = proposal.q[:tested].dense() if proposal.q is not None else _one_hot(proposal.tokens[:tested], vocab)
-        self.stats.observe_closed_forms(sum_min(p, q).tolist(), sum_prod(p, q).tolist())
-
-
-def _one_hot(tokens: mx.array, vocab: int) -> mx.array:
-    return (mx.arange(vocab)[None, :] == tokens[:, None]).astype(mx.float32)

@@ -67,7 +67,7 @@ def make_timings(
     return msgspec.structs.replace(
         timings,
         draft_n=stats.proposed,
-        draft_n_accepted=min(stats.accepted, predicted_n),
+        draft_n_accepted=stats.accepted,
         draft_rounds=stats.rounds,
         draft_kind=draft_kind,
     )

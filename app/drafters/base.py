@@ -1,4 +1,4 @@
-"""What a drafter gives the round loop: proposals, and the distribution each was drawn from."""
+"""The one interface every drafter gives the round loop: take the prompt, propose, settle."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from app.sampling import Distribution
 if TYPE_CHECKING:
     from app.acceptance import Verdict
     from app.decoding.state import RowState
+    from app.drafters.kinds import DrafterKind
+    from app.drafters.target_taps import FeatureHook
 
 
 @dataclass
@@ -34,20 +36,32 @@ class Proposal:
         return cls(tokens=mx.array(tokens, dtype=mx.int32))
 
 
-class Drafter(Protocol):
-    """One row's drafter. `kind` is the draft_kind reported in timings and events."""
+class Proposer(Protocol):
+    """One row's drafter, whatever its kind (draft model, prompt lookup, MTP, the DFlash family).
 
-    kind: str
+    `hook` names the target hidden states it conditions on (block drafters), or is None: the round
+    loop runs every target forward of the row under it and hands the rows of the decided
+    positions to `prefill` and `settle`, so a proposer never runs the target itself.
+    """
+
+    kind: DrafterKind  # the draft_kind reported in timings and events
     reports_distribution: bool  # can report q (needed by the stochastic rule)
     one_hot_proposals: bool  # deterministic proposals: q is one-hot on the draft
+    hook: FeatureHook | None
 
-    def prefill(self, state: RowState) -> bool:
-        """Take in the prompt, once the target has decided the first token; called again each
-        tick until it returns True (a model drafter feeds one chunk per call)."""
-
-    def propose(self, state: RowState, k: int) -> Proposal:
-        """Up to k proposals continuing `state.tokens` (fewer, or none, is allowed)."""
+    def prefill(self, state: RowState, features: mx.array | None) -> bool:
+        """Take in the prompt, once the target has decided the first token (`features`: the
+        hook's rows of every prompt position); called again each tick until it returns True
+        (a model drafter feeds one chunk per call)."""
         ...
 
-    def settle(self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None) -> None:
-        """After a step: `base` was len(state.tokens) before it; verdict is None for a plain step."""
+    def propose(self, state: RowState, width: int) -> Proposal:
+        """Up to `width` proposals continuing `state.tokens` (fewer, or none, is allowed)."""
+        ...
+
+    def settle(
+        self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None, features: mx.array | None
+    ) -> None:
+        """After a step: `base` was len(state.tokens) before it; verdict is None for a plain
+        step (nothing verified); `features` are the hook's rows of the positions now decided."""
+        ...

@@ -10,15 +10,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from app.drafters.base import Proposal
 from app.drafters.block_model import DFlashModel, DraftShape, MtpHead
-from app.drafters.target_taps import FINAL, TargetTaps, taps_for
+from app.drafters.kinds import DETECTED, DrafterKind
+from app.drafters.target_taps import FINAL, FeatureHook, TargetTaps, taps_for
 from app.loading import CheckpointKind, LoadedModel, ModelLoadError, read_checkpoint
-from app.sampling import RowRng, SamplerPipeline
+
+if TYPE_CHECKING:
+    from app.acceptance import Verdict
+    from app.decoding.state import RowState
 
 MUSE_DECLARED_DEPTH = 4
 MTP_DEFAULT_DEPTH = 3
@@ -42,12 +47,16 @@ class BlockDrafterModel:
     path: Path
 
     @property
-    def draft_kind(self) -> str:
-        return "mtp" if self.kind is CheckpointKind.MTP else "dflash"
+    def draft_kind(self) -> DrafterKind:
+        return DETECTED[self.kind]
 
     @property
     def tap_names(self) -> list[int | str]:
         return [FINAL] if self.kind is CheckpointKind.MTP else list(self.shape.target_layer_ids)
+
+    @property
+    def hook(self) -> FeatureHook:
+        return FeatureHook(self.taps, tuple(self.tap_names))
 
 
 def declared_widths(kind: CheckpointKind, config: dict) -> tuple[int, int]:
@@ -112,37 +121,44 @@ class DFlashDrafter:
     def __init__(self, bound: BlockDrafterModel) -> None:
         self.bound = bound
         self.kind = bound.draft_kind
+        self.hook = bound.hook
         self.model: DFlashModel = bound.module
         self.caches = [KVCache() for _ in self.model.layers]
 
     def add_context(self, features: mx.array) -> None:
         self.model.add_context(features, self.caches)
 
-    def propose(
-        self, anchor: int, position: int, proposals: int, sampler: SamplerPipeline, rng: RowRng | None
-    ) -> Proposal:
-        bound, shape = self.bound, self.bound.shape
+    def prefill(self, state: RowState, features: mx.array | None) -> bool:
+        self.add_context(features)
+        return True
+
+    def propose(self, state: RowState, width: int) -> Proposal:
+        """One masked forward anchored at the last decided token."""
+        bound, shape, sampler, rng = self.bound, self.bound.shape, state.sampler, state.rng
+        anchor, position = state.last, len(state.tokens) - 1
         dspark = bound.kind is CheckpointKind.DSPARK
-        rows = proposals if dspark else proposals + 1
+        rows = width if dspark else width + 1
         block = mx.array([[anchor] + [shape.mask_token_id] * (rows - 1)])
         hidden = self.model(bound.taps.embed_tokens(block), self.caches, position)
         logits = bound.taps.lm_head(hidden)[0]
         if dspark:
             drafts, previous = [], mx.array([anchor])
-            for j in range(proposals):
+            for j in range(width):
                 previous = mx.argmax(logits[j : j + 1] + self.model.markov_bias(previous), axis=-1)
                 drafts.append(previous)
             return Proposal(tokens=mx.concatenate(drafts).astype(mx.int32))
         slots = logits[1:]
         if bound.kind is CheckpointKind.MUSE and not sampler.is_greedy:
             q = sampler.distribution(slots)
-            keys = rng.peek(proposals)
-            rng.advance(proposals)
-            drafts = mx.concatenate([q[i].draw(keys[i]) for i in range(proposals)]).astype(mx.int32)
+            keys = rng.peek(width)
+            rng.advance(width)
+            drafts = mx.concatenate([q[i].draw(keys[i]) for i in range(width)]).astype(mx.int32)
             return Proposal(tokens=drafts, q=q)  # reported for a lossless rule to use; this loop's rule ignores it
         return Proposal(tokens=mx.argmax(slots, axis=-1).astype(mx.int32))
 
-    def commit(self, features: mx.array, emitted: list[int]) -> None:
+    def settle(
+        self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None, features: mx.array | None
+    ) -> None:
         """The verify rows now decided (the anchor and the accepted drafts) join the context."""
         self.add_context(features)
 
@@ -157,6 +173,7 @@ class MtpDrafter:
     def __init__(self, bound: BlockDrafterModel) -> None:
         self.bound = bound
         self.kind = bound.draft_kind
+        self.hook = bound.hook
         self.head: MtpHead = bound.module
         self.cache = KVCache()
         self.last: mx.array | None = None  # head output at the last decided position: predicts d0
@@ -171,20 +188,31 @@ class MtpDrafter:
     def _logits(self, out: mx.array) -> mx.array:
         return self.bound.taps.lm_head(self.head.norm(out))[0]
 
-    def propose(
-        self, anchor: int, position: int, proposals: int, sampler: SamplerPipeline, rng: RowRng | None
-    ) -> Proposal:
+    def prefill(self, state: RowState, features: mx.array | None) -> bool:
+        """(hidden at i, token at i + 1) for every prompt position, the first decided token last."""
+        self.add_context(features, state.tokens[1:])
+        return True
+
+    def propose(self, state: RowState, width: int) -> Proposal:
+        """Chain the head `width` times from its output at the last decided position (argmax)."""
         out = self.last
         drafts = [mx.argmax(self._logits(out), axis=-1)]
-        for _ in range(proposals - 1):
+        for _ in range(width - 1):
             out = self.head(out, self.bound.taps.embed_tokens(drafts[-1][None]), self.cache)
             drafts.append(mx.argmax(self._logits(out), axis=-1))
-        self.chained = proposals - 1
+        self.chained = width - 1
         return Proposal(tokens=mx.concatenate(drafts).astype(mx.int32))
 
-    def commit(self, hidden: mx.array, emitted: list[int]) -> None:
+    def settle(
+        self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None, features: mx.array | None
+    ) -> None:
         """Drop the chain's entries; add (verify hidden, emitted token) for each decided row."""
         if self.chained:
             self.cache.trim(self.chained)
             self.chained = 0
-        self.add_context(hidden, emitted)
+        self.add_context(features, state.tokens[base:])
+
+
+def block_proposer(bound: BlockDrafterModel) -> DFlashDrafter | MtpDrafter:
+    """One row's proposer over a loaded block drafter."""
+    return MtpDrafter(bound) if bound.kind is CheckpointKind.MTP else DFlashDrafter(bound)

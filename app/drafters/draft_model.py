@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from app.drafters.base import Proposal
+from app.drafters.kinds import DrafterKind
 from app.loading.runner import ModelRunner
 from app.sampling import Distribution
 
@@ -17,14 +18,15 @@ if TYPE_CHECKING:
 
 
 class DraftModelDrafter:
-    """Drafts k tokens autoregressively through the request's own sampler pipeline.
+    """Drafts `width` tokens autoregressively through the request's own sampler pipeline.
 
     The cache holds a prefix of the decided tokens plus the drafts it has forwarded. Whatever of
     `state.tokens` it has not seen is *owed* and is fed at the head of the next proposal: after a
     fully accepted round that is the last draft (proposed but never forwarded) and the bonus.
     """
 
-    kind = "draft-model"
+    kind = DrafterKind.DRAFT_MODEL
+    hook = None  # reads nothing of the target's forward
     reports_distribution = True
     one_hot_proposals = False
 
@@ -38,7 +40,7 @@ class DraftModelDrafter:
         """Decided tokens not yet in the drafter's cache, excluding the last one."""
         return state.tokens[self.runner.length : -1]
 
-    def prefill(self, state: RowState) -> bool:
+    def prefill(self, state: RowState, features: mx.array | None) -> bool:
         """One chunk of the prompt (every decided token but the last); True once all are in."""
         done = self.runner.prefill_chunk(state.tokens[:-1]) is not None
         mx.eval([c.state for c in self.runner.cache])
@@ -54,7 +56,7 @@ class DraftModelDrafter:
             return mx.concatenate([logits, pad], axis=-1)
         return logits
 
-    def propose(self, state: RowState, k: int) -> Proposal:
+    def propose(self, state: RowState, width: int) -> Proposal:
         sampler = state.sampler
         # Host values are only needed for penalty windows or the p_min cut; otherwise the whole
         # chain stays lazy and is evaluated together with the verify forward.
@@ -63,7 +65,7 @@ class DraftModelDrafter:
         logits = self._fit(self.runner.forward(state.tokens[self.runner.length :])[-1:])
         drafts: list[mx.array] = []
         rows: list[Distribution] = []
-        for i in range(k):
+        for i in range(width):
             contexts = state.contexts([base + i])
             if sampler.is_greedy:
                 adjusted = sampler.adjust(logits, contexts)
@@ -82,14 +84,16 @@ class DraftModelDrafter:
             drafts.append(draft)
             if q is not None and not sampler.is_greedy:
                 rows.append(q)
-            if i + 1 < k:
+            if i + 1 < width:
                 logits = self._fit(self.runner.forward(draft)[-1:])
         state.history.rewind(base)
         if not drafts:
             return Proposal.empty()
         return Proposal(tokens=mx.concatenate(drafts), q=Distribution.stack(rows) if rows else None)
 
-    def settle(self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None) -> None:
+    def settle(
+        self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None, features: mx.array | None
+    ) -> None:
         """Keep the accepted drafts the cache holds; the rejected ones are rewound."""
         accepted = verdict.accepted if verdict is not None else 0
         keep = min(self.runner.length, base + accepted)

@@ -6,9 +6,12 @@ from typing import TYPE_CHECKING
 
 from app.drafters.base import Proposal
 from app.drafters.governor import Governor
+from app.drafters.kinds import DrafterKind
 from app.drafters.ngram import NgramIndex
 
 if TYPE_CHECKING:
+    import mlx.core as mx
+
     from app.acceptance import Verdict
     from app.decoding.state import RowState
 
@@ -20,7 +23,8 @@ class PromptLookupDrafter:
     which is already the ceiling sum_x min(p, q), and the stochastic rule has nothing to add.
     """
 
-    kind = "prompt-lookup"
+    kind = DrafterKind.PROMPT_LOOKUP
+    hook = None  # reads nothing of the target's forward
     reports_distribution = True
     one_hot_proposals = True
 
@@ -28,15 +32,17 @@ class PromptLookupDrafter:
         self.governor = governor
         self.index = NgramIndex()
 
-    def prefill(self, state: RowState) -> bool:
+    def prefill(self, state: RowState, features: mx.array | None) -> bool:
         self.index.extend(state.tokens)
         return True
 
-    def propose(self, state: RowState, k: int) -> Proposal:
-        budget = min(k, self.governor.budget())
+    def propose(self, state: RowState, width: int) -> Proposal:
+        budget = min(width, self.governor.budget())
         return Proposal.of(self.index.lookup(budget)) if budget > 0 else Proposal.empty()
 
-    def settle(self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None) -> None:
+    def settle(
+        self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None, features: mx.array | None
+    ) -> None:
         emitted = state.tokens[len(self.index) :]
         self.index.extend(emitted)
         if verdict is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -75,6 +76,22 @@ class TargetTaps:
         if hasattr(self._model, "lm_head"):
             return self._model.lm_head(hidden)
         return self.embed_tokens.as_linear(hidden)
+
+
+@dataclass(frozen=True)
+class FeatureHook:
+    """What a block drafter reads from each target forward of its row: the named taps' rows."""
+
+    taps: TargetTaps
+    names: tuple[int | str, ...]
+
+    @contextmanager
+    def capture(self) -> Iterator[list[mx.array]]:
+        """Run one target forward inside; afterwards the list holds its rows `[1, L, F]`."""
+        rows: list[mx.array] = []
+        with self.taps.capture(list(self.names)) as seen:
+            yield rows
+        rows.append(TargetTaps.rows(seen, list(self.names)))
 
 
 def taps_for(model: nn.Module) -> TargetTaps:

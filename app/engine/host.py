@@ -16,6 +16,7 @@ from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.drafters.governor import Listener
+from app.drafters.kinds import DrafterKind
 from app.loading import LoadedModel, load_model
 from app.profiles.schema import Settings
 
@@ -44,7 +45,7 @@ class ModelHost:
         started = time.perf_counter()
         target = load_model(settings.target)
         drafter = None
-        if settings.drafter.kind == "draft-model":
+        if self.plan.drafter_kind is DrafterKind.DRAFT_MODEL:
             drafter = load_model(settings.drafter.model, role="drafter")
         self.builder = LoopBuilder(target, drafter, self.plan)
         self._log.info("models_loaded", target=str(target.path), seconds=round(time.perf_counter() - started, 3))

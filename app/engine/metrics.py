@@ -23,13 +23,13 @@ class Metrics:
     spec_accepted_tokens_total: int = 0
     spec_accepted_per_position: list[int] = field(default_factory=list)
 
-    def observe(self, result: Finished, stats: AcceptanceStats | None) -> None:
+    def observe(self, result: Finished, stats: AcceptanceStats) -> None:
         timings = result.timings
         self.prompt_tokens_total += timings.prompt_n
         self.prompt_seconds_total += timings.prompt_ms / 1000.0
         self.tokens_predicted_total += timings.predicted_n
         self.tokens_predicted_seconds_total += timings.predicted_ms / 1000.0
-        if timings.draft_rounds is None or stats is None:
+        if timings.draft_rounds is None:
             return
         self.spec_drafts_total += timings.draft_rounds
         self.spec_draft_tokens_total += timings.draft_n or 0

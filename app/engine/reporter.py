@@ -14,7 +14,7 @@ from app import events
 from app.decoding.generation import Generation
 from app.drafters.governor import Governor, Listener
 from app.engine.metrics import Metrics
-from app.engine.row import Finished, Job, Row, loop_facts
+from app.engine.row import Finished, Job, Row
 
 
 class Reporter:
@@ -49,21 +49,20 @@ class Reporter:
 
     def finished(self, row: Row, result: Finished) -> None:
         """Count the result; after a verify round, emit `speculative_request`."""
-        facts = loop_facts(row.generation)
-        self.metrics.observe(result, facts.stats)
-        if facts.stats is None or facts.stats.rounds == 0 or facts.rule is None:
+        speculation = row.generation.loop.speculation
+        self.metrics.observe(result, speculation.stats)
+        if not speculation.ran:
             return
         generation = row.generation
-        governor = facts.governor
         events.speculative_request(
             request_id=row.job.request_id,
             route=row.job.route,
-            rule=facts.rule,
-            draft_kind=str(facts.draft_kind),
-            stats=facts.stats,
+            rule=str(speculation.rule),
+            draft_kind=str(speculation.draft_kind),
+            stats=speculation.stats,
             predicted_n=len(generation.emitted),
-            biased=not facts.lossless and not generation.state.sampler.is_greedy,
-            governor_pauses=governor.pauses if governor else 0,
-            governor_resumes=governor.resumes if governor else 0,
+            biased=not speculation.rule.lossless and not generation.state.sampler.is_greedy,
+            governor_pauses=speculation.governor_pauses,
+            governor_resumes=speculation.governor_resumes,
             profile=self.profile,
         )

@@ -7,11 +7,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.acceptance import AcceptanceStats
 from app.decoding.builder import RowRequest
 from app.decoding.generation import Delta, Generation
 from app.decoding.timings import Timings, make_timings
-from app.drafters.governor import Governor
 
 
 @dataclass(frozen=True)
@@ -53,33 +51,6 @@ class Job:
     cancelled: bool = False
 
 
-@dataclass(frozen=True)
-class LoopFacts:
-    """What a row's round loop reports about itself (rule, counters, drafter kind, governor).
-
-    The one place the engine reads the loop's optional attributes, so a change to the round
-    loop's protocol changes this function only.
-    """
-
-    rule: str | None
-    lossless: bool
-    stats: AcceptanceStats | None
-    draft_kind: str | None
-    governor: Governor | None
-
-
-def loop_facts(generation: Generation) -> LoopFacts:
-    loop = generation.loop
-    drafter = getattr(loop, "drafter", None)
-    return LoopFacts(
-        rule=str(loop.rule) if loop.rule else None,
-        lossless=loop.rule is not None and loop.rule.lossless,
-        stats=loop.stats,
-        draft_kind=loop.draft_kind,
-        governor=getattr(drafter, "governor", None),
-    )
-
-
 class Row:
     """A job with its generation, advanced one step per engine tick."""
 
@@ -97,7 +68,7 @@ class Row:
 
     def timings(self) -> Timings:
         generation = self.generation
-        facts = loop_facts(generation)
+        speculation = generation.loop.speculation
         first = generation.prefill_finished or time.perf_counter()
         last = generation.last_token_at or first
         return make_timings(
@@ -106,13 +77,12 @@ class Row:
             prompt_ms=max(0.0, (first - self.job.created - generation.excluded_s) * 1000.0),
             predicted_n=len(generation.emitted),
             predicted_ms=(last - first) * 1000.0,
-            stats=facts.stats,
-            draft_kind=facts.draft_kind,
+            stats=speculation.stats,
+            draft_kind=speculation.draft_kind,
         )
 
     def finished(self) -> Finished:
         generation = self.generation
-        facts = loop_facts(generation)
         return Finished(
             text=generation.text,
             tokens=list(generation.emitted),
@@ -120,6 +90,6 @@ class Row:
             stopping_word=generation.stopping_word,
             prompt_n=generation.prompt_n,
             timings=self.timings(),
-            rule=facts.rule,
-            draft_kind=facts.draft_kind,
+            rule=str(generation.loop.speculation.rule) if generation.loop.speculation.drafting else None,
+            draft_kind=generation.loop.speculation.draft_kind,
         )

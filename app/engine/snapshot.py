@@ -9,7 +9,7 @@ from app.decoding.builder import RowRequest
 from app.decoding.plan import LoopPlan
 from app.engine.host import ModelInfo
 from app.engine.metrics import Metrics
-from app.engine.row import Row, loop_facts
+from app.engine.row import Row
 from app.engine.scheduler import EngineState
 from app.profiles.schema import Settings
 
@@ -44,14 +44,15 @@ class EngineSnapshot:
 
 
 def row_view(row: Row) -> RowView:
-    stats = loop_facts(row.generation).stats
+    speculation = row.generation.loop.speculation
+    stats = speculation.stats
     return RowView(
         slot=row.slot,
         request_id=row.job.request_id,
         request=row.job.request,
         decided=len(row.generation.emitted),
         finished=row.generation.finished,
-        draft=DraftCounts(stats.proposed, stats.accepted, stats.rounds) if stats is not None else None,
+        draft=DraftCounts(stats.proposed, stats.accepted, stats.rounds) if speculation.drafting else None,
     )
 
 

@@ -26,12 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import app  # noqa: E402, F401 - routes MLX's BLAS before mlx.core loads
 import mlx.core as mx  # noqa: E402
 
+from app.decoding.state import RowState  # noqa: E402
 from app.drafters.block import DFlashDrafter as MlxDFlash  # noqa: E402
 from app.drafters.block import MtpDrafter as MlxMtp  # noqa: E402
 from app.drafters.block import load_block_drafter  # noqa: E402
 from app.drafters.target_taps import TargetTaps  # noqa: E402
 from app.loading import load_model  # noqa: E402
-from app.sampling import SamplerPipeline, SamplingParams  # noqa: E402
+from app.sampling import RowRng, SamplerPipeline, SamplingParams  # noqa: E402
 from ops.models.train_block_drafters import SHAPE, DFlashDrafter, MtpHead, config_for, target_states  # noqa: E402
 
 
@@ -81,7 +82,8 @@ def main() -> None:
         block_tokens = mx.array([[int(x[0, anchor])] + [3] * (rows - 1)])
         got = np.array(bound.taps.lm_head(drafter.model(bound.taps.embed_tokens(block_tokens), drafter.caches, anchor))[0])
         worst[kind] = float(np.abs(got - expected).max() / (np.abs(expected).max() + 1e-9))
-        drafter.propose(int(x[0, anchor]), anchor, rows - 1 if kind == "dflash" else rows, greedy, None)
+        row = RowState(x[0, : anchor + 1].tolist(), greedy, RowRng(0))  # anchored at x[anchor], position anchor
+        drafter.propose(row, rows - 1 if kind == "dflash" else rows)
     cfg = Qwen3Config(**SHAPE, num_hidden_layers=1, vocab_size=vocab, rms_norm_eps=1e-6, rope_theta=10000.0,
                       max_position_embeddings=4096, attn_implementation="sdpa")  # fmt: skip
     head = MtpHead(cfg)

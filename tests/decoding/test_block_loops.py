@@ -12,14 +12,21 @@ import mlx.nn as nn
 import pytest
 
 from app.acceptance import Rule
-from app.decoding.adaptive import ABANDON_AFTER, WARMUP_ROUNDS, WINDOW_ROUNDS, Phase, WidthController
-from app.decoding.block_loop import BlockLoop, ProbeVerdict, probe_width
+from app.decoding.adaptive import (
+    ABANDON_AFTER,
+    WARMUP_ROUNDS,
+    WINDOW_ROUNDS,
+    ControlledWidth,
+    Phase,
+    WidthController,
+)
 from app.decoding.builder import LoopBuilder, RowRequest
+from app.decoding.exactness import ProbeVerdict, probe_width
 from app.decoding.generation import Generation
-from app.decoding.loop import TargetLoop
+from app.decoding.loop import Drafting, Speculation, SpeculativeLoop, TargetLoop
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.state import RowState
-from app.drafters.block import load_block_drafter
+from app.drafters.block import block_proposer, load_block_drafter
 from app.loading import EMBEDDED_TARGET, load_model
 from app.loading.paths import REPO_ROOT
 from app.loading.runner import ModelRunner
@@ -54,13 +61,15 @@ def test_every_width_is_exact_greedy_decoding(embedded_target, drafter: str, wid
         assert probe_width(embedded_target.model, width).exact
         for prompt, n in ((CODE, 64), (LONG, 40)):
             tokens = embedded_target.tokenizer.encode(prompt)
-            loop = BlockLoop(ModelRunner(embedded_target.model), bound, WidthController(width, width))
+            drafting = Drafting(block_proposer(bound), ControlledWidth(WidthController(width, width)))
+            speculation = Speculation(rule=Rule.ARGMAX_AGAINST_ARGMAX, draft_kind=bound.draft_kind)
+            loop = SpeculativeLoop(ModelRunner(embedded_target.model), drafting, speculation)
             state = RowState(tokens=list(tokens), sampler=SamplerPipeline(GREEDY, embedded_target.vocab_size),
                              rng=RowRng(0))  # fmt: skip
             generation = run(Generation(loop=loop, state=state, tokenizer=embedded_target.tokenizer, max_tokens=n,
                                         context_limit=4096, ignore_eos=True))  # fmt: skip
             assert generation.emitted == greedy_tokens(embedded_target, prompt, n), (drafter, width, len(tokens))
-            assert loop.stats.rounds > 0 and loop.stats.accepted > 0
+            assert loop.speculation.stats.rounds > 0 and loop.speculation.stats.accepted > 0
 
 
 class PerturbWideSteps(nn.Module):
@@ -105,9 +114,9 @@ def test_allow_inexact_overrides_the_probe_with_a_warning(perturbed_target, monk
     monkeypatch.setenv("MLXCEL_MTP_ALLOW_INEXACT", "1")
     request = RowRequest(perturbed_target.tokenizer.encode(CODE), GREEDY, max_tokens=24, ignore_eos=True)
     generation = block_builder(perturbed_target).build(request)
-    assert isinstance(generation.loop, BlockLoop)
+    assert generation.loop.speculation.draft_kind == "mtp"
     assert [n.event for n in generation.notes].count("exactness_probe_overridden") == 1
-    assert run(generation).loop.stats.rounds > 0
+    assert run(generation).loop.speculation.stats.rounds > 0
 
 
 def test_a_failing_ceiling_keeps_the_declared_width(embedded_target, monkeypatch) -> None:
@@ -117,7 +126,7 @@ def test_a_failing_ceiling_keeps_the_declared_width(embedded_target, monkeypatch
     builder.block._load()
     builder.block.probes.verdicts[key] = ProbeVerdict(8, False, 3, 1e-3)  # as if width 8 had failed
     generation = builder.build(RowRequest(embedded_target.tokenizer.encode(CODE), GREEDY, max_tokens=8))
-    assert isinstance(generation.loop, BlockLoop)
+    assert generation.loop.speculation.draft_kind == "dflash"
     assert builder.block.controller.phase is Phase.SETTLED and builder.block.controller.width() == 4
 
 

@@ -60,7 +60,7 @@ def emitted_stream(builder: LoopBuilder, n: int, rule: Rule | None = None) -> li
     while len(stream) < n:
         generation = builder.build(RowRequest(prompt=[1, 2, 3], sampling=SIX, max_tokens=2000, seed=seed))
         if rule is not None:
-            generation.loop.rule = rule
+            generation.loop.speculation.rule = rule
         stream.extend(run(generation).emitted)
         seed += 1
     return stream[:n]
@@ -70,7 +70,7 @@ def emitted_stream(builder: LoopBuilder, n: int, rule: Rule | None = None) -> li
 def test_speculative_stream_matches_the_target_distribution(constant_pair, stochastic: bool) -> None:
     builder = speculative(*constant_pair, k=2, stochastic=stochastic)
     generation = builder.build(RowRequest(prompt=[1], sampling=SIX, max_tokens=1))
-    assert generation.loop.rule is (Rule.STOCHASTIC if stochastic else Rule.SAMPLER_MATCH)
+    assert generation.loop.speculation.rule is (Rule.STOCHASTIC if stochastic else Rule.SAMPLER_MATCH)
     stat = chi_square(emitted_stream(builder, sample_count()), TOKENS, P)
     assert stat < CRITICAL_DOF5_ALPHA_1E4
 
@@ -107,7 +107,7 @@ def test_temperature_zero_stream_is_byte_identical_to_greedy_target_only(embedde
         request = RowRequest(prompt=prompt, sampling=GREEDY, max_tokens=64, seed=3)
         reference = run(plain.build(request))
         drafted = run(spec.build(request))
-        assert drafted.loop.rule is Rule.GREEDY_ARGMAX
+        assert drafted.loop.speculation.rule is Rule.GREEDY_ARGMAX
         assert drafted.emitted == reference.emitted
         assert drafted.text == reference.text
         assert drafted.state.rng.uniform() == reference.state.rng.uniform()  # greedy drew nothing
@@ -135,18 +135,18 @@ def test_kv_cache_and_draft_cache_rewind_arithmetic(regimes, regime: str) -> Non
         RowRequest(prompt=[5, 6, 7, 8], sampling=GREEDY, max_tokens=200, ignore_eos=True)
     )
     loop, state = generation.loop, generation.state
-    assert isinstance(loop, SpeculativeLoop) and isinstance(loop.drafter, DraftModelDrafter)
+    assert isinstance(loop, SpeculativeLoop) and isinstance(loop.proposer, DraftModelDrafter)
     generation.prefill()
     accepted_counts = []
     for _ in range(25):
-        before = loop.stats.accepted
+        before = loop.speculation.stats.accepted
         generation.step()
-        accepted_counts.append(loop.stats.accepted - before)
-        owed = loop.drafter.owed(state)
+        accepted_counts.append(loop.speculation.stats.accepted - before)
+        owed = loop.proposer.owed(state)
         # main cache: every decided token but the last; draft cache + owed == main cache
         assert loop.target.cache_offset == loop.target.length == len(state.tokens) - 1
-        assert loop.drafter.runner.cache_offset == loop.drafter.runner.length
-        assert loop.drafter.runner.cache_offset + len(owed) == loop.target.cache_offset
+        assert loop.proposer.runner.cache_offset == loop.proposer.runner.length
+        assert loop.proposer.runner.cache_offset + len(owed) == loop.target.cache_offset
     if regime == "all-accept":
         assert set(accepted_counts) == {k}
     elif regime == "all-reject":
@@ -167,12 +167,12 @@ def test_a_fully_accepted_round_owes_its_last_proposal_and_the_next_round_pays_i
     assert len(emitted) == k + 1
     last_proposal = emitted[k - 1]
     # Never forwarded through the drafter: it is owed, ahead of the bonus token.
-    assert loop.drafter.owed(state) == [last_proposal]
-    length_before = loop.drafter.runner.length
+    assert loop.proposer.owed(state) == [last_proposal]
+    length_before = loop.proposer.runner.length
     generation.step()
     # The next round fed [owed proposal, bonus] and then its own drafts.
-    assert loop.drafter.runner.length >= length_before + 2
-    assert loop.drafter.owed(state) == [state.tokens[-2]]
+    assert loop.proposer.runner.length >= length_before + 2
+    assert loop.proposer.owed(state) == [state.tokens[-2]]
 
 
 def test_penalty_history_is_rewound_on_rejection(regimes) -> None:
@@ -197,7 +197,7 @@ def test_measured_acceptance_sits_on_the_closed_form_of_the_rule_that_ran(embedd
             prompt = embedded_target.tokenizer.encode(PROMPTS[seed % len(PROMPTS)])
             stats = run(
                 builder.build(RowRequest(prompt=prompt, sampling=sampling, max_tokens=256, seed=seed))
-            ).loop.stats
+            ).loop.speculation.stats
             tested += stats.positions_tested
             accepted += stats.accepted
             forms.append((getattr(stats, closed_form), stats.diagnosed_positions))

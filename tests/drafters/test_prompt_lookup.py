@@ -211,8 +211,8 @@ def test_retracted_proposals_add_no_evidence(embedded_target, n_min: int) -> Non
     generation.prefill()
     while not generation.finished:
         generation.step()
-    governor = generation.loop.drafter.governor
-    stats = generation.loop.stats
+    governor = generation.loop.speculation.governor
+    stats = generation.loop.speculation.stats
     assert governor.observed_rounds == stats.rounds  # one observation per verified round, none otherwise
     if n_min > 7:
         assert stats.rounds == 0

@@ -1,0 +1,106 @@
+"""The verify step every speculative row runs, whatever its drafter.
+
+One target forward over `[pending, d_1 .. d_k]` (pending: the decided token the target cache
+does not hold yet), the rule of the row's plan over the k + 1 rows, the rejected rows rewound
+from the target cache, then the row's state, its proposer (with the target's hidden states of
+the decided rows, when it reads them) and its counters settled. The cache always holds every
+decided token but the last.
+
+`verify` takes rows and returns one verdict per row so that a batched scheduler can run many
+rows in one forward; today each row runs its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+from app.acceptance import Rule, Verdict, rules
+from app.decoding.state import RowState
+from app.drafters.base import Proposal, Proposer
+from app.loading.runner import ModelRunner
+from app.sampling import Distribution
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from app.decoding.loop import Speculation
+    from app.drafters.target_taps import FeatureHook
+
+
+ARGMAX_RULES = {Rule.GREEDY_ARGMAX: rules.greedy_argmax, Rule.ARGMAX_AGAINST_ARGMAX: rules.argmax_against_argmax}
+
+
+@dataclass
+class VerifyRow:
+    """One row's part of a verify step: its state, caches, proposer and this round's proposal."""
+
+    state: RowState
+    target: ModelRunner
+    proposer: Proposer
+    proposal: Proposal
+    speculation: Speculation  # the rule to judge with, and the counters to observe into
+
+
+def observed(hook: FeatureHook | None) -> AbstractContextManager[list[mx.array]]:
+    """Run a target forward inside: afterwards the list holds the hook's rows (empty without one)."""
+    return hook.capture() if hook is not None else nullcontext([])
+
+
+def verify(rows: Sequence[VerifyRow]) -> list[Verdict]:
+    """Verify each row's proposal (an empty one decides one token) and settle the row."""
+    return [_verify(row) for row in rows]
+
+
+def _verify(row: VerifyRow) -> Verdict:
+    state, target, proposal, speculation = row.state, row.target, row.proposal, row.speculation
+    base = len(state.tokens)
+    with observed(row.proposer.hook) as features:
+        logits = target.forward(mx.concatenate([mx.array(state.tokens[target.length :]), proposal.tokens]))
+    verdict, p = judge(speculation.rule, state, proposal, logits[-(proposal.k + 1) :])
+    target.rewind(target.length - (base + verdict.accepted))
+    state.settle(verdict.tokens, verdict.accepted)
+    decided = features[0][:, : verdict.accepted + 1] if features else None
+    row.proposer.settle(state, base, proposal, verdict, decided)
+    if proposal.k:
+        speculation.stats.observe(proposal.k, verdict)
+        if speculation.diagnose:
+            _diagnose(speculation, proposal, p, verdict, logits.shape[-1])
+    return verdict
+
+
+def judge(rule: Rule, state: RowState, proposal: Proposal, logits: mx.array) -> tuple[Verdict, Distribution | None]:
+    """Apply `rule` to the verify rows `[k+1, V]`; also the target rows p where it built them."""
+    base, sampler = len(state.tokens), state.sampler
+    if sampler.needs_context:  # penalise each row as if the drafts before it were decided
+        state.history.rewind(base)
+        state.history.extend(proposal.tokens.tolist())
+    contexts = state.contexts(range(base, base + proposal.k + 1))
+    if rule in ARGMAX_RULES:
+        argmax = sampler.greedy(logits, contexts)
+        mx.eval(proposal.tokens, argmax)
+        return ARGMAX_RULES[rule](proposal.tokens.tolist(), argmax.tolist()), None
+    p = sampler.distribution(logits, contexts, state.rng)
+    drafts = proposal.tokens.tolist()
+    if rule is Rule.STOCHASTIC and proposal.q is not None:
+        return rules.modified_rejection(drafts, p, proposal.q, state.rng), p
+    return rules.sampler_match(drafts, p, state.rng), p
+
+
+def _diagnose(
+    speculation: Speculation, proposal: Proposal, p: Distribution | None, verdict: Verdict, vocab: int
+) -> None:
+    """Closed forms over the positions this round tested (one-hot rows where nothing is sampled)."""
+    tested = verdict.tested
+    # Greedy p is one-hot on the argmax, which is the emitted token at every tested row.
+    p = _one_hot(mx.array(verdict.tokens[:tested]), vocab) if p is None else p[:tested].dense()
+    q = proposal.q[:tested].dense() if proposal.q is not None else _one_hot(proposal.tokens[:tested], vocab)
+    speculation.stats.observe_closed_forms(rules.sum_min(p, q).tolist(), rules.sum_prod(p, q).tolist())
+
+
+def _one_hot(tokens: mx.array, vocab: int) -> mx.array:
+    return (mx.arange(vocab)[None, :] == tokens[:, None]).astype(mx.float32)
