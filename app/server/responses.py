@@ -232,13 +232,19 @@ class TextChoice(msgspec.Struct, kw_only=True):
     finish_reason: str | None
 
 
-class TextCompletion(msgspec.Struct, kw_only=True):
-    """OpenAI's text completion; as a stream chunk, usage only on the finish chunk."""
+class OpenAIObject(msgspec.Struct, kw_only=True):
+    """What every OpenAI body and chunk starts with (subclasses fix `object`, keeping its place)."""
 
     id: str
-    object: Literal["text_completion"] = "text_completion"
+    object: str
     created: int
     model: str
+
+
+class TextCompletion(OpenAIObject, kw_only=True):
+    """OpenAI's text completion; as a stream chunk, usage only on the finish chunk."""
+
+    object: Literal["text_completion"] = "text_completion"
     choices: list[TextChoice]
     usage: Usage | UnsetType = UNSET
     timings: Timings | UnsetType = UNSET
@@ -256,11 +262,8 @@ class ChatChoice(msgspec.Struct, kw_only=True):
     finish_reason: str
 
 
-class ChatCompletion(msgspec.Struct, kw_only=True):
-    id: str
+class ChatCompletion(OpenAIObject, kw_only=True):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
     usage: Usage
     timings: Timings
@@ -280,11 +283,8 @@ class ChatChunkChoice(msgspec.Struct, kw_only=True):
     finish_reason: str | None
 
 
-class ChatCompletionChunk(msgspec.Struct, kw_only=True):
-    id: str
+class ChatCompletionChunk(OpenAIObject, kw_only=True):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
     usage: Usage | UnsetType = UNSET
     timings: Timings | UnsetType = UNSET
