@@ -1,68 +1,64 @@
-"""The Litestar application: routes, error envelope, and the engine's lifespan."""
+"""The Litestar application: controllers, the engine dependency, the error envelope and the lifespan."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
-
-from litestar import Litestar, Router
+from litestar import Controller, Litestar
 from litestar.config.cors import CORSConfig
+from litestar.di import Provide
 from litestar.handlers import HTTPRouteHandler
-from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import JsonRenderPlugin
 
-from app import __version__
-from app.engine.engine import Engine
 from app.server.auth import require_api_key
 from app.server.body import StrictJsonRequest
+from app.server.engine_view import Engine, EngineView, engine_lifespan, provide_engine
 from app.server.errors import HANDLERS
-from app.server.routes import basics, chat, completions, introspection, unsupported
+from app.server.openapi import openapi_config
+from app.server.routes.chat import ChatController
+from app.server.routes.completions import OpenAICompletionController
+from app.server.routes.introspection import IntrospectionController
+from app.server.routes.native import NativeCompletionController
+from app.server.routes.tokens import TokensController
+from app.server.routes.unsupported import UnsupportedController
 from app.server.streaming import REQUEST_ID
 
-ROUTES = [*basics.ROUTES, *completions.ROUTES, *chat.ROUTES, *introspection.ROUTES, *unsupported.ROUTES]
+CONTROLLERS: list[type[Controller]] = [
+    IntrospectionController,
+    TokensController,
+    NativeCompletionController,
+    OpenAICompletionController,
+    ChatController,
+    UnsupportedController,
+]
 # As llama-server: any origin may call (the API key, not the origin, is the gate); browsers may
 # read the request id.
 CORS = CORSConfig(allow_origins=["*"], expose_headers=[REQUEST_ID])
 
 
-def with_head(handlers: Iterable[HTTPRouteHandler]) -> None:
-    """HEAD on every GET route: the GET handler answers and uvicorn sends its headers only."""
-    for handler in handlers:
-        if "GET" in handler.http_methods:
-            handler.http_methods.add("HEAD")
+def with_head(controllers: list[type[Controller]]) -> None:
+    """HEAD on every GET route: the GET handler answers and uvicorn sends its headers only.
 
-
-def openapi_config() -> OpenAPIConfig:
-    """The OpenAPI schema Litestar derives from the request Structs, at /schema/openapi.json.
-
-    Public like /health (the schema tells nothing a client could not read in docs/server.md);
-    JSON only, no documentation UI that would fetch scripts from a CDN."""
-    docs = Router("/schema", route_handlers=[], include_in_schema=False, opt={"public": True})
-    return OpenAPIConfig(title="mlxcel", version=__version__, render_plugins=[JsonRenderPlugin()], openapi_router=docs)
+    Added after decoration because Litestar refuses a body on handlers declared for HEAD.
+    """
+    for controller in controllers:
+        for handler in vars(controller).values():
+            if isinstance(handler, HTTPRouteHandler) and "GET" in handler.http_methods:
+                handler.http_methods.add("HEAD")
 
 
 def create_app(engine: Engine) -> Litestar:
     """The app takes its engine as an argument: the listener comes up at once while the engine
     loads models on its own thread, answering 503 until they are ready."""
-
-    @asynccontextmanager
-    async def run_engine(_: Litestar) -> AsyncIterator[None]:
-        engine.start()
-        try:
-            yield
-        finally:
-            engine.stop()
-
-    with_head(ROUTES)
+    with_head(CONTROLLERS)
     app = Litestar(
-        route_handlers=ROUTES,
+        route_handlers=CONTROLLERS,
+        dependencies={"engine": Provide(provide_engine, sync_to_thread=False)},
         exception_handlers=HANDLERS,
         guards=[require_api_key],
-        lifespan=[run_engine],
+        lifespan=[engine_lifespan(engine)],
         openapi_config=openapi_config(),
         request_class=StrictJsonRequest,
         request_max_body_size=engine.settings.server.max_body_bytes,
         cors_config=CORS,
     )
-    app.state.engine = engine
+    app.state.engine = EngineView(engine)
+    app.state.settings = engine.settings
     return app

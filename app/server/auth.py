@@ -15,7 +15,7 @@ from app.server.errors import ApiError
 
 
 def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
-    key = connection.app.state.engine.settings.server.api_key
+    key = connection.app.state.settings.server.api_key
     if not key or handler.opt.get("public") or connection.scope["method"] == "OPTIONS":
         return
     scheme, _, token = connection.headers.get("authorization", "").partition(" ")

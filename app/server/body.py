@@ -23,7 +23,7 @@ OPENERS = np.frombuffer(b"[{", dtype=np.uint8)
 
 class StrictJsonRequest(Request):
     async def json(self) -> Any:
-        limit = self.app.state.engine.settings.server.max_json_depth
+        limit = self.app.state.settings.server.max_json_depth
         if deeper_than(await self.body(), limit):
             raise ApiError(400, too_deep_message(limit))
         try:

@@ -68,7 +68,7 @@ def on_not_found(request: Request, _: NotFoundException) -> Response:
 
 
 def on_too_large(request: Request, _: RequestEntityTooLarge) -> Response:
-    limit = request.app.state.engine.settings.server.max_body_bytes
+    limit = request.app.state.settings.server.max_body_bytes
     return envelope(413, f"the request body is larger than this server accepts ({limit} bytes, server.max_body_bytes)")
 
 

@@ -1,4 +1,4 @@
-"""Between HTTP handlers and the engine thread: readiness, submitting jobs, awaiting events."""
+"""Between HTTP handlers and the engine thread: building a job, submitting it, awaiting its events."""
 
 from __future__ import annotations
 
@@ -6,35 +6,17 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from litestar import Request
 from litestar.types import Receive
 
-from app.decoding.builder import RowRequest
-from app.decoding.generation import Delta
-from app.engine.engine import Engine, EngineState, UnavailableError, unavailable_message
-from app.engine.row import Event, Failed, Finished, Job
-from app.profiles.schema import Settings
+from app.server import requests, shaping
+from app.server.engine_view import Delta, EngineView, Event, Failed, Finished, Job
 from app.server.errors import ApiError
+from app.server.responses import GenerationSettings
+from app.server.schemas import SamplingFields
 
 DISCONNECTED = Failed("the client disconnected", 499, "cancelled")  # nginx's "client closed request"
-
-
-def engine_of(request: Request) -> Engine:
-    return request.app.state.engine
-
-
-def ready_engine(request: Request) -> Engine:
-    """The engine, or 503 in llama-server's envelope while it loads, drains or after it failed."""
-    engine = engine_of(request)
-    if engine.state is not EngineState.READY:
-        raise ApiError(503, unavailable_message(engine.state))
-    return engine
-
-
-def model_alias(settings: Settings) -> str:
-    return settings.server.model_alias or Path(settings.target).name
 
 
 @dataclass
@@ -93,9 +75,16 @@ def merge(first: Delta, second: Delta) -> Delta:
     return Delta(text=first.text + second.text, tokens=first.tokens + second.tokens, timings=second.timings)
 
 
-def submit(
-    request: Request, engine: Engine, row_request: RowRequest, route: str, stream: bool, per_token_timings: bool
-) -> Submission:
+def start(
+    request: Request, engine: EngineView, data: SamplingFields, tokens: list[int], route: str
+) -> tuple[Submission, GenerationSettings]:
+    """Validate the sampling fields, build the row request and submit it.
+
+    Returns the submission and the settings the request runs with (for its answer).
+    """
+    settings = engine.settings
+    params = requests.sampling(data, settings, engine.tokenizer, engine.vocab_size)
+    row_request = requests.row_request(data, tokens, settings, params)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -107,11 +96,9 @@ def submit(
         request_id=uuid.uuid4().hex[:16],
         route=route,
         sink=sink,
-        stream=stream,
-        per_token_timings=per_token_timings,
+        stream=data.stream,
+        per_token_timings=data.stream and data.timings_per_token,
     )
-    try:
-        engine.submit(job)
-    except UnavailableError as exc:
-        raise ApiError(503, str(exc)) from exc
-    return Submission(job, events, request.receive)
+    engine.submit(job)
+    model = shaping.model_alias(settings)
+    return Submission(job, events, request.receive), shaping.generation_settings(row_request, model, engine.plan.width)

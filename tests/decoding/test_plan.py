@@ -16,7 +16,7 @@ from app.engine.engine import Engine
 from app.profiles import resolve, shipped_profiles
 from app.profiles.schema import STOCHASTIC_ACCEPT_ENV, DrafterKindName
 from app.sampling import SamplingParams
-from app.server.routes.introspection import drafter_info
+from app.server.shaping import drafter_info
 from tests.support import ROOT
 
 APP = ROOT / "app"
@@ -31,9 +31,9 @@ def test_the_plan_states_the_rule_each_request_runs(name: str, monkeypatch: pyte
     engine = Engine(resolve(name).settings)
     engine._load()
     tokens = list(engine.target.tokenizer.encode("def add(a, b):\n"))
-    info = drafter_info(engine)
-    assert info["rule_at_temperature_0"] == engine.plan.rules[SamplerClass.ARGMAX]
-    assert info["rule_at_temperature_above_0"] == engine.plan.rules[SamplerClass.SAMPLED]
+    info = drafter_info(engine.settings, engine.plan)
+    assert info.rule_at_temperature_0 == engine.plan.rules[SamplerClass.ARGMAX]
+    assert info.rule_at_temperature_above_0 == engine.plan.rules[SamplerClass.SAMPLED]
     for sampler, temperature in SAMPLERS.items():
         request = RowRequest(tokens, SamplingParams(temperature=temperature), max_tokens=8, seed=3)
         generation = engine.builder.build(request)

@@ -113,5 +113,17 @@ def test_the_schema_is_public_and_lists_the_request_structs(target_only_server) 
     body = schema["paths"]["/completion"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body == {"$ref": "#/components/schemas/CompletionRequest"}
     assert {"CompletionRequest", "ChatRequest", "TokenizeRequest"} <= set(schema["components"]["schemas"])
+    # and the response Structs: every JSON answer names its shape
+    answers = {
+        ("/completion", "post"): "NativeCompletion",
+        ("/v1/completions", "post"): "TextCompletion",
+        ("/v1/chat/completions", "post"): "ChatCompletion",
+        ("/props", "get"): "Props",
+        ("/v1/models", "get"): "ModelList",
+        ("/health", "get"): "Health",
+    }
+    for (path, method), struct in answers.items():
+        ok = schema["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"]
+        assert ok == {"$ref": f"#/components/schemas/{struct}"}, path
     assert envelope_problem(http_404 := requests.get(f"{target_only_server.url}/schema/missing.json")) is None
     assert http_404.status_code == 404

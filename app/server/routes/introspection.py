@@ -1,193 +1,46 @@
-"""What the server is and does: /props, /slots, /metrics, /apply-template."""
+"""What the server is and does: health, models, /props, /slots and /metrics."""
 
 from __future__ import annotations
 
-import asyncio
-from importlib.metadata import version
-from typing import Any
+from litestar import Controller, get, post
+from litestar.di import NamedDependency
 
-import msgspec
-from litestar import Request, Response, get, post
-from litestar.params import JSONBody
-
-from app import __version__
-from app.decoding.plan import SamplerClass
-from app.engine.engine import Engine, EngineState
-from app.engine.snapshot import EngineSnapshot
-from app.server import requests
-from app.server.schemas import ApplyTemplateRequest
-from app.server.service import engine_of, model_alias, ready_engine
-
-BUILD_INFO = f"mlxcel {__version__} (mlx {version('mlx')}, mlx-lm {version('mlx-lm')})"
+from app.server import shaping
+from app.server.engine_view import EngineView, require_ready
+from app.server.errors import ApiError
+from app.server.metrics import CONTENT_TYPE, exposition
+from app.server.responses import Health, ModelList, Props, Slot
 
 
-def drafter_info(engine: Engine | EngineSnapshot) -> dict[str, Any]:
-    settings, plan = engine.settings, engine.plan
-    return {
-        "profile": settings.profile,
-        "profile_file": settings.source,
-        "drafter": {
-            "kind": settings.drafter.kind,
-            "model": settings.drafter.model,
-            "width": plan.width,
-            "p_min": settings.drafter.p_min,
-        },
-        "rule_at_temperature_0": plan.rules[SamplerClass.ARGMAX],
-        "rule_at_temperature_above_0": plan.rules[SamplerClass.SAMPLED],
-        "adaptive": msgspec.to_builtins(settings.adaptive),
-        "block_widths": list(plan.block_widths) if plan.block_widths else None,
-        "governor": msgspec.to_builtins(settings.governor) if settings.drafter.kind == "prompt-lookup" else None,
-        "env_overrides": dict(settings.env),
-    }
+class IntrospectionController(Controller):
+    tags = ("introspection",)
 
+    @get(["/health", "/v1/health"], name="health", guards=[require_ready], opt={"public": True})
+    async def health(self) -> Health:
+        """200 {"status": "ok"} while serving; 503 in the error envelope while loading, draining or failed."""
+        return Health()
 
-@get("/props", name="props")
-async def props(request: Request) -> dict[str, Any]:
-    engine = engine_of(request).snapshot()
-    settings = engine.settings
-    model = engine.model if engine.state is EngineState.READY else None
-    defaults = msgspec.to_builtins(settings.sampling)
-    defaults |= {
-        "n_ctx": model.context_limit if model else None,
-        "speculative.n_max": engine.plan.width,
-        "speculative.n_min": 0,
-        "speculative.p_min": settings.drafter.p_min,
-    }
-    return {
-        "default_generation_settings": defaults,
-        "total_slots": settings.server.max_rows,
-        "model_path": settings.target,
-        "model_alias": model_alias(settings),
-        "build_info": BUILD_INFO,
-        "chat_template": getattr(model.tokenizer, "chat_template", None) if model else None,
-        "modalities": {"vision": False, "audio": False},
-        "is_sleeping": False,
-        "mlxcel": drafter_info(engine),
-    }
+    @get(["/v1/models", "/models"], name="models")
+    async def models(self, engine: NamedDependency[EngineView]) -> ModelList:
+        """The one model this server serves (its size facts once it is loaded)."""
+        return shaping.model_list(engine)
 
+    @get("/props", name="props")
+    async def props(self, engine: NamedDependency[EngineView]) -> Props:
+        """The profile, its drafter, the plan's rules and the sampling defaults (also while loading)."""
+        return shaping.props(engine)
 
-@get("/slots", name="slots")
-async def slots(request: Request) -> list[dict[str, Any]]:
-    engine = ready_engine(request).snapshot()
-    rows = {row.slot: row for row in engine.rows}
-    width = engine.plan.width
-    out = []
-    for slot in range(engine.settings.server.max_rows):
-        row = rows.get(slot)
-        entry: dict[str, Any] = {
-            "id": slot,
-            "id_task": -1,
-            "is_processing": row is not None,
-            "n_ctx": engine.model.context_limit,
-        }
-        if row is not None:
-            asked = row.request
-            n_max = asked.n_max if asked.n_max is not None else width
-            entry |= {
-                "id_task": row.request_id,
-                "params": {
-                    **msgspec.to_builtins(asked.sampling),
-                    "n_predict": asked.max_tokens,
-                    "speculative.n_max": n_max,
-                    "speculative.n_min": asked.n_min,
-                    "speculative.p_min": asked.p_min,
-                },
-                "next_token": {
-                    "n_decoded": row.decided,
-                    "has_next_token": not row.finished,
-                },
-                "draft": {
-                    "draft_n": row.draft.proposed,
-                    "draft_n_accepted": row.draft.accepted,
-                    "draft_rounds": row.draft.rounds,
-                }
-                if row.draft is not None
-                else None,
-            }
-        out.append(entry)
-    return out
+    @post("/props", status_code=501, name="props-update")
+    async def update_props(self) -> None:
+        """Refused (here, not with the other refusals: two controllers cannot share a path)."""
+        raise ApiError(501, "/props: settings change per profile at startup, not at run time", "not_supported_error")
 
+    @get("/slots", name="slots", guards=[require_ready])
+    async def slots(self, engine: NamedDependency[EngineView]) -> list[Slot]:
+        """One entry per row; a busy row shows its request's settings and drafting so far."""
+        return shaping.slots(engine)
 
-def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> list[str]:
-    lines = [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}"]
-    lines += [f"llamacpp:{name}{labels} {value:g}" for labels, value in samples]
-    return lines
-
-
-@get("/metrics", name="metrics", media_type="text/plain; version=0.0.4")
-async def metrics(request: Request) -> str:
-    """Prometheus text with llama-server's metric names and the speculative counters."""
-    m = ready_engine(request).snapshot().metrics
-    prompt_rate = m.prompt_tokens_total / m.prompt_seconds_total if m.prompt_seconds_total else 0.0
-    predicted_rate = (
-        m.tokens_predicted_total / m.tokens_predicted_seconds_total if m.tokens_predicted_seconds_total else 0.0
-    )
-    per_position = [(f'{{position="{i}"}}', float(n)) for i, n in enumerate(m.spec_accepted_per_position)]
-    lines = [
-        *metric(
-            "prompt_tokens_total",
-            "counter",
-            "Number of prompt tokens processed.",
-            [("", m.prompt_tokens_total)],
-        ),
-        *metric("prompt_seconds_total", "counter", "Prompt process time.", [("", m.prompt_seconds_total)]),
-        *metric(
-            "tokens_predicted_total",
-            "counter",
-            "Number of generation tokens processed.",
-            [("", m.tokens_predicted_total)],
-        ),
-        *metric(
-            "tokens_predicted_seconds_total",
-            "counter",
-            "Predict process time.",
-            [("", m.tokens_predicted_seconds_total)],
-        ),
-        *metric("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", [("", prompt_rate)]),
-        *metric(
-            "predicted_tokens_seconds",
-            "gauge",
-            "Average generation throughput in tokens/s.",
-            [("", predicted_rate)],
-        ),
-        *metric("requests_processing", "gauge", "Number of requests processing.", [("", m.requests_processing)]),
-        *metric("requests_deferred", "gauge", "Number of requests deferred.", [("", m.requests_deferred)]),
-        *metric(
-            "spec_decode_num_drafts_total",
-            "counter",
-            "Verify rounds run on drafted tokens.",
-            [("", m.spec_drafts_total)],
-        ),
-        *metric(
-            "spec_decode_num_draft_tokens_total",
-            "counter",
-            "Drafted tokens proposed for verification.",
-            [("", m.spec_draft_tokens_total)],
-        ),
-        *metric(
-            "spec_decode_num_accepted_tokens_total",
-            "counter",
-            "Drafted tokens accepted and emitted.",
-            [("", m.spec_accepted_tokens_total)],
-        ),
-        *metric(
-            "spec_decode_num_accepted_tokens_per_pos_total",
-            "counter",
-            "Drafted tokens accepted at each draft position (0 = first).",
-            per_position,
-        ),
-    ]
-    return "\n".join(lines) + "\n"
-
-
-@post("/apply-template", status_code=200, name="apply-template")
-async def apply_template(request: Request, data: JSONBody[ApplyTemplateRequest]) -> Response:
-    """The prompt text the chat template makes of these messages."""
-    engine = ready_engine(request)
-    prompt = await asyncio.to_thread(
-        requests.chat_prompt, data.messages, engine.model.tokenizer, None, engine.settings, tokenize=False
-    )
-    return Response({"prompt": prompt})
-
-
-ROUTES = [props, slots, metrics, apply_template]
+    @get("/metrics", name="metrics", guards=[require_ready], media_type=CONTENT_TYPE)
+    async def metrics(self, engine: NamedDependency[EngineView]) -> bytes:
+        """Prometheus text with llama-server's metric names and the speculative counters."""
+        return exposition(engine.metrics)

@@ -2,49 +2,44 @@
 
 from __future__ import annotations
 
-from litestar import Request, route
+from litestar import Controller, Request, route
 
 from app.server.errors import ApiError
 
-NOT_APPLICABLE = {
+NO_EMBEDDINGS = "this server runs generative checkpoints only; embeddings are not served"
+NO_RERANKER = "reranking needs a reranker checkpoint; not served"
+REASONS = {
     "/infill": "fill-in-the-middle needs a model trained with FIM tokens; use /completion",
-    "/embedding": "this server runs generative checkpoints only; embeddings are not served",
-    "/embeddings": "this server runs generative checkpoints only; embeddings are not served",
-    "/v1/embeddings": "this server runs generative checkpoints only; embeddings are not served",
-    "/rerank": "reranking needs a reranker checkpoint; not served",
-    "/reranking": "reranking needs a reranker checkpoint; not served",
-    "/v1/rerank": "reranking needs a reranker checkpoint; not served",
-    "/v1/reranking": "reranking needs a reranker checkpoint; not served",
-    "/slots/{id_slot:int}": "slot save/restore/erase is not supported: rows hold no reusable prompt cache",
-}
-LORA = "adapters are fused offline (mlx_lm.fuse) and selected by profile; they cannot be switched at run time"
-BY_DESIGN = {
+    "/embedding": NO_EMBEDDINGS,
+    "/embeddings": NO_EMBEDDINGS,
+    "/v1/embeddings": NO_EMBEDDINGS,
+    "/rerank": NO_RERANKER,
+    "/reranking": NO_RERANKER,
+    "/v1/rerank": NO_RERANKER,
+    "/v1/reranking": NO_RERANKER,
+    # by design: one process, one profile
     "/models/load": "one server serves one profile; start another profile instead (docs/deployment.md)",
     "/models/unload": "one server serves one profile; stop its process instead (docs/deployment.md)",
 }
+SLOT_ACTIONS = "slot save/restore/erase is not supported: rows hold no reusable prompt cache"
+LORA = "adapters are fused offline (mlx_lm.fuse) and selected by profile; they cannot be switched at run time"
 
 
-def _refusal(path: str, reason: str, name: str) -> object:
-    @route(path, http_method=["POST"], name=name)
-    async def refuse(request: Request) -> None:
-        raise ApiError(501, f"{request.url.path}: {reason}", "not_supported_error")
-
-    return refuse
+def refuse(request: Request, reason: str) -> ApiError:
+    return ApiError(501, f"{request.url.path}: {reason}", "not_supported_error")
 
 
-@route("/props", http_method=["POST"], name="props-update")
-async def update_props(request: Request) -> None:
-    raise ApiError(501, "/props: settings change per profile at startup, not at run time", "not_supported_error")
+class UnsupportedController(Controller):
+    tags = ("unsupported",)
 
+    @route(list(REASONS), http_method=["POST"], status_code=501, name="unsupported")
+    async def unsupported(self, request: Request) -> None:
+        raise refuse(request, REASONS[request.scope["path_template"]])
 
-@route("/lora-adapters", http_method=["GET", "POST"], name="lora-adapters")
-async def lora_adapters(request: Request) -> None:
-    raise ApiError(501, f"/lora-adapters: {LORA}", "not_supported_error")
+    @route("/slots/{id_slot:int}", http_method=["POST"], status_code=501, name="slot-actions")
+    async def slot_actions(self, request: Request) -> None:
+        raise refuse(request, SLOT_ACTIONS)
 
-
-ROUTES = [
-    *(_refusal(path, reason, f"not-applicable:{path}") for path, reason in NOT_APPLICABLE.items()),
-    *(_refusal(path, reason, f"by-design:{path}") for path, reason in BY_DESIGN.items()),
-    update_props,
-    lora_adapters,
-]
+    @route("/lora-adapters", http_method=["GET", "POST"], status_code=501, name="lora-adapters")
+    async def lora_adapters(self, request: Request) -> None:
+        raise refuse(request, LORA)

@@ -1,0 +1,123 @@
+"""The HTTP layer's one door to the engine: a read-only view, its DI provider and the readiness guard.
+
+Only this module imports app.engine, so a change to the engine's internals (how rows, the loaded
+target or the event types are held) is absorbed here and no route changes with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from litestar import Litestar
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.handlers import BaseRouteHandler
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from app.decoding.generation import Delta
+from app.decoding.plan import LoopPlan
+from app.decoding.timings import Timings
+from app.engine.engine import Engine, EngineState, UnavailableError, unavailable_message
+from app.engine.host import ModelInfo
+from app.engine.metrics import Metrics
+from app.engine.row import Event, Failed, Finished, Job
+from app.engine.snapshot import RowView
+from app.profiles.schema import Settings
+from app.server.errors import ApiError
+
+__all__ = [
+    "Delta",
+    "Engine",
+    "EngineView",
+    "Event",
+    "Failed",
+    "Finished",
+    "Job",
+    "Metrics",
+    "RowView",
+    "Timings",
+    "engine_lifespan",
+    "provide_engine",
+    "require_ready",
+]
+
+
+class EngineView:
+    """What the HTTP layer reads from the engine, and the one thing it asks of it: `submit`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why requests get 503 now (loading, draining, failed); None while serving."""
+        state = self._engine.state
+        return None if state is EngineState.READY else unavailable_message(state)
+
+    @property
+    def settings(self) -> Settings:
+        return self._engine.settings
+
+    @property
+    def plan(self) -> LoopPlan:
+        return self._engine.plan
+
+    @property
+    def metrics(self) -> Metrics:
+        return self._engine.snapshot().metrics
+
+    # Loaded-model facts: only while serving (the guard, or an `unavailable` check, comes first).
+
+    @property
+    def model(self) -> ModelInfo:
+        assert self._engine.model is not None
+        return self._engine.model
+
+    @property
+    def tokenizer(self) -> TokenizerWrapper:
+        return self.model.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    @property
+    def context_limit(self) -> int:
+        return self.model.context_limit
+
+    def rows(self) -> dict[int, RowView]:
+        """The running rows by slot, copied so the engine thread may go on changing its own."""
+        return {row.slot: row for row in self._engine.snapshot().rows}
+
+    def submit(self, job: Job) -> None:
+        try:
+            self._engine.submit(job)
+        except UnavailableError as exc:
+            raise ApiError(503, str(exc)) from exc
+
+
+def provide_engine(state: State) -> EngineView:
+    """The `engine` dependency of every handler that asks for one."""
+    return state.engine
+
+
+def require_ready(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    """Guard: 503 in llama-server's envelope while the engine loads, drains or after it failed."""
+    reason = connection.app.state.engine.unavailable
+    if reason is not None:
+        raise ApiError(503, reason)
+
+
+def engine_lifespan(engine: Engine) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
+    """The engine's thread runs while the app does."""
+
+    @asynccontextmanager
+    async def run(_: Litestar) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            engine.stop()
+
+    return run

@@ -1,0 +1,290 @@
+"""Wire types of the answers: llama-server's native shapes and OpenAI's, as msgspec Structs.
+
+Litestar encodes them and derives the OpenAPI schema from them. Key order follows the
+declaration. A field that is sometimes absent defaults to UNSET (left out of the JSON); one that
+is sometimes null is typed `| None` and always written.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from app.profiles.schema import AdaptiveSettings, GovernorSettings
+from app.server.engine_view import Timings
+
+# --- health, models, tokens -------------------------------------------------------------------
+
+
+class Health(msgspec.Struct, kw_only=True):
+    status: Literal["ok"] = "ok"
+
+
+class ModelMeta(msgspec.Struct, kw_only=True):
+    path: str
+    n_vocab: int | UnsetType = UNSET  # known once the model is loaded
+    n_ctx_train: int | UnsetType = UNSET
+
+
+class ModelEntry(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "mlxcel"
+    meta: ModelMeta
+
+
+class ModelName(msgspec.Struct, kw_only=True):
+    name: str
+    model: str
+
+
+class ModelList(msgspec.Struct, kw_only=True):
+    """OpenAI's list (`data`) and llama-server's (`models`) in one body."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelEntry]
+    models: list[ModelName]
+
+
+class TokenIds(msgspec.Struct, kw_only=True):
+    tokens: list[int]
+
+
+class TokenPiece(msgspec.Struct, kw_only=True):
+    id: int
+    piece: str
+
+
+class TokenPieces(msgspec.Struct, kw_only=True):
+    tokens: list[TokenPiece]
+
+
+class Detokenized(msgspec.Struct, kw_only=True):
+    content: str
+
+
+class TemplatePrompt(msgspec.Struct, kw_only=True):
+    prompt: str
+
+
+# --- sampling settings as /props, /slots and responses report them ----------------------------
+
+
+class SamplerSettings(msgspec.Struct, kw_only=True):
+    """The sampler's knobs (app.sampling.SamplingParams without its logit bias)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repeat_penalty: float
+    repeat_last_n: int
+    presence_penalty: float
+    frequency_penalty: float
+    xtc_probability: float
+    xtc_threshold: float
+
+
+class GenerationSettings(SamplerSettings, kw_only=True):
+    """What one request ran with: the seed actually used and the speculative limits."""
+
+    logit_bias: list[tuple[int, float]]  # a ban (false) is -inf, written as null
+    model: str
+    n_predict: int
+    seed: int
+    stop: list[str]
+    ignore_eos: bool
+    speculative_n_max: int = msgspec.field(name="speculative.n_max")
+    speculative_n_min: int = msgspec.field(name="speculative.n_min")
+    speculative_p_min: float = msgspec.field(name="speculative.p_min")
+
+
+class DefaultGenerationSettings(SamplerSettings, kw_only=True):
+    n_predict: int
+    n_ctx: int | None  # null until the model is loaded
+    speculative_n_max: int = msgspec.field(name="speculative.n_max")
+    speculative_n_min: int = msgspec.field(name="speculative.n_min")
+    speculative_p_min: float = msgspec.field(name="speculative.p_min")
+
+
+class SlotParams(SamplerSettings, kw_only=True):
+    logit_bias: dict[int, float]
+    n_predict: int
+    speculative_n_max: int = msgspec.field(name="speculative.n_max")
+    speculative_n_min: int = msgspec.field(name="speculative.n_min")
+    speculative_p_min: float = msgspec.field(name="speculative.p_min")
+
+
+# --- /props and /slots ------------------------------------------------------------------------
+
+
+class DrafterSummary(msgspec.Struct, kw_only=True):
+    kind: str
+    model: str | None
+    width: int
+    p_min: float
+
+
+class DrafterInfo(msgspec.Struct, kw_only=True):
+    """mlxcel's own /props block: the profile, its drafter and the rules the plan decided."""
+
+    profile: str
+    profile_file: str
+    drafter: DrafterSummary
+    rule_at_temperature_0: str | None
+    rule_at_temperature_above_0: str | None
+    adaptive: AdaptiveSettings
+    block_widths: list[int] | None
+    governor: GovernorSettings | None  # prompt lookup only
+    env_overrides: dict[str, str]
+
+
+class Modalities(msgspec.Struct, kw_only=True):
+    vision: bool = False
+    audio: bool = False
+
+
+class Props(msgspec.Struct, kw_only=True):
+    default_generation_settings: DefaultGenerationSettings
+    total_slots: int
+    model_path: str
+    model_alias: str
+    build_info: str
+    chat_template: str | None
+    modalities: Modalities = msgspec.field(default_factory=Modalities)
+    is_sleeping: bool = False
+    mlxcel: DrafterInfo
+
+
+class NextToken(msgspec.Struct, kw_only=True):
+    n_decoded: int
+    has_next_token: bool
+
+
+class SlotDraft(msgspec.Struct, kw_only=True):
+    draft_n: int
+    draft_n_accepted: int
+    draft_rounds: int
+
+
+class Slot(msgspec.Struct, kw_only=True):
+    """One of /slots; the request fields only while the slot is processing."""
+
+    id: int
+    id_task: int | str  # -1 when idle, else the request id
+    is_processing: bool
+    n_ctx: int
+    params: SlotParams | UnsetType = UNSET
+    next_token: NextToken | UnsetType = UNSET
+    draft: SlotDraft | UnsetType | None = UNSET  # null: the row runs no drafter
+
+
+# --- completions ------------------------------------------------------------------------------
+
+
+class NativeCompletion(msgspec.Struct, kw_only=True):
+    """llama-server's /completion body, and the last frame of its stream."""
+
+    index: int = 0
+    content: str
+    tokens: list[int]
+    id_slot: int = 0
+    stop: bool = True
+    model: str
+    tokens_predicted: int
+    tokens_evaluated: int
+    generation_settings: GenerationSettings
+    prompt: str
+    has_new_line: bool
+    truncated: bool = False
+    stop_type: str
+    stopping_word: str
+    tokens_cached: int
+    timings: Timings
+
+
+class NativeChunk(msgspec.Struct, kw_only=True):
+    """One /completion stream frame before the last; timings with `timings_per_token`."""
+
+    index: int = 0
+    content: str
+    tokens: list[int]
+    stop: bool = False
+    id_slot: int = 0
+    tokens_predicted: int = 0
+    tokens_evaluated: int = 0
+    timings: Timings | UnsetType = UNSET
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TextChoice(msgspec.Struct, kw_only=True):
+    text: str
+    index: int = 0
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class OpenAIObject(msgspec.Struct, kw_only=True):
+    """What every OpenAI body and chunk starts with (subclasses fix `object`, keeping its place)."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+
+
+class TextCompletion(OpenAIObject, kw_only=True):
+    """OpenAI's text completion; as a stream chunk, usage only on the finish chunk."""
+
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[TextChoice]
+    usage: Usage | UnsetType = UNSET
+    timings: Timings | UnsetType = UNSET
+
+
+class AssistantMessage(msgspec.Struct, kw_only=True):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(msgspec.Struct, kw_only=True):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str
+
+
+class ChatCompletion(OpenAIObject, kw_only=True):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: Usage
+    timings: Timings
+
+
+class ChatDelta(msgspec.Struct, kw_only=True):
+    """The role on the first chunk, text on the next ones, nothing on the finish chunk."""
+
+    role: Literal["assistant"] | UnsetType = UNSET
+    content: str | UnsetType = UNSET
+
+
+class ChatChunkChoice(msgspec.Struct, kw_only=True):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(OpenAIObject, kw_only=True):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+    usage: Usage | UnsetType = UNSET
+    timings: Timings | UnsetType = UNSET

@@ -1,0 +1,53 @@
+"""The readiness guard: while the engine loads, guarded routes answer 503 in llama-server's envelope
+and the introspection routes that need no model still answer.
+
+The engine is real but never started (the client runs no lifespan), so it stays LOADING.
+"""
+
+from __future__ import annotations
+
+import pytest
+from litestar.testing import TestClient
+
+from app.profiles import resolve
+from app.server.app import create_app
+from app.server.engine_view import Engine
+
+LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+ANSWER_WHILE_LOADING = {"/props", "/models", "/v1/models"}
+
+
+APP = create_app(Engine(resolve("target-only").settings))
+
+
+@pytest.fixture(scope="module")
+def loading_client():
+    return TestClient(APP)  # not entered: no lifespan, so the engine never starts
+
+
+def guarded() -> list[str]:
+    """Every route the app serves but the schema, the refusals (501) and those that answer anyway."""
+    found = []
+    for route in APP.routes:
+        for method, (handler, _) in getattr(route, "route_handler_map", {}).items():
+            skipped = route.path in ANSWER_WHILE_LOADING or route.path.startswith("/schema")
+            if method not in ("HEAD", "OPTIONS") and handler.status_code != 501 and not skipped:
+                found.append(f"{method} {route.path}")
+    return sorted(found)
+
+
+@pytest.mark.parametrize("route", guarded())
+def test_guarded_routes_answer_503_while_loading(loading_client, route: str) -> None:
+    method, path = route.split(" ")
+    body = {"json": {"prompt": "x"}} if method == "POST" else {}
+    response = loading_client.request(method, path, **body)
+    assert response.status_code == 503, response.text
+    assert response.json() == LOADING
+
+
+def test_props_and_models_answer_while_loading(loading_client) -> None:
+    props = loading_client.get("/props").json()
+    assert props["default_generation_settings"]["n_ctx"] is None and props["chat_template"] is None
+    assert props["mlxcel"]["profile"] == "target-only"
+    meta = loading_client.get("/v1/models").json()["data"][0]["meta"]
+    assert set(meta) == {"path"}  # n_vocab and n_ctx_train appear once the model is loaded
