@@ -19,13 +19,11 @@ from collections.abc import Callable
 
 import structlog
 
-from app.decoding.builder import LoopBuilder
 from app.engine.host import ModelHost, ModelInfo
 from app.engine.reporter import Reporter
 from app.engine.row import Failed, Job
 from app.engine.scheduler import EngineState, Scheduler, UnavailableError, unavailable_message
 from app.engine.snapshot import EngineSnapshot, copy_metrics, row_view
-from app.loading import LoadedModel
 from app.profiles.schema import Settings
 from app.runtime.logging import log_internal_error
 
@@ -101,18 +99,8 @@ class Engine:
             time.sleep(0.02)
         return self.state is EngineState.READY
 
-    # In-process callers (benchmarks, the behaviour tests) load and build without the thread.
-
     def _load(self) -> None:
         self.host.load()
-
-    @property
-    def target(self) -> LoadedModel:
-        return self.host.target
-
-    @property
-    def builder(self) -> LoopBuilder | None:
-        return self.host.builder
 
     # --- the worker thread -----------------------------------------------------------------
 

@@ -78,11 +78,11 @@ EXPECTED = {
 def outputs(engine: Engine, temperature: float) -> tuple[str, list[str]]:
     """sha256 of the emitted token ids of every prompt, and the loop notes the requests logged."""
     emitted, notes = [], []
-    tokenizer = engine.target.tokenizer
+    tokenizer = engine.host.target.tokenizer
     for prompt in PROMPTS:
         sampling = SamplingParams(temperature=temperature)
         request = RowRequest(list(tokenizer.encode(prompt)), sampling, max_tokens=N_PREDICT, seed=SEED)
-        generation = engine.builder.build(request)
+        generation = engine.host.builder.build(request)
         generation.prefill()
         while not generation.finished:
             generation.step()
@@ -108,7 +108,7 @@ def test_every_shipped_profile_is_hashed() -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_outputs_are_unchanged(name: str, clean_contract_env: None) -> None:
     engine = Engine(resolve(name).settings)
-    engine._load()
+    engine.host.load()
     cold, cold_notes = outputs(engine, 0.0)
     hot, hot_notes = outputs(engine, HOT)
     assert cold_notes == []

@@ -29,14 +29,14 @@ ENV_WRITES_ALLOWED = {"app/__init__.py", "app/runtime/blas.py"}
 def test_the_plan_states_the_rule_each_request_runs(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(STOCHASTIC_ACCEPT_ENV, raising=False)
     engine = Engine(resolve(name).settings)
-    engine._load()
-    tokens = list(engine.target.tokenizer.encode("def add(a, b):\n"))
+    engine.host.load()
+    tokens = list(engine.host.target.tokenizer.encode("def add(a, b):\n"))
     info = drafter_info(engine.settings, engine.plan)
     assert info.rule_at_temperature_0 == engine.plan.rules[SamplerClass.ARGMAX]
     assert info.rule_at_temperature_above_0 == engine.plan.rules[SamplerClass.SAMPLED]
     for sampler, temperature in SAMPLERS.items():
         request = RowRequest(tokens, SamplingParams(temperature=temperature), max_tokens=8, seed=3)
-        generation = engine.builder.build(request)
+        generation = engine.host.builder.build(request)
         generation.prefill()
         while not generation.finished:
             generation.step()
@@ -79,7 +79,7 @@ def test_building_a_server_leaves_os_environ_alone(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv(STOCHASTIC_ACCEPT_ENV, raising=False)
     before = dict(os.environ)
     engine = Engine(resolve("stochastic").settings)  # its [env] table sets the stochastic switch
-    engine._load()
+    engine.host.load()
     assert engine.plan.switches.stochastic_accept
     assert dict(os.environ) == before
 
