@@ -14,7 +14,8 @@ from app.drafters.draft_model import DraftModelDrafter
 from app.drafters.governor import Listener, make_governor
 from app.drafters.kinds import DrafterKind
 from app.drafters.prompt_lookup import PromptLookupDrafter
-from app.loading import LoadedModel, ModelLoadError, check_vocab_agreement
+from app.loading import LoadedModel, ModelLoadError
+from app.loading.pairing import require_pairing
 from app.loading.runner import ModelRunner
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
 from app.sampling.rng import resolve_seed
@@ -44,7 +45,7 @@ class LoopBuilder:
         if plan.drafter_kind is DrafterKind.DRAFT_MODEL:
             if drafter is None:
                 raise ModelLoadError("drafter kind draft-model needs a drafter model (--draft-model)")
-            check_vocab_agreement(target, drafter)
+            require_pairing(target.checkpoint, drafter.checkpoint)
             ModelRunner(drafter.model).require_rewindable("drafter")
             ModelRunner(target.model).require_rewindable("target")
         self.target = target

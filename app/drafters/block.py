@@ -20,6 +20,7 @@ from app.drafters.block_model import DFlashModel, DraftShape, MtpHead
 from app.drafters.kinds import DETECTED, DrafterKind
 from app.drafters.target_taps import FINAL, FeatureHook, TargetTaps, taps_for
 from app.loading import CheckpointKind, LoadedModel, ModelLoadError, read_checkpoint
+from app.loading.pairing import require_pairing
 
 if TYPE_CHECKING:
     from app.acceptance import Verdict
@@ -83,8 +84,7 @@ def load_block_drafter(path: str | Path, target: LoadedModel) -> BlockDrafterMod
     taps = taps_for(target.model)
     if any(not 0 <= i < taps.num_layers for i in shape.target_layer_ids):
         raise ModelLoadError(f"{checkpoint.path}: target_layer_ids {shape.target_layer_ids} exceed the target's layers")
-    if int(config.get("vocab_size") or target.vocab_size) != target.vocab_size:
-        raise ModelLoadError(f"{checkpoint.path}: vocab_size {config.get('vocab_size')} differs from the target's")
+    require_pairing(target.checkpoint, checkpoint)
     module: DFlashModel | MtpHead
     if checkpoint.kind is CheckpointKind.MTP:
         module = MtpHead(shape, target.vocab_size)

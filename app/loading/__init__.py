@@ -16,7 +16,7 @@ from app.loading.checkpoint import (
 )
 from app.loading.paths import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 
-MODEL_NAMES = ("LoadedModel", "check_vocab_agreement", "load_model")
+MODEL_NAMES = ("LoadedModel", "load_model")
 
 
 def __getattr__(name: str) -> Any:
@@ -34,7 +34,6 @@ __all__ = [
     "CheckpointKind",
     "LoadedModel",
     "ModelLoadError",
-    "check_vocab_agreement",
     "drafter_kind_of",
     "load_model",
     "read_checkpoint",

@@ -63,20 +63,3 @@ def load_model(path: str | Path, *, role: str = "target", dtype: str = "auto") -
         model.set_dtype(target_dtype)
         mx.eval(model.parameters())
     return LoadedModel(checkpoint=checkpoint, model=model, tokenizer=tokenizer)
-
-
-def check_vocab_agreement(target: LoadedModel, drafter: LoadedModel) -> None:
-    """Refuse a pair whose tokenizers map text to different ids: proposals would be nonsense."""
-    target_vocab = target.tokenizer.get_vocab()
-    drafter_vocab = drafter.tokenizer.get_vocab()
-    if target_vocab == drafter_vocab:
-        return
-    differing = sorted(
-        set(target_vocab.keys() ^ drafter_vocab.keys())
-        | {t for t in target_vocab.keys() & drafter_vocab.keys() if target_vocab[t] != drafter_vocab[t]}
-    )
-    raise ModelLoadError(
-        f"drafter {drafter.path} does not share the target's vocabulary ({len(target_vocab)} vs "
-        f"{len(drafter_vocab)} tokens, {len(differing)} differ, e.g. {differing[:3]}): "
-        "pair models that use the same tokenizer"
-    )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jinja2
@@ -10,30 +9,11 @@ import jinja2
 from app.drafters.kinds import DETECTED
 from app.loading import CheckpointKind, ModelLoadError, read_checkpoint
 from app.loading.chat_template import load_template_file
+from app.loading.pairing import TokenizerFileError, pairing_problem, tokenizer_vocab
 from app.profiles.loader import ProfileError, origin
 from app.profiles.schema import Settings
 
 NEEDS_MODEL = ("draft-model", "mtp", "dflash")
-
-
-def tokenizer_vocab(model_dir: Path, where: str) -> dict[str, int] | None:
-    """Token-to-id map from tokenizer.json, without loading the model (None if absent).
-
-    `where` names the setting that points at `model_dir`, for the error.
-    """
-    path = model_dir / "tokenizer.json"
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_bytes())
-        vocab = dict(data.get("model", {}).get("vocab", {}))
-        vocab |= {t["content"]: t["id"] for t in data.get("added_tokens", [])}
-    except (OSError, ValueError, AttributeError, TypeError, KeyError) as exc:  # unreadable, not JSON, not its shape
-        raise ProfileError(
-            f"{where}: {path} is not a valid tokenizer.json ({type(exc).__name__}: {exc}); "
-            "replace it with the model's own"
-        ) from exc
-    return vocab
 
 
 def check_chat_template(settings: Settings, where: str) -> None:
@@ -67,7 +47,10 @@ def check_models(settings: Settings, sources: dict[str, str] | None = None) -> N
             f"{at('target')}: {target.path} is a {target.kind} drafter, not a standalone model; "
             "set target to the model it drafts for and put it under drafter.model"
         )
-    target_vocab = tokenizer_vocab(target.path, at("target"))
+    try:
+        tokenizer_vocab(target.path)
+    except TokenizerFileError as exc:
+        raise ProfileError(f"{at('target')}: {exc}") from exc
     drafter = settings.drafter
     if drafter.kind not in NEEDS_MODEL:
         return
@@ -85,19 +68,12 @@ def check_models(settings: Settings, sources: dict[str, str] | None = None) -> N
             f'{at("drafter.kind")}: "{drafter.kind}" cannot drive {checkpoint.path}, which is a '
             f'{checkpoint.kind} checkpoint; set drafter.kind = "{detected}"'
         )
-    drafter_rows = checkpoint.config.get("vocab_size")
-    if not checkpoint.is_standalone and drafter_rows is not None and drafter_rows != target.config.get("vocab_size"):
-        raise ProfileError(
-            f"{at('drafter.model')}: vocab_size {checkpoint.config.get('vocab_size')} differs from the target's "
-            f"{target.config.get('vocab_size')}; train the drafter for this target"
-        )
-    drafter_vocab = tokenizer_vocab(checkpoint.path, at("drafter.model"))
-    if drafter_vocab is not None and target_vocab is not None and drafter_vocab != target_vocab:
-        differ = len(set(target_vocab.items()) ^ set(drafter_vocab.items()))
-        raise ProfileError(
-            f"{at('drafter.model')}: its vocabulary differs from the target's ({differ} entries "
-            "differ); pair models that share a tokenizer"
-        )
+    try:
+        problem = pairing_problem(target, checkpoint)
+    except TokenizerFileError as exc:
+        raise ProfileError(f"{at('drafter.model')}: {exc}") from exc
+    if problem is not None:
+        raise ProfileError(f"{at('drafter.model')}: {problem}")
     sampling = settings.sampling
     if checkpoint.kind is CheckpointKind.DSPARK and sampling.temperature > 0 and sampling.top_k != 1:
         raise ProfileError(
