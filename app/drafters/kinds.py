@@ -18,6 +18,11 @@ class DrafterKind(StrEnum):
     DFLASH = "dflash"
 
     @property
+    def needs_model(self) -> bool:
+        """Drafts with a checkpoint (drafter.model), rather than from the prompt or not at all."""
+        return self not in (DrafterKind.NONE, DrafterKind.PROMPT_LOOKUP)
+
+    @property
     def is_block_loop(self) -> bool:
         return self in (DrafterKind.MTP, DrafterKind.DFLASH)
 

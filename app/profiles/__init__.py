@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from app.drafters.kinds import DETECTED
+from app.drafters.kinds import DETECTED, DrafterKind
 from app.loading import ModelLoadError, read_checkpoint
 from app.profiles.checks import check_models
 from app.profiles.loader import ProfileError, Resolved, add_profile_flags, flags_of, origin, resolve, shipped_profiles
@@ -33,7 +33,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             raise ProfileError(f"{origin('drafter.model', resolved.sources, Path(settings.source))}: {exc}") from exc
         print(f"Resolved drafter kind: {detected} (auto-detected from {drafter.model}/config.json)", file=sys.stderr)
         settings = msgspec.structs.replace(settings, drafter=msgspec.structs.replace(drafter, kind=detected))
-    elif drafter.model and drafter.kind in ("none", "prompt-lookup"):
+    elif drafter.model and not DrafterKind(drafter.kind).needs_model:
         print(f"warning: drafter.kind = {drafter.kind} ignores drafter.model ({drafter.model})", file=sys.stderr)
     check_models(settings, resolved.sources)
     return settings

@@ -6,14 +6,12 @@ from pathlib import Path
 
 import jinja2
 
-from app.drafters.kinds import DETECTED
+from app.drafters.kinds import DETECTED, DrafterKind
 from app.loading import CheckpointKind, ModelLoadError, read_checkpoint
 from app.loading.chat_template import load_template_file
 from app.loading.pairing import TokenizerFileError, pairing_problem, tokenizer_vocab
 from app.profiles.loader import ProfileError, origin
 from app.profiles.schema import Settings
-
-NEEDS_MODEL = ("draft-model", "mtp", "dflash")
 
 
 def check_chat_template(settings: Settings, where: str) -> None:
@@ -52,7 +50,7 @@ def check_models(settings: Settings, sources: dict[str, str] | None = None) -> N
     except TokenizerFileError as exc:
         raise ProfileError(f"{at('target')}: {exc}") from exc
     drafter = settings.drafter
-    if drafter.kind not in NEEDS_MODEL:
+    if not DrafterKind(drafter.kind).needs_model:
         return
     if not drafter.model:
         raise ProfileError(

@@ -14,6 +14,7 @@ from msgspec import UNSET, UnsetType
 from app import __version__
 from app.decoding.builder import RowRequest
 from app.decoding.plan import LoopPlan, SamplerClass
+from app.drafters.kinds import DrafterKind
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
 from app.server.engine_view import EngineView, Finished, RowView, Timings
@@ -81,7 +82,7 @@ def drafter_info(settings: Settings, plan: LoopPlan) -> DrafterInfo:
         rule_at_temperature_above_0=plan.rules[SamplerClass.SAMPLED],
         adaptive=settings.adaptive,
         block_widths=list(plan.block_widths) if plan.block_widths else None,
-        governor=settings.governor if settings.drafter.kind == "prompt-lookup" else None,
+        governor=settings.governor if plan.drafter_kind is DrafterKind.PROMPT_LOOKUP else None,
         env_overrides=dict(settings.env),
     )
 
