@@ -17,8 +17,10 @@ from ops.bench.common import machine  # first: sets up MLX's BLAS
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, load_model
@@ -30,14 +32,16 @@ ROWS = (1, 2, 4, 8, 16)
 WIDTHS = (1, 5)
 
 
-def timed(step) -> tuple[float, list[np.ndarray]]:
+def timed(step: Callable[[list[list[int]]], list[mx.array]], inputs: list[list[int]]) -> tuple[float, list[np.ndarray]]:
     start = time.perf_counter()
-    logits = step()
+    logits = step(inputs)
     mx.eval(logits)
     return (time.perf_counter() - start) * 1e3, [np.array(x) for x in logits]
 
 
-def measure(model, rows: int, width: int, repeats: int, rng: np.random.Generator) -> tuple[float, float, bool]:
+def measure(
+    model: nn.Module, rows: int, width: int, repeats: int, rng: np.random.Generator
+) -> tuple[float, float, bool]:
     prompts = [rng.integers(4, 4000, size=int(rng.integers(100, 250))).tolist() for _ in range(rows)]
     solo, batched = [ModelRunner(model) for _ in prompts], [ModelRunner(model) for _ in prompts]
     for runner, prompt in [*zip(solo, prompts, strict=True), *zip(batched, prompts, strict=True)]:
@@ -45,9 +49,9 @@ def measure(model, rows: int, width: int, repeats: int, rng: np.random.Generator
     solo_ms, batched_ms, exact = [], [], True
     for _ in range(repeats):
         inputs = [rng.integers(4, 4000, size=width).tolist() for _ in range(rows)]
-        ms, want = timed(lambda: [r.forward(t) for r, t in zip(solo, inputs, strict=True)])
+        ms, want = timed(lambda tokens: [r.forward(t) for r, t in zip(solo, tokens, strict=True)], inputs)
         solo_ms.append(ms)
-        ms, got = timed(lambda: forward_rows(batched, inputs))
+        ms, got = timed(lambda tokens: forward_rows(batched, tokens), inputs)
         batched_ms.append(ms)
         exact &= all(np.array_equal(a, b) for a, b in zip(want, got, strict=True))
         for runner in [*solo, *batched]:
@@ -68,7 +72,8 @@ def main() -> None:
     for width in WIDTHS:
         for rows in ROWS:
             solo, batched, exact = measure(model, rows, width, args.repeats, rng)
-            print(f"| {rows} | {width} | {solo:.1f} | {batched:.1f} | {solo / batched:.2f}x | {'yes' if exact else 'NO'} |")
+            verdict = "yes" if exact else "NO"
+            print(f"| {rows} | {width} | {solo:.1f} | {batched:.1f} | {solo / batched:.2f}x | {verdict} |")
 
 
 if __name__ == "__main__":
