@@ -21,6 +21,10 @@ FINAL = "final"
 
 
 class _Tap(nn.Module):
+    # Its output is `inner`'s: a batched forward (app/loading/batched.py) computes through `inner`
+    # and hands each row's slice to `record_rows`.
+    passes_through = True
+
     def __init__(self, inner: nn.Module, name: int | str, taps: TargetTaps) -> None:
         super().__init__()
         self.inner = inner
@@ -31,6 +35,12 @@ class _Tap(nn.Module):
         out = self.inner(*args, **kwargs)
         self._taps.record(self._name, out)
         return out
+
+    def record_rows(self, out: mx.array, spans: list[tuple[int, int]]) -> None:
+        """Record a flattened batch's output `[1, N, H]` row by row, as the rows' own forwards would."""
+        if self._name in self._taps._wanted:
+            for start, end in spans:
+                self._taps.record(self._name, out[:, start:end])
 
 
 class TargetTaps:

@@ -19,6 +19,8 @@ from pathlib import Path
 SHIM = Path(__file__).with_name("libmlxcel_sgemm.so")
 SOURCE = Path(__file__).with_name("sgemm_rows.c")
 
+_shim: ctypes.CDLL | None = None
+
 
 def preload() -> str:
     """Load the shim globally so MLX binds to it; return the BLAS MLX will use."""
@@ -28,8 +30,16 @@ def preload() -> str:
         return "reference (mlx.core was imported before app)"
     # One thread measured fastest for decode-sized products on 2 cores; operators may override.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    ctypes.CDLL(str(SHIM), mode=ctypes.RTLD_GLOBAL)
+    global _shim
+    _shim = ctypes.CDLL(str(SHIM), mode=ctypes.RTLD_GLOBAL)
     return "openblas"
+
+
+def row_stable_rows() -> int:
+    """Up to how many rows a CPU matrix product gives each row the same bits whatever the row
+    count (the shim's own kernel); 0 where MLX does not run on the shim."""
+    limit = getattr(_shim, "mlxcel_row_stable_max", None)
+    return int(limit()) if limit is not None else 0
 
 
 def build() -> Path | None:

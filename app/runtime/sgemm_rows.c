@@ -14,7 +14,9 @@
 
 typedef int blasint;
 enum { ROW_MAJOR = 101, NO_TRANS = 111 };
-enum { ROW_STABLE_MAX = 32 };
+#ifndef ROW_STABLE_MAX
+#define ROW_STABLE_MAX 32
+#endif
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
@@ -105,6 +107,10 @@ static void row_stable_sgemm(int trans_a, int trans_b, blasint m, blasint n, bla
   }
   free(gathered);
 }
+
+/* How many rows still take the kernel: a batched forward (app/loading/batched.py) flattens rows
+   only up to this many tokens. */
+int mlxcel_row_stable_max(void) { return ROW_STABLE_MAX; }
 
 void cblas_sgemm(int order, int trans_a, int trans_b, blasint m, blasint n, blasint k, float alpha,
                  const float *a, blasint lda, const float *b, blasint ldb, float beta, float *c,
