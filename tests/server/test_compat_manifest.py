@@ -86,7 +86,7 @@ def request_for(entry: RouteEntry) -> dict:
 def test_supported_and_aliased_routes_resolve(default_server, entry: RouteEntry) -> None:
     with default_server.client() as http:
         response = http.request(entry.method, concrete(entry.path), **request_for(entry))
-    assert response.status_code not in (404, 405), response.text
+    assert response.status_code < 400, response.text
 
 
 @pytest.mark.parametrize("entry", [e for e in routes() if e.error], ids=lambda e: e.id)
