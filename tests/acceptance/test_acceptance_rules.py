@@ -62,17 +62,20 @@ def stream_from(rule: str | Callable, n: int, seed: int = 1234) -> list[int]:
     return out[:n]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["sampler-match", "stochastic"])
 def test_lossless_rules_pass_the_chi_square(rule: str) -> None:
     assert chi_square(stream_from(rule, sample_count()), CATEGORIES, P) < CRITICAL_DOF5_ALPHA_1E4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrong_rule", [resample_from_p, "argmax"], ids=["resample-from-p", "argmax-vs-argmax"])
 def test_chi_square_rejects_known_wrong_rules(wrong_rule: str | Callable) -> None:
     """Power calibration: the same statistic, the same sample size, a rule known to be biased."""
     assert chi_square(stream_from(wrong_rule, sample_count()), CATEGORIES, P) > CRITICAL_DOF5_ALPHA_1E4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token", [0, 2, 4])
 def test_accept_rate_is_min_one_p_over_q(token: int) -> None:
     rng = RowRng(7)
@@ -84,6 +87,7 @@ def test_accept_rate_is_min_one_p_over_q(token: int) -> None:
     assert abs(accepted / trials - expected) <= 4 * se + 1e-9
 
 
+@pytest.mark.slow
 def test_rejections_emit_the_normalised_residual() -> None:
     rng = RowRng(11)
     p_rows, q_rows = Distribution.from_dense(mx.array([P, P])), Distribution.from_dense(mx.array([Q]))

@@ -52,14 +52,20 @@ def greedy_tokens(target, prompt: str, n: int) -> list[int]:
     return run(LoopBuilder(target, None, LoopPlan()).build(request)).emitted
 
 
+@pytest.fixture(scope="module")
+def greedy(embedded_target) -> dict[tuple[str, int], list[int]]:
+    """The target's own greedy tokens for each (prompt, n) the exactness test decodes, once."""
+    return {(prompt, n): greedy_tokens(embedded_target, prompt, n) for prompt, n in ((CODE, 64), (LONG, 40))}
+
+
 @pytest.mark.parametrize(("drafter", "widths"), [("mtp", [4]), ("dflash", [8]), ("dspark", [8]), ("muse", [4, 8])])
-def test_every_width_is_exact_greedy_decoding(embedded_target, drafter: str, widths: list[int]) -> None:
+def test_every_width_is_exact_greedy_decoding(embedded_target, greedy, drafter: str, widths: list[int]) -> None:
     """T = 0 block loops emit exactly the target's greedy tokens, long prompts included."""
     bound = load_block_drafter(MODELS / drafter, embedded_target)
     assert sorted({bound.declared_width, bound.max_width}) == widths
     for width in widths:
         assert probe_width(embedded_target.model, width).exact
-        for prompt, n in ((CODE, 64), (LONG, 40)):
+        for prompt, n in greedy:
             tokens = embedded_target.tokenizer.encode(prompt)
             drafting = Drafting(block_proposer(bound), ControlledWidth(WidthController(width, width)))
             speculation = Speculation(rule=Rule.ARGMAX_AGAINST_ARGMAX, draft_kind=bound.draft_kind)
@@ -68,7 +74,7 @@ def test_every_width_is_exact_greedy_decoding(embedded_target, drafter: str, wid
                              rng=RowRng(0))  # fmt: skip
             generation = run(Generation(loop=loop, state=state, tokenizer=embedded_target.tokenizer, max_tokens=n,
                                         context_limit=4096, ignore_eos=True))  # fmt: skip
-            assert generation.emitted == greedy_tokens(embedded_target, prompt, n), (drafter, width, len(tokens))
+            assert generation.emitted == greedy[prompt, n], (drafter, width, len(tokens))
             assert loop.speculation.stats.rounds > 0 and loop.speculation.stats.accepted > 0
 
 
@@ -186,15 +192,17 @@ def test_disabled_or_equal_widths_never_adapt() -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[str, str]:
-    with serve(tmp_path_factory.mktemp("ref"), "--profile", "target-only") as server, server.client() as http:
+def reference(target_only_server) -> dict[str, str]:
+    with target_only_server.client() as http:
         return {p: http.post("/completion", json={"prompt": p, "n_predict": 48, "temperature": 0}).json()["content"]
                 for p in (CODE, LONG)}  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["mtp", "dflash", "dspark", "muse"])
-def test_server_output_at_t0_is_target_greedy(tmp_path: Path, reference, profile: str) -> None:
-    with serve(tmp_path, "--profile", profile) as server, server.client() as http:
+def test_server_output_at_t0_is_target_greedy(profile_server, reference, profile: str) -> None:
+    server = profile_server(profile)
+    with server.client() as http:
         for prompt, expected in reference.items():
             body = http.post("/completion", json={"prompt": prompt, "n_predict": 48, "temperature": 0}).json()
             assert body["content"] == expected
@@ -215,6 +223,7 @@ def test_server_output_at_t0_is_target_greedy(tmp_path: Path, reference, profile
             assert event["rule"] == Rule.ARGMAX_AGAINST_ARGMAX and event["biased"] is True
 
 
+@pytest.mark.slow
 def test_a_drafter_that_fails_to_load_fails_only_its_requests(tmp_path: Path) -> None:
     broken = tmp_path / "broken-mtp"
     shutil.copytree(MODELS / "mtp", broken)
@@ -231,6 +240,7 @@ def test_a_drafter_that_fails_to_load_fails_only_its_requests(tmp_path: Path) ->
         )
 
 
+@pytest.mark.slow
 def test_drafter_kind_is_detected_and_an_impossible_explicit_kind_refused(tmp_path: Path) -> None:
     with serve(tmp_path, "--profile", "target-only", "--draft-model", str(MODELS / "mtp")) as server:
         (event,) = server.events("acceptance_rule_active")

@@ -66,6 +66,7 @@ def emitted_stream(builder: LoopBuilder, n: int, rule: Rule | None = None) -> li
     return stream[:n]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stochastic", [False, True], ids=["sampler-match", "stochastic"])
 def test_speculative_stream_matches_the_target_distribution(constant_pair, stochastic: bool) -> None:
     builder = speculative(*constant_pair, k=2, stochastic=stochastic)
@@ -75,6 +76,7 @@ def test_speculative_stream_matches_the_target_distribution(constant_pair, stoch
     assert stat < CRITICAL_DOF5_ALPHA_1E4
 
 
+@pytest.mark.slow
 def test_chi_square_rejects_argmax_against_argmax_in_the_loop(constant_pair) -> None:
     """Power calibration at loop level: the biased block-loop rule, run at T > 0, is caught."""
     stream = emitted_stream(speculative(*constant_pair, k=2), sample_count() // 8, rule=Rule.ARGMAX_AGAINST_ARGMAX)
@@ -185,6 +187,7 @@ def test_penalty_history_is_rewound_on_rejection(regimes) -> None:
     assert drafted.emitted == run(plain.build(request)).emitted
 
 
+@pytest.mark.slow
 def test_measured_acceptance_sits_on_the_closed_form_of_the_rule_that_ran(embedded_target, embedded_drafter) -> None:
     """T = 0.7, >= 2,000 tested positions: sampler-match at sum_prod, stochastic at sum_min (3 SE)."""
     sampling = SamplingParams(temperature=0.7)

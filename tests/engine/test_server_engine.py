@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 import uvicorn
 
 from app.engine.engine import Engine
@@ -109,6 +110,7 @@ class GatedEngine(Engine):
         super()._load()
 
 
+@pytest.mark.slow
 def test_health_answers_503_while_models_load() -> None:
     settings = resolve("target-only").settings
     engine = GatedEngine(settings)
@@ -136,6 +138,7 @@ def test_health_answers_503_while_models_load() -> None:
         thread.join(10)
 
 
+@pytest.mark.slow
 def test_a_load_failure_exits_non_zero_with_the_reason(tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     broken.mkdir()

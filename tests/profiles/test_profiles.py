@@ -42,10 +42,12 @@ def test_all_shipped_profiles_check_together_on_their_own_ports() -> None:
     assert mlxcel("profiles", "check").returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SHIPPED)
-def test_serving_a_profile_builds_exactly_its_loop(tmp_path: Path, name: str) -> None:
+def test_serving_a_profile_builds_exactly_its_loop(profile_server, name: str) -> None:
     kind, rule, draft_kind = EXPECTED[name]
-    with serve(tmp_path, "--profile", name) as server, server.client() as http:
+    server = profile_server(name)
+    with server.client() as http:
         props = http.get("/props").json()["mlxcel"]
         assert props["profile"] == name and props["drafter"]["kind"] == kind
         assert props["rule_at_temperature_above_0"] == rule
@@ -122,6 +124,7 @@ def test_a_greedy_only_drafter_with_a_sampling_default_is_refused(tmp_path: Path
     check_models(resolve(str(write(tmp_path, "q", text.replace("0.7", "0.0")))).settings)
 
 
+@pytest.mark.slow
 def test_two_profiles_on_one_port(tmp_path: Path) -> None:
     port = free_port()
     a = write(tmp_path, "a", f'target = "@TARGET@"\n[server]\nport = {port}\n')
@@ -135,13 +138,12 @@ def test_two_profiles_on_one_port(tmp_path: Path) -> None:
         assert f"{b}: server.port: port {taken} on 127.0.0.1 is already in use" in second.stderr
 
 
-@pytest.mark.parametrize(
-    ("env_table", "rule"),
-    [('[env]\nMLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT = "1"\n', "stochastic"), ("", "sampler-match")],
-)
-def test_the_profile_env_table_switches_the_rule(tmp_path: Path, env_table: str, rule: str) -> None:
-    text = f'target = "@TARGET@"\n[drafter]\nkind = "draft-model"\nmodel = "@DRAFTER@"\n{env_table}'
-    with serve(tmp_path, "--profile", str(write(tmp_path, "switch", text))) as server, server.client() as http:
+@pytest.mark.slow
+@pytest.mark.parametrize(("profile", "rule"), [("stochastic", "stochastic"), ("default", "sampler-match")])
+def test_the_profile_env_table_switches_the_rule(profile_server, profile: str, rule: str) -> None:
+    """The shipped stochastic profile is the default one plus an [env] table that switches the rule."""
+    server = profile_server(profile)
+    with server.client() as http:
         (startup,) = server.events("acceptance_rule_active")
         assert startup["rule"] == rule
         response = http.post(
@@ -150,5 +152,5 @@ def test_the_profile_env_table_switches_the_rule(tmp_path: Path, env_table: str,
         event = server.wait_for_event("speculative_request", response.headers["x-request-id"])
         assert event["rule"] == rule
         assert json.loads(json.dumps(startup["env_overrides"])) == (
-            {"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": "1"} if env_table else {}
+            {"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": "1"} if profile == "stochastic" else {}
         )

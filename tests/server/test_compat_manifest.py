@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import httpx
 import msgspec
@@ -15,7 +14,7 @@ from app.profiles import resolve
 from app.server.app import create_app
 from tests.support import ROOT
 from tests.support.compat import MANIFEST, RouteEntry, Speculative, claimed, concrete, load, routes
-from tests.support.server import serve
+from tests.support.server import API_KEY
 
 
 def test_manifest_files_are_valid_and_canonical() -> None:
@@ -86,7 +85,7 @@ def request_for(entry: RouteEntry) -> dict:
 def test_supported_and_aliased_routes_resolve(default_server, entry: RouteEntry) -> None:
     with default_server.client() as http:
         response = http.request(entry.method, concrete(entry.path), **request_for(entry))
-    assert response.status_code not in (404, 405), response.text
+    assert response.status_code < 400, response.text
 
 
 @pytest.mark.parametrize("entry", [e for e in routes() if e.error], ids=lambda e: e.id)
@@ -125,8 +124,9 @@ def scrape(http: httpx.Client) -> dict[str, float]:
     return values
 
 
-def test_metrics_move_by_exactly_the_draft_block_totals(tmp_path: Path) -> None:
-    with serve(tmp_path, "--profile", "default") as server, server.client() as http:
+def test_metrics_move_by_exactly_the_draft_block_totals(default_server) -> None:
+    default_server.wait_idle()
+    with default_server.client() as http:
         before = scrape(http)
         keys = ("draft_rounds", "draft_n", "draft_n_accepted", "prompt_n", "predicted_n")
         totals = dict.fromkeys(keys, 0)
@@ -145,7 +145,7 @@ def test_metrics_move_by_exactly_the_draft_block_totals(tmp_path: Path) -> None:
     assert delta("spec_decode_num_drafts_total") == totals["draft_rounds"]
     assert delta("spec_decode_num_draft_tokens_total") == totals["draft_n"]
     assert delta("spec_decode_num_accepted_tokens_total") == totals["draft_n_accepted"]
-    per_position = sum(v for k, v in after.items() if "accepted_tokens_per_pos_total" in k)
+    per_position = sum(v - before.get(k, 0) for k, v in after.items() if "accepted_tokens_per_pos_total" in k)
     assert per_position == totals["draft_n_accepted"]
     assert delta("prompt_tokens_total") == totals["prompt_n"] + 1
     assert delta("tokens_predicted_total") == totals["predicted_n"] + 5
@@ -160,18 +160,21 @@ def test_speculative_p_min_shortens_chains(default_server) -> None:
     assert cautious["timings"].get("draft_n", 0) < plain["timings"]["draft_n"]
 
 
-def test_the_api_key_gates_every_claimed_route(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_the_api_key_gates_every_claimed_route(keyed_server) -> None:
     # Every route the app serves (unserved ones answer 404 whoever asks), health and the schema excepted.
     served = [e for e in routes() if e.state != "deferred" and not (e.error and e.error.status == 404)]
     gated = [e for e in served if e.path not in ("/health", "/v1/health") and not e.path.startswith("/schema")]
-    with serve(tmp_path, "--profile", "target-only", "--api-key", "s3cret") as server, server.client() as http:
+    with keyed_server.client() as http:
         for path in ("/health", "/v1/health", "/schema/openapi.json"):
             assert http.get(path).status_code == 200
         for entry in gated:
             path = concrete(entry.path)
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
                 refused = http.request(entry.method, path, headers=headers, **request_for(entry))
                 assert refused.status_code == 401, entry.id
                 assert refused.json()["error"]["type"] == "authentication_error"
-            allowed = http.request(entry.method, path, headers={"Authorization": "Bearer s3cret"}, **request_for(entry))
+            allowed = http.request(
+                entry.method, path, headers={"Authorization": f"Bearer {API_KEY}"}, **request_for(entry)
+            )
             assert allowed.status_code != 401, entry.id

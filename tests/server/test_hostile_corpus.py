@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import socket
-from pathlib import Path
 
 import httpx
 import pytest
 
 from ops.bench.hostile import PROMPT, Hostile, corpus, envelope_problem
-from tests.support.server import RunningServer, serve
+from tests.support.server import API_KEY, RunningServer, serve
 
 MAX_BODY_BYTES = 2 * 1024 * 1024  # small enough to send cheaply, above the 2,000 stop strings
 TIMEOUT_S = 30  # a hostile request or the completion after it taking longer counts as a hang
@@ -115,11 +114,8 @@ def test_malformed_http_gets_400(server: RunningServer, payload: bytes) -> None:
 
 
 @pytest.mark.slow
-def test_with_a_key_preflight_and_health_are_open_and_completion_is_not(tmp_path: Path) -> None:
-    with (
-        serve(tmp_path, "--profile", "target-only", "--api-key", "s3cret") as keyed,
-        httpx.Client(base_url=keyed.url, timeout=TIMEOUT_S) as http,
-    ):
+def test_with_a_key_preflight_and_health_are_open_and_completion_is_not(keyed_server: RunningServer) -> None:
+    with httpx.Client(base_url=keyed_server.url, timeout=TIMEOUT_S) as http:
         for path in ("/completion", "/health", "/v1/chat/completions"):
             response = preflight(http, path)
             assert 200 <= response.status_code < 300, (path, response.text)
@@ -127,5 +123,5 @@ def test_with_a_key_preflight_and_health_are_open_and_completion_is_not(tmp_path
         assert http.head("/health").status_code == 200
         refused = http.post("/completion", json=PROMPT)
         assert refused.status_code == 401 and envelope_problem(refused) is None
-        allowed = http.post("/completion", json=PROMPT, headers={"Authorization": "Bearer s3cret"})
+        allowed = http.post("/completion", json=PROMPT, headers={"Authorization": f"Bearer {API_KEY}"})
         assert allowed.status_code == 200, allowed.text

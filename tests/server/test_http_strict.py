@@ -7,7 +7,6 @@ ends with a canary completion.
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,7 +17,7 @@ from structlog.testing import capture_logs
 
 from app.server.errors import HANDLERS
 from ops.bench.hostile import POST_ROUTES
-from tests.support.server import serve
+from tests.support.server import API_KEY
 
 GET_ROUTES = ["/health", "/v1/health", "/v1/models", "/models", "/props", "/slots", "/metrics"]
 FLOAT_FIELDS = [
@@ -32,7 +31,6 @@ FLOAT_FIELDS = [
     "xtc_threshold",
     "speculative.p_min",
 ]
-KEY = "s3cret"
 
 
 def assert_error(response: httpx.Response, code: int, fragment: str) -> None:
@@ -221,10 +219,9 @@ def test_a_500_logs_type_traceback_and_the_error_id_it_names() -> None:
 
 
 @pytest.mark.slow
-def test_with_an_api_key_options_and_health_need_none_and_big_bodies_get_413(tmp_path: Path) -> None:
-    env = {"MLXCEL_SERVER__MAX_BODY_BYTES": "4096", "MLXCEL_SERVER__MAX_JSON_DEPTH": "512"}
-    with serve(tmp_path, "--profile", "target-only", "--api-key", KEY, env=env) as server, server.client() as http:
-        keyed = {"Authorization": f"Bearer {KEY}"}
+def test_with_an_api_key_options_and_health_need_none_and_big_bodies_get_413(keyed_server) -> None:
+    with keyed_server.client() as http:  # server.max_body_bytes 4096, server.max_json_depth 512
+        keyed = {"Authorization": f"Bearer {API_KEY}"}
         assert http.head("/health").status_code == 200
         for route in ("/health", "/completion", "/v1/chat/completions"):
             assert http.options(route).status_code == 204, route

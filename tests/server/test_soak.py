@@ -4,18 +4,16 @@ runs, RSS growth under 5% after warm-up, and /metrics equal to what the finished
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from ops.bench.soak import run_soak
-from tests.support.server import serve
 
 
 @pytest.mark.slow
-def test_soak_one_minute(tmp_path: Path) -> None:
-    with serve(tmp_path, "--profile", "target-only") as server:
-        report = run_soak(server.url, server.process.pid, seconds=60, clients=16)
+def test_soak_one_minute(target_only_server) -> None:
+    """On the shared target-only server: the soak measures its RSS and /metrics from warm-up on."""
+    server = target_only_server
+    report = run_soak(server.url, server.process.pid, seconds=60, clients=16)
     print(report.table())
     failures = report.failures()
     assert failures == [], "\n".join(failures[:40])

@@ -1,9 +1,9 @@
 """Chat templates are sandboxed and bounded, requests cannot bring their own, stop strings are
-bounded and held back across token boundaries, and growing per-request work stays off the event loop."""
+bounded and held back over SSE (in process: tests/decoding/test_stop_strings.py), and growing
+per-request work stays off the event loop."""
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 import tracemalloc
@@ -12,20 +12,15 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from app.decoding.builder import LoopBuilder, RowRequest
-from app.decoding.generation import StopType, _overlap
-from app.decoding.plan import LoopPlan
 from app.loading import EMBEDDED_TARGET
 from app.loading.chat_template import Limits, TemplateLimitError, compile_template, render
 from app.profiles import ProfileError, check_models, resolve
-from app.sampling import SamplingParams
 from tests.support.cli import mlxcel
 from tests.support.server import serve, sse_frames
 
 LIMITS = Limits(timeout_s=0.3, max_chars=1024 * 1024)
 NESTED_LOOPS = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
 CODE = "def merge_sorted(left, right):\n    result = []\n"
-GREEDY = SamplingParams(temperature=0.0)
 
 
 def render_source(source: str, limits: Limits = LIMITS, **variables) -> str:
@@ -105,68 +100,6 @@ def test_the_model_template_renders_as_transformers_renders_it(embedded_target) 
     assert ours == expected
 
 
-# --- stop strings, in process ------------------------------------------------------------------
-
-
-def run_with_stop(target, stop: list[str], n: int = 40) -> tuple[object, list[str]]:
-    request = RowRequest(target.tokenizer.encode(CODE), GREEDY, max_tokens=n, ignore_eos=True, stop=tuple(stop))
-    generation = LoopBuilder(target, None, LoopPlan()).build(request)
-    deltas = [generation.prefill().text]
-    while not generation.finished:
-        deltas.append(generation.step().text)
-    return generation, deltas
-
-
-def piece_ends(target, tokens: list[int]) -> list[int]:
-    """The text length after each token."""
-    return [len(target.tokenizer.decode(tokens[: i + 1])) for i in range(len(tokens))]
-
-
-def test_a_stop_string_split_over_several_tokens_is_held_back_and_never_streamed(embedded_target) -> None:
-    free, _ = run_with_stop(embedded_target, [])
-    text, ends = free.text, piece_ends(embedded_target, free.emitted)
-    # A stop string from the middle of a token to the middle of a token three tokens later.
-    start, stop_end = ends[10] - 1, ends[13] + 1
-    stop = text[start:stop_end]
-    assert len(stop) >= 4 and text.find(stop) == start, stop
-    generation, deltas = run_with_stop(embedded_target, [stop])
-    assert generation.stop_type is StopType.WORD and generation.stopping_word == stop
-    assert "".join(deltas) == generation.text == text[:start]
-    streamed = ""
-    for delta in deltas:
-        streamed += delta
-        assert streamed == text[: len(streamed)]
-        assert len(streamed) <= start  # no part of the stop string ever went out
-
-
-def test_held_back_text_is_released_when_the_stop_string_never_completes(embedded_target) -> None:
-    free, _ = run_with_stop(embedded_target, [], n=20)
-    tail = free.text[-3:]
-    generation, deltas = run_with_stop(embedded_target, [tail + "\x00never"], n=20)
-    assert generation.stop_type is StopType.LIMIT
-    assert "".join(deltas) == free.text
-    assert deltas[-1].endswith(tail)  # held back until the limit, then released
-
-
-def test_the_first_occurrence_wins(embedded_target) -> None:
-    free, _ = run_with_stop(embedded_target, [])
-    early, late = free.text[20:23], free.text[30:34]
-    assert free.text.find(early) < free.text.find(late)
-    generation, deltas = run_with_stop(embedded_target, [late, early])
-    assert generation.stopping_word == early and "".join(deltas) == free.text[: free.text.find(early)]
-
-
-def test_the_hold_back_is_the_longest_suffix_that_starts_a_stop_string() -> None:
-    def naive(text: str, stop: str) -> int:
-        return next((n for n in range(min(len(stop) - 1, len(text)), 0, -1) if text.endswith(stop[:n])), 0)
-
-    rng = random.Random(0)
-    for _ in range(3000):
-        text = "".join(rng.choice("ab") for _ in range(rng.randint(0, 12)))
-        stop = "".join(rng.choice("ab") for _ in range(rng.randint(1, 6)))
-        assert _overlap(text, stop) == naive(text, stop), (text, stop)
-
-
 # --- the server ---------------------------------------------------------------------------------
 
 
@@ -218,6 +151,19 @@ def test_a_streamed_completion_never_leaks_part_of_a_stop_string(default_server)
     chunks = [frame["content"] for frame in frames]
     assert "".join(chunks) == text[:12]
     assert frames[-1]["stop_type"] == "word" and frames[-1]["stopping_word"] == stop
+
+
+@pytest.mark.parametrize(("stop", "stop_type"), [("rge_sort(left, ri", "word"), ("merge_sort(right", "limit")])
+def test_streamed_text_equals_the_non_streamed_text_with_a_stop_string(default_server, stop, stop_type) -> None:
+    """Held-back text goes out once the match completes (cut) or fails (released), never twice."""
+    body = {"prompt": CODE, "n_predict": 40, "temperature": 0, "stop": [stop]}
+    with default_server.client() as http:
+        whole = http.post("/completion", json=body).json()
+        with http.stream("POST", "/completion", json=body | {"stream": True}) as response:
+            frames = list(sse_frames(response))
+    assert whole["stop_type"] == frames[-1]["stop_type"] == stop_type
+    assert "".join(frame["content"] for frame in frames) == whole["content"]
+    assert "merge_sort(left" in whole["content"] if stop_type == "limit" else whole["content"].endswith("me")
 
 
 def test_health_answers_while_a_megabyte_is_tokenized_with_pieces(default_server) -> None:

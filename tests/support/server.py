@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 STARTUP_S = 90
+API_KEY = "s3cret"  # the conftest's keyed_server
 
 
 def free_port() -> int:
@@ -43,6 +44,13 @@ class RunningServer:
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
         lines = [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
         return [e for e in lines if name is None or e.get("event") == name]
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Until no row is decoding: a shared server may still be retiring an earlier test's cancelled row."""
+        deadline = time.monotonic() + timeout
+        while any(slot["is_processing"] for slot in httpx.get(f"{self.url}/slots", timeout=10).json()):
+            assert time.monotonic() < deadline, "a row is still decoding"
+            time.sleep(0.05)
 
     def wait_for_event(self, name: str, request_id: str, timeout: float = 10.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
