@@ -11,6 +11,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from app.decoding.loop import RoundLoop
 from app.decoding.state import RowState
 from app.decoding.timings import Timings
+from app.drafters.base import Steps
 
 
 class StopType(StrEnum):
@@ -116,7 +117,17 @@ class Generation:
         return self._accept([token])
 
     def step(self) -> Delta:
-        tokens = self.loop.step(self.state, self._limit - len(self.emitted))
+        return self._stepped(self.loop.step(self.state, self._limit - len(self.emitted)))
+
+    def steps(self) -> Steps[Delta]:
+        """A decode step (after the prefill) as the forwards it asks for, for the engine's batch."""
+        return self._stepped((yield from self.loop.steps(self.state, self._limit - len(self.emitted))))
+
+    def positions(self) -> int:
+        """Target positions the next tick forwards at most (a prefill chunk, or a step's)."""
+        return self.loop.positions(self.state)
+
+    def _stepped(self, tokens: list[int]) -> Delta:
         self.last_token_at = time.perf_counter()
         return self._accept(tokens)
 

@@ -1,7 +1,9 @@
 """Round loops: target-only decoding, and verify rounds over any proposer's proposals.
 
 Both satisfy `RoundLoop`; `Generation` drives either one and reads its `speculation` report,
-which every loop has (a target-only loop's has no rule and no rounds).
+which every loop has (a target-only loop's has no rule and no rounds). A step exists twice over
+one body: `steps` asks for its forwards (the engine batches many rows' steps, app/decoding/batch.py)
+and `step` serves them itself (a lone row; the target-only loop then also pipelines).
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ import mlx.core as mx
 from app.acceptance import AcceptanceStats, Rule, describe
 from app.decoding.adaptive import Widths
 from app.decoding.state import RowState
-from app.decoding.verify import VerifyRow, observed, verify
-from app.drafters.base import Proposal, Proposer
+from app.decoding.verify import VerifyRow, observed, verifying
+from app.drafters.base import Forward, Proposal, Proposer, Steps, run_alone
 from app.drafters.governor import Governor
 from app.drafters.kinds import DrafterKind
-from app.loading.runner import ModelRunner
+from app.loading.runner import PREFILL_CHUNK, ModelRunner
 
 
 @dataclass
@@ -78,6 +80,14 @@ class RoundLoop(Protocol):
         """Decide at least one and at most `budget` tokens."""
         ...
 
+    def steps(self, state: RowState, budget: int) -> Steps[list[int]]:
+        """`step` as the forwards it asks for, for a batch to serve."""
+        ...
+
+    def positions(self, state: RowState) -> int:
+        """Target positions the row's next tick forwards at most (its share of a tick's budget)."""
+        ...
+
 
 def first_token(state: RowState, logits: mx.array) -> int:
     """The token after the prompt, from the last prefill chunk's logits."""
@@ -86,12 +96,17 @@ def first_token(state: RowState, logits: mx.array) -> int:
     return token
 
 
-def decode_one(target: ModelRunner, state: RowState) -> list[int]:
+def decode_one(target: ModelRunner, state: RowState) -> Steps[list[int]]:
     """One plain decode step: forward the pending token, sample the next."""
-    logits = target.forward(state.tokens[target.length :])[-1:]
+    logits = (yield Forward(target, state.tokens[target.length :]))[-1:]
     token, _ = state.sampler.sample(logits, state.contexts([len(state.tokens)]), state.rng)
     state.decide([token])
     return [token]
+
+
+def positions(target: ModelRunner, state: RowState, proposals: int) -> int:
+    """A prefill chunk, or the pending token and `proposals` drafts."""
+    return min(PREFILL_CHUNK, max(1, len(state.tokens) - target.length) + proposals)
 
 
 class TargetLoop:
@@ -114,7 +129,7 @@ class TargetLoop:
 
     def step(self, state: RowState, budget: int) -> list[int]:
         if not self._can_pipeline(state):
-            return decode_one(self.target, state)
+            return run_alone(self.steps(state, budget))
         current = self._ahead if self._ahead is not None else self._decide_lazily(state, state.tokens[-1:])
         self._ahead = self._decide_lazily(state, current) if budget > 1 else None
         if self._ahead is not None:
@@ -122,6 +137,17 @@ class TargetLoop:
         token = int(current.item())
         state.decide([token])
         return [token]
+
+    def steps(self, state: RowState, budget: int) -> Steps[list[int]]:
+        """A plain step for a batch (no pipelining); a step queued by `step` is taken first."""
+        if self._ahead is None:
+            return (yield from decode_one(self.target, state))
+        token, self._ahead = int(self._ahead.item()), None
+        state.decide([token])
+        return [token]
+
+    def positions(self, state: RowState) -> int:
+        return positions(self.target, state, 0)
 
     def _can_pipeline(self, state: RowState) -> bool:
         params = state.sampler.params
@@ -168,17 +194,23 @@ class SpeculativeLoop:
         return self._first
 
     def step(self, state: RowState, budget: int) -> list[int]:
+        return run_alone(self.steps(state, budget))
+
+    def steps(self, state: RowState, budget: int) -> Steps[list[int]]:
         started = time.perf_counter()
         base = len(state.tokens)
         width = min(self.widths.proposals(), budget - 1)
-        proposal = self.proposer.propose(state, width) if width > 0 else Proposal.empty()
+        proposal = (yield from self.proposer.proposing(state, width)) if width > 0 else Proposal.empty()
         if proposal.k < self.n_min:
             proposal = Proposal.empty()
             if self.proposer.hook is None:
-                emitted = decode_one(self.target, state)
+                emitted = yield from decode_one(self.target, state)
                 self.proposer.settle(state, base, proposal, None, None)
                 return emitted
-        (verdict,) = verify([VerifyRow(state, self.target, self.proposer, proposal, self.speculation)])
+        verdict = yield from verifying(VerifyRow(state, self.target, self.proposer, proposal, self.speculation))
         if proposal.k:
             self.widths.observe(len(verdict.tokens), time.perf_counter() - started)
         return verdict.tokens
+
+    def positions(self, state: RowState) -> int:
+        return positions(self.target, state, self.widths.proposals())

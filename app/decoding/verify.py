@@ -6,8 +6,10 @@ from the target cache, then the row's state, its proposer (with the target's hid
 the decided rows, when it reads them) and its counters settled. The cache always holds every
 decided token but the last.
 
-`verify` takes rows and returns one verdict per row so that a batched scheduler can run many
-rows in one forward; today each row runs its own.
+`verifying` is one row's verify as a step that asks for its target forward, so the engine's tick
+serves every row's in one batched pass (app/decoding/batch.py); `verify` does that for a list of
+rows. A row whose proposer reads the target's hidden states (block drafters) runs its own forward
+inside its hook's capture: the hook records one row's forward, not a batch's.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from app.acceptance import Rule, Verdict, rules
+from app.decoding.batch import run_together
 from app.decoding.state import RowState
-from app.drafters.base import Proposal, Proposer
+from app.drafters.base import Forward, Proposal, Proposer, Steps
 from app.loading.runner import ModelRunner
 from app.sampling import Distribution
 
@@ -52,15 +55,26 @@ def observed(hook: FeatureHook | None) -> AbstractContextManager[list[mx.array]]
 
 
 def verify(rows: Sequence[VerifyRow]) -> list[Verdict]:
-    """Verify each row's proposal (an empty one decides one token) and settle the row."""
-    return [_verify(row) for row in rows]
+    """Verify each row's proposal (an empty one decides one token) and settle the row; the rows'
+    target forwards run as one batched pass."""
+    verdicts = run_together([verifying(row) for row in rows])
+    for verdict in verdicts:
+        if isinstance(verdict, Exception):
+            raise verdict
+    return verdicts  # type: ignore[return-value]  # no exception above
 
 
-def _verify(row: VerifyRow) -> Verdict:
+def verifying(row: VerifyRow) -> Steps[Verdict]:
+    """One row's verify: its target forward asked for (or run under its hook), judged, settled."""
     state, target, proposal, speculation = row.state, row.target, row.proposal, row.speculation
     base = len(state.tokens)
-    with observed(row.proposer.hook) as features:
-        logits = target.forward(mx.concatenate([mx.array(state.tokens[target.length :]), proposal.tokens]))
+    inputs = mx.concatenate([mx.array(state.tokens[target.length :]), proposal.tokens])
+    if row.proposer.hook is None:
+        features: list[mx.array] = []
+        logits = yield Forward(target, inputs)
+    else:
+        with observed(row.proposer.hook) as features:
+            logits = target.forward(inputs)
     verdict, p = judge(speculation.rule, state, proposal, logits[-(proposal.k + 1) :])
     target.rewind(target.length - (base + verdict.accepted))
     state.settle(verdict.tokens, verdict.accepted)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import mlx.core as mx
 
@@ -14,6 +15,9 @@ if TYPE_CHECKING:
     from app.decoding.state import RowState
     from app.drafters.kinds import DrafterKind
     from app.drafters.target_taps import FeatureHook
+    from app.loading.runner import ModelRunner
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -34,6 +38,34 @@ class Proposal:
     @classmethod
     def of(cls, tokens: list[int]) -> Proposal:
         return cls(tokens=mx.array(tokens, dtype=mx.int32))
+
+
+@dataclass(frozen=True)
+class Forward:
+    """A forward one row's step asks for: `tokens` appended to `runner`'s cache, logits sent back.
+
+    Steps are generators of these, so the engine can serve many rows' forwards on one model in
+    one batched pass (app/decoding/batch.py) and a lone row can serve its own (`run_alone`).
+    `drafting` forwards (a draft model's steps) are served before the target's, so every row's
+    target forward of a tick goes in one pass.
+    """
+
+    runner: ModelRunner
+    tokens: Sequence[int] | mx.array
+    drafting: bool = False
+
+
+Steps = Generator[Forward, mx.array, T]
+
+
+def run_alone(steps: Steps[T]) -> T:
+    """Serve each forward a step asks for on its own runner; the step's result."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(request.runner.forward(request.tokens))
+    except StopIteration as done:
+        return done.value
 
 
 class Proposer(Protocol):
@@ -59,9 +91,22 @@ class Proposer(Protocol):
         """Up to `width` proposals continuing `state.tokens` (fewer, or none, is allowed)."""
         ...
 
+    def proposing(self, state: RowState, width: int) -> Steps[Proposal]:
+        """`propose` as the forwards it asks for, so a batch can share a model drafter's steps."""
+        ...
+
     def settle(
         self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None, features: mx.array | None
     ) -> None:
         """After a step: `base` was len(state.tokens) before it; verdict is None for a plain
         step (nothing verified); `features` are the hook's rows of the positions now decided."""
         ...
+
+
+class ProposesAtOnce:
+    """For proposers that ask for no forward a batch could share (prompt lookup; block drafters,
+    whose forwards read their own row's target features)."""
+
+    def proposing(self, state: RowState, width: int) -> Steps[Proposal]:
+        yield from ()
+        return self.propose(state, width)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from app.drafters.base import Proposal
+from app.drafters.base import Proposal, ProposesAtOnce
 from app.drafters.block_model import DFlashModel, DraftShape, MtpHead
 from app.drafters.kinds import DETECTED, DrafterKind
 from app.drafters.target_taps import FINAL, FeatureHook, TargetTaps, taps_for
@@ -106,7 +106,7 @@ def load_block_drafter(path: str | Path, target: LoadedModel) -> BlockDrafterMod
     )  # fmt: skip
 
 
-class DFlashDrafter:
+class DFlashDrafter(ProposesAtOnce):
     """One row of a DFlash-family drafter: a context cache of target features, one masked forward
     per round over [anchor, mask x (width - 1)].
 
@@ -163,7 +163,7 @@ class DFlashDrafter:
         self.add_context(features)
 
 
-class MtpDrafter:
+class MtpDrafter(ProposesAtOnce):
     """One row of an MTP head: its KV cache holds one entry per decided position; drafting
     chains the head on its own output and the embedding of its last proposal."""
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from app.drafters.base import Proposal
+from app.drafters.base import Forward, Proposal, Steps, run_alone
 from app.drafters.kinds import DrafterKind
 from app.loading.runner import ModelRunner
 from app.sampling import Distribution
@@ -57,12 +57,17 @@ class DraftModelDrafter:
         return logits
 
     def propose(self, state: RowState, width: int) -> Proposal:
+        return run_alone(self.proposing(state, width))
+
+    def proposing(self, state: RowState, width: int) -> Steps[Proposal]:
+        """Draft step by step, each step's forward asked for (a batch serves every row's step j
+        together); keys are drawn in the same order whoever serves the forwards."""
         sampler = state.sampler
         # Host values are only needed for penalty windows or the p_min cut; otherwise the whole
         # chain stays lazy and is evaluated together with the verify forward.
         needs_host = sampler.needs_context or self.p_min > 0.0
         base = len(state.tokens)
-        logits = self._fit(self.runner.forward(state.tokens[self.runner.length :])[-1:])
+        logits = self._fit((yield Forward(self.runner, state.tokens[self.runner.length :], drafting=True))[-1:])
         drafts: list[mx.array] = []
         rows: list[Distribution] = []
         for i in range(width):
@@ -85,7 +90,7 @@ class DraftModelDrafter:
             if q is not None and not sampler.is_greedy:
                 rows.append(q)
             if i + 1 < width:
-                logits = self._fit(self.runner.forward(draft)[-1:])
+                logits = self._fit((yield Forward(self.runner, draft, drafting=True))[-1:])
         state.history.rewind(base)
         if not drafts:
             return Proposal.empty()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.drafters.base import Proposal
+from app.drafters.base import Proposal, ProposesAtOnce
 from app.drafters.governor import Governor
 from app.drafters.kinds import DrafterKind
 from app.drafters.ngram import NgramIndex
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 PROMPT_LOOKUP_WIDTH = 7  # proposals per round: the server's, and the CLI's default
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(ProposesAtOnce):
     """Deterministic proposals, so q is one-hot on each draft: sampler-match accepts at p(d),
     which is already the ceiling sum_x min(p, q), and the stochastic rule has nothing to add.
     """

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from app.decoding.builder import RowRequest
 from app.decoding.generation import Delta, Generation
 from app.decoding.timings import Timings, make_timings
+from app.drafters.base import Steps
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,14 @@ class Row:
         self.slot = slot
 
     def advance(self) -> Delta:
-        """One tick: the generation's next step, with the timings so far if the request wants them."""
-        delta = next(self.generation)
+        """One tick on its own: a prefill chunk or a step, with the timings so far if wanted."""
+        return self._timed(next(self.generation))
+
+    def steps(self) -> Steps[Delta]:
+        """One tick's decode step as the forwards it asks for (the engine batches many rows')."""
+        return self._timed((yield from self.generation.steps()))
+
+    def _timed(self, delta: Delta) -> Delta:
         if not self.job.per_token_timings:
             return delta
         return dataclasses.replace(delta, timings=self.timings().base())

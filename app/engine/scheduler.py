@@ -1,10 +1,13 @@
 """The scheduler: the queue, its lock, admission, ticks and cancellation.
 
-Each tick advances every active row by one step (a prefill chunk, a decode step, or one verify
-round), so concurrent streams interleave fairly and a long request cannot starve a short one.
+Each tick advances the active rows by one step each: a prefilling row feeds one chunk on its
+own, and the decoding rows take one step (a decode step or a verify round) together, their
+forwards batched (app/decoding/batch.py: every row's draft step j in one pass on the drafter,
+every row's target forward in one pass). A lone decoding row steps on its own, pipelined.
 Rows never share state (caches, samplers, key streams), so each row's output is exactly what
-it would be alone. Requests beyond `max_rows` wait in the queue; beyond `max_queue` they are
-refused. The step boundary is per row, which is where batched forwards would slot in.
+it would be alone. A tick forwards at most `max_batch_tokens` target positions (at least one
+row); rows left over go first next tick, so none starves. Requests beyond `max_rows` wait in
+the queue; beyond `max_queue` they are refused.
 
 The lock guards the queue and the rows table only and is never held while a loop is built or a
 row advances: `submit` runs on the HTTP event loop, and a block drafter's first load (seconds)
@@ -15,12 +18,15 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from enum import StrEnum
 from functools import partial
 
 import structlog
 
+from app.decoding.batch import run_together
 from app.decoding.block_builder import DrafterUnavailableError
+from app.decoding.generation import Delta
 from app.engine.host import ModelHost
 from app.engine.reporter import Reporter
 from app.engine.row import Event, Failed, Job, Row
@@ -67,6 +73,7 @@ class Scheduler:
         self._wake = threading.Condition()
         self._stopping = False
         self._abort: str | None = None  # set by `abort`: fail every row and queued job with this
+        self._deferred: list[int] = []  # slots of the rows the last tick's budget left out
         self._log = structlog.get_logger("mlxcel.engine")
 
     # --- called from other threads (HTTP, signal handlers): the lock only -------------------
@@ -120,8 +127,7 @@ class Scheduler:
                     if not self._queue and not self._stopping and self._abort is None:
                         self._wake.wait(IDLE_WAIT_S)
                 continue
-            for slot in list(self.rows):
-                self._tick(self.rows[slot])
+            self._tick()
 
     def fail_all(self, event: Failed) -> None:
         with self._wake:
@@ -199,21 +205,55 @@ class Scheduler:
             self._log.exception("sink_failed", request_id=job.request_id)
             job.cancelled = True
 
-    def _tick(self, row: Row) -> None:
-        job = row.job
-        if job.cancelled:
+    def _tick(self) -> None:
+        self._sweep_cancelled()
+        rows = self._this_tick()
+        decoding = [row for row in rows if row.generation.prefilled]  # before this tick's prefills end
+        for row in rows:
+            if not row.generation.prefilled:
+                self._settle(row, _outcome(row.advance))
+        if len(decoding) == 1:
+            self._settle(decoding[0], _outcome(decoding[0].advance))
+        elif decoding:
+            for row, outcome in zip(decoding, run_together([row.steps() for row in decoding]), strict=True):
+                self._settle(row, outcome)
+
+    def _sweep_cancelled(self) -> None:
+        for row in [row for row in self.rows.values() if row.job.cancelled]:
             self._retire(row)
-            self.reporter.cancelled(job, decided=len(row.generation.emitted))
-            return
+            self.reporter.cancelled(row.job, decided=len(row.generation.emitted))
+
+    def _this_tick(self) -> list[Row]:
+        """The rows whose positions fit this tick's budget: last tick's leftovers first, then the
+        rest in the order they joined; one that does not fit is left for the next tick's front."""
+        leftover = [self.rows[slot] for slot in self._deferred if slot in self.rows]
+        rest = [row for row in self.rows.values() if row not in leftover]
+        chosen: list[Row] = []
+        deferred: list[int] = []
+        room = self.limits.max_batch_tokens
+        for row in leftover + rest:
+            positions = row.generation.positions()
+            if chosen and positions > room:
+                deferred.append(row.slot)
+                continue
+            chosen.append(row)
+            room -= positions
+        self._deferred = deferred
+        return chosen
+
+    def _settle(self, row: Row, outcome: Delta | Exception) -> None:
+        """Deliver a row's step (its last delta and result once it has finished) or its failure."""
+        job = row.job
         try:
-            self._advance(row)
+            if isinstance(outcome, Exception):
+                raise outcome
+            self._emit(row, outcome)
         except Exception as exc:  # a failing row must not take the server down
             self._retire(row)
             self._fail_row(job, exc, "tick")
 
-    def _advance(self, row: Row) -> None:
+    def _emit(self, row: Row, delta: Delta) -> None:
         job = row.job
-        delta = row.advance()
         streamed = job.stream and (delta.text or delta.tokens)
         if row.generation.finished:
             self._retire(row)
@@ -229,3 +269,11 @@ class Scheduler:
         with self._wake:
             self.rows.pop(row.slot, None)
             self._count()
+
+
+def _outcome(advance: Callable[[], Delta]) -> Delta | Exception:
+    """A row's own step, or the exception it raised."""
+    try:
+        return advance()
+    except Exception as exc:
+        return exc

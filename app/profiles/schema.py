@@ -63,6 +63,8 @@ class ServerSettings(Group):
     api_key: str | None = None
     max_rows: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8  # rows decoded concurrently; more wait
     max_queue: Annotated[int, msgspec.Meta(ge=0)] = 64  # requests waiting beyond max_rows (then 503)
+    # target positions one tick forwards (prefill chunks and verify widths); rows over it go first next tick
+    max_batch_tokens: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 1024
     max_tokens: PositiveInt = 4096  # cap on n_predict / max_tokens (-1 means up to this)
     max_prompt_tokens: PositiveInt = 4096
     model_alias: str | None = None  # the model id clients see (default: the target's directory name)

@@ -15,6 +15,7 @@ from app.loading import LoadedModel, load_model
 from app.loading.runner import ModelRunner
 from app.sampling import SamplingParams
 from ops.models.tiny import build_tiny_model
+from tests.support.batched import Arrival, run_batched
 from tests.support.derived_models import anti_drafter, constant_output
 from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
 
@@ -74,6 +75,32 @@ def test_speculative_stream_matches_the_target_distribution(constant_pair, stoch
     assert generation.loop.speculation.rule is (Rule.STOCHASTIC if stochastic else Rule.SAMPLER_MATCH)
     stat = chi_square(emitted_stream(builder, sample_count()), TOKENS, P)
     assert stat < CRITICAL_DOF5_ALPHA_1E4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stochastic", [False, True], ids=["sampler-match", "stochastic"])
+def test_the_target_distribution_holds_for_rows_sharing_batches(constant_pair, stochastic: bool) -> None:
+    """The rows under test step in batches with other traffic (greedy, sampled, target-only, a
+    different width) that joins and leaves while they run."""
+    builder = speculative(*constant_pair, k=2, stochastic=stochastic)
+    wide, plain = speculative(*constant_pair, k=4), LoopBuilder(constant_pair[0], None, LoopPlan())
+    rows = 6
+    per_row = -(-sample_count() // rows)
+    under_test = [
+        builder.build(RowRequest(prompt=[1, 2, 3], sampling=SIX, max_tokens=per_row, seed=seed)) for seed in range(rows)
+    ]
+    traffic = [
+        (wide, plain)[i % 2].build(
+            RowRequest(prompt=[4, 5], sampling=(GREEDY, SIX)[i % 3 > 0], max_tokens=150, seed=1000 + i)
+        )
+        for i in range(12)
+    ]
+    arrivals = [Arrival(g, joins=i) for i, g in enumerate(under_test)]
+    arrivals += [Arrival(g, joins=40 * i, leaves=40 * i + 90 if i % 4 == 3 else None) for i, g in enumerate(traffic)]
+    assert run_batched(arrivals) >= rows + 2
+    stream = [token for generation in under_test for token in generation.emitted]
+    assert len(stream) >= sample_count()
+    assert chi_square(stream[: sample_count()], TOKENS, P) < CRITICAL_DOF5_ALPHA_1E4
 
 
 @pytest.mark.slow

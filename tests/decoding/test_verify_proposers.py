@@ -10,7 +10,7 @@ from app.decoding import loop as loop_module
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.loop import SpeculativeLoop
 from app.decoding.plan import LoopPlan, plan_from_settings
-from app.decoding.verify import VerifyRow, verify
+from app.decoding.verify import VerifyRow, verify, verifying
 from app.drafters.base import Proposer
 from app.drafters.kinds import DrafterKind
 from app.drafters.target_taps import FeatureHook
@@ -54,7 +54,7 @@ def test_every_drafter_satisfies_the_proposer_protocol(name: str, embedded_targe
     assert isinstance(proposer.reports_distribution, bool) and isinstance(proposer.one_hot_proposals, bool)
     assert (proposer.hook is not None) == (name in BLOCK)  # block drafters read the target's hidden states
     assert proposer.hook is None or isinstance(proposer.hook, FeatureHook)
-    for method in ("prefill", "propose", "settle"):
+    for method in ("prefill", "propose", "proposing", "settle"):
         wanted = list(inspect.signature(getattr(Proposer, method)).parameters)[1:]
         assert list(inspect.signature(getattr(proposer, method)).parameters) == wanted, (name, method)
 
@@ -65,11 +65,11 @@ def test_classic_and_block_rounds_run_the_one_verify_step(
 ) -> None:
     verified: list[int] = []
 
-    def recording(rows):
-        verified.extend(row.proposal.k for row in rows)
-        return verify(rows)
+    def recording(row):
+        verified.append(row.proposal.k)
+        return verifying(row)
 
-    monkeypatch.setattr(loop_module, "verify", recording)
+    monkeypatch.setattr(loop_module, "verifying", recording)
     generation = speculative_row(name, embedded_target, embedded_drafter)
     generation.prefill()
     while not generation.finished:

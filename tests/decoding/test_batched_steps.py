@@ -1,0 +1,102 @@
+"""Rows stepped together (one batched forward per model per tick) emit exactly what they emit alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from app.decoding.batch import run_together
+from app.decoding.builder import LoopBuilder, RowRequest
+from app.decoding.generation import Generation, StopType
+from app.decoding.loop import SpeculativeLoop, TargetLoop
+from app.decoding.plan import LoopPlan
+from app.sampling import SamplingParams
+from tests.support.batched import Arrival, run_batched
+
+GREEDY = SamplingParams(temperature=0.0)
+WARM = SamplingParams(temperature=0.7)
+PENALISED = SamplingParams(temperature=0.7, repeat_penalty=1.3, repeat_last_n=16)
+PROMPTS = [
+    "def merge_sorted(left, right):\n    result = []\n",
+    "class LRUCache:\n    def __init__(self, capacity):\n",
+    "import json\n\n\ndef load_config(path):\n",
+    "for item in items:\n",
+]
+
+
+@dataclass(frozen=True)
+class Case:
+    builder: str
+    prompt: int
+    sampling: SamplingParams
+    max_tokens: int
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    n_max: int | None = None
+    p_min: float = 0.0
+
+
+CASES = [
+    Case("draft-model", 0, GREEDY, 40),
+    Case("draft-model", 1, WARM, 56, seed=11),
+    Case("draft-model", 2, WARM, 30, seed=12, n_max=0),  # opted out: a target-only row in the batch
+    Case("draft-model", 3, GREEDY, 48, stop=("return", "- ''\n#")),  # stops at its second line
+    Case("draft-model", 0, WARM, 40, seed=13, n_max=2, p_min=0.3),  # narrower, host-side drafting
+    Case("target-only", 1, PENALISED, 36, seed=14),  # penalties: the unpipelined plain step
+    Case("target-only", 2, GREEDY, 20),
+    Case("prompt-lookup", 0, GREEDY, 48),
+]
+
+
+@pytest.fixture(scope="module")
+def builders(embedded_target, embedded_drafter) -> dict[str, LoopBuilder]:
+    return {
+        "draft-model": LoopBuilder(embedded_target, embedded_drafter, LoopPlan(drafter_kind="draft-model")),
+        "target-only": LoopBuilder(embedded_target, None, LoopPlan()),
+        "prompt-lookup": LoopBuilder(embedded_target, None, LoopPlan(drafter_kind="prompt-lookup")),
+    }
+
+
+def build(builders: dict[str, LoopBuilder], case: Case, tokenizer) -> Generation:
+    prompt = tokenizer.encode(PROMPTS[case.prompt])
+    request = RowRequest(prompt, case.sampling, case.max_tokens, seed=case.seed, stop=case.stop,
+                         ignore_eos=True, n_max=case.n_max, p_min=case.p_min)  # fmt: skip
+    return builders[case.builder].build(request)
+
+
+def alone(generation: Generation) -> Generation:
+    for _ in generation:
+        pass
+    return generation
+
+
+def test_mixed_rows_joining_and_leaving_emit_their_solo_output(builders, embedded_target) -> None:
+    tokenizer = embedded_target.tokenizer
+    solo = [alone(build(builders, case, tokenizer)) for case in CASES]
+    batched = [build(builders, case, tokenizer) for case in CASES]
+    cancelled = build(builders, Case("draft-model", 1, WARM, 400, seed=99), tokenizer)
+    arrivals = [Arrival(g, joins=2 * i) for i, g in enumerate(batched)] + [Arrival(cancelled, joins=1, leaves=6)]
+    assert run_batched(arrivals) >= 6
+    assert not cancelled.finished and cancelled.emitted  # it left mid-stream
+    kinds = {type(g.loop) for g in batched}
+    assert kinds == {SpeculativeLoop, TargetLoop}
+    assert any(g.stop_type is StopType.WORD for g in solo)
+    for case, one, many in zip(CASES, solo, batched, strict=True):
+        assert (many.emitted, many.text, many.stop_type) == (one.emitted, one.text, one.stop_type), case
+        assert many.loop.speculation.stats == one.loop.speculation.stats, case
+        if isinstance(one.loop, SpeculativeLoop) or one.stop_type is StopType.LIMIT:
+            # a lone target-only row may queue one step past a stop string; otherwise the same keys
+            assert many.state.rng.uniform() == one.state.rng.uniform(), case
+
+
+def test_a_row_that_fails_ends_alone(builders, embedded_target) -> None:
+    tokenizer = embedded_target.tokenizer
+    rows = [build(builders, case, tokenizer) for case in CASES[:3]]
+    for generation in rows:
+        generation.prefill()
+    steps = [generation.steps() for generation in rows]
+    steps[1].send(None)  # the step is already under way: resuming it again raises in that row only
+    outcomes = run_together(steps)
+    assert isinstance(outcomes[1], Exception)
+    assert all(not isinstance(outcome, Exception) and outcome.tokens for outcome in (outcomes[0], outcomes[2]))
