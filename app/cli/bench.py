@@ -8,7 +8,7 @@ import sys
 
 from app.loading.paths import REPO_ROOT
 
-SUITES = ("speculative", "server")
+SUITES = ("speculative", "server", "concurrency")
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

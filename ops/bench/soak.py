@@ -9,7 +9,7 @@ Checks what issue 10 asks of a server under mixed load:
 
     python -m ops.bench.soak [--minutes 3] [--clients 16] [--profile target-only]
 
-tests/server/test_soak.py runs a one-minute version against a server it starts.
+tests/server/test_soak.py runs a 30-second version on the shared target-only server.
 """
 
 from __future__ import annotations
