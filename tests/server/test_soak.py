@@ -1,6 +1,7 @@
-"""A 30-second soak (ops/bench/soak.py; the 3-minute figures are in docs/reliability.md): 16 clients mixing streams, disconnects, abandoned and
-cancelled requests and bad requests. Zero hangs, zero 5xx, T = 0 outputs equal to their solo
-runs, RSS growth under 5% after warm-up, and /metrics equal to what the finished requests did."""
+"""A 30-second soak (ops/bench/soak.py; the 3-minute figures are in docs/reliability.md): 16
+clients mixing streams, disconnects, abandoned and cancelled requests and bad requests. Zero
+hangs, zero 5xx, T = 0 outputs equal to their solo runs, RSS growth under 5% after warm-up, and
+/metrics equal to what the finished requests did."""
 
 from __future__ import annotations
 
