@@ -18,10 +18,20 @@ class Metrics:
     tokens_predicted_seconds_total: float = 0.0
     requests_processing: int = 0
     requests_deferred: int = 0
-    spec_drafts_total: int = 0
-    spec_draft_tokens_total: int = 0
-    spec_accepted_tokens_total: int = 0
+    spec_decode_num_drafts_total: int = 0
+    spec_decode_num_draft_tokens_total: int = 0
+    spec_decode_num_accepted_tokens_total: int = 0
     spec_accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def prompt_tokens_seconds(self) -> float:
+        """Average prompt throughput, tokens/s."""
+        return _rate(self.prompt_tokens_total, self.prompt_seconds_total)
+
+    @property
+    def predicted_tokens_seconds(self) -> float:
+        """Average generation throughput, tokens/s."""
+        return _rate(self.tokens_predicted_total, self.tokens_predicted_seconds_total)
 
     def observe(self, result: Finished, stats: AcceptanceStats) -> None:
         timings = result.timings
@@ -31,11 +41,15 @@ class Metrics:
         self.tokens_predicted_seconds_total += timings.predicted_ms / 1000.0
         if timings.draft_rounds is None:
             return
-        self.spec_drafts_total += timings.draft_rounds
-        self.spec_draft_tokens_total += timings.draft_n or 0
-        self.spec_accepted_tokens_total += timings.draft_n_accepted or 0
+        self.spec_decode_num_drafts_total += timings.draft_rounds
+        self.spec_decode_num_draft_tokens_total += timings.draft_n or 0
+        self.spec_decode_num_accepted_tokens_total += timings.draft_n_accepted or 0
         per_position = stats.accepted_per_position
         if len(self.spec_accepted_per_position) < len(per_position):
             self.spec_accepted_per_position.extend([0] * (len(per_position) - len(self.spec_accepted_per_position)))
         for i, count in enumerate(per_position):
             self.spec_accepted_per_position[i] += count
+
+
+def _rate(tokens: float, seconds: float) -> float:
+    return tokens / seconds if seconds else 0.0

@@ -5,7 +5,7 @@ prometheus_client writes the exposition format; the table below names each metri
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -16,35 +16,21 @@ PREFIX = "llamacpp:"
 CONTENT_TYPE = "text/plain; version=0.0.4"
 
 
-def _rate(tokens: float, seconds: float) -> float:
-    return tokens / seconds if seconds else 0.0
-
-
-# (name, family, HELP text, value)
-SCALARS: tuple[tuple[str, type[Metric], str, Callable[[Metrics], float]], ...] = (
-    ("prompt_tokens_total", CounterMetricFamily, "Number of prompt tokens processed.",
-     lambda m: m.prompt_tokens_total),
-    ("prompt_seconds_total", CounterMetricFamily, "Prompt process time.",
-     lambda m: m.prompt_seconds_total),
-    ("tokens_predicted_total", CounterMetricFamily, "Number of generation tokens processed.",
-     lambda m: m.tokens_predicted_total),
-    ("tokens_predicted_seconds_total", CounterMetricFamily, "Predict process time.",
-     lambda m: m.tokens_predicted_seconds_total),
-    ("prompt_tokens_seconds", GaugeMetricFamily, "Average prompt throughput in tokens/s.",
-     lambda m: _rate(m.prompt_tokens_total, m.prompt_seconds_total)),
-    ("predicted_tokens_seconds", GaugeMetricFamily, "Average generation throughput in tokens/s.",
-     lambda m: _rate(m.tokens_predicted_total, m.tokens_predicted_seconds_total)),
-    ("requests_processing", GaugeMetricFamily, "Number of requests processing.",
-     lambda m: m.requests_processing),
-    ("requests_deferred", GaugeMetricFamily, "Number of requests deferred.",
-     lambda m: m.requests_deferred),
-    ("spec_decode_num_drafts_total", CounterMetricFamily, "Verify rounds run on drafted tokens.",
-     lambda m: m.spec_drafts_total),
-    ("spec_decode_num_draft_tokens_total", CounterMetricFamily, "Drafted tokens proposed for verification.",
-     lambda m: m.spec_draft_tokens_total),
-    ("spec_decode_num_accepted_tokens_total", CounterMetricFamily, "Drafted tokens accepted and emitted.",
-     lambda m: m.spec_accepted_tokens_total),
-)  # fmt: skip
+C, G = CounterMetricFamily, GaugeMetricFamily
+# (llama-server's name, which is also the Metrics attribute; family; HELP text)
+SCALARS: tuple[tuple[str, type[Metric], str], ...] = (
+    ("prompt_tokens_total", C, "Number of prompt tokens processed."),
+    ("prompt_seconds_total", C, "Prompt process time."),
+    ("tokens_predicted_total", C, "Number of generation tokens processed."),
+    ("tokens_predicted_seconds_total", C, "Predict process time."),
+    ("prompt_tokens_seconds", G, "Average prompt throughput in tokens/s."),
+    ("predicted_tokens_seconds", G, "Average generation throughput in tokens/s."),
+    ("requests_processing", G, "Number of requests processing."),
+    ("requests_deferred", G, "Number of requests deferred."),
+    ("spec_decode_num_drafts_total", C, "Verify rounds run on drafted tokens."),
+    ("spec_decode_num_draft_tokens_total", C, "Drafted tokens proposed for verification."),
+    ("spec_decode_num_accepted_tokens_total", C, "Drafted tokens accepted and emitted."),
+)
 PER_POSITION = (
     "spec_decode_num_accepted_tokens_per_pos_total",
     "Drafted tokens accepted at each draft position (0 = first).",
@@ -59,8 +45,8 @@ class EngineCollector:
 
     def collect(self) -> Iterator[Metric]:
         m = self.metrics
-        for name, family, help_text, value in SCALARS:
-            yield family(PREFIX + name, help_text, value=value(m))
+        for name, family, help_text in SCALARS:
+            yield family(PREFIX + name, help_text, value=getattr(m, name))
         name, help_text = PER_POSITION
         per_position = CounterMetricFamily(PREFIX + name, help_text, labels=["position"])
         for position, count in enumerate(m.spec_accepted_per_position):
