@@ -32,8 +32,10 @@ def probe_width(model: object, width: int) -> ProbeVerdict:
         block, steps = ModelRunner(model), ModelRunner(model)
         mx.eval(block.prefill(prompt[:-1]), steps.prefill(prompt[:-1]))
         tokens = [prompt[-1], *((prompt[i % len(prompt)] + 1) for i in range(width - 1))]
-        wide = np.array(block.forward(tokens))
-        single = np.concatenate([np.array(steps.forward([t])) for t in tokens])
+        # float32 holds every bf16/fp16 value exactly (numpy has no bfloat16), so equal float32
+        # arrays mean equal bits.
+        wide = np.array(block.forward(tokens).astype(mx.float32))
+        single = np.concatenate([np.array(steps.forward([t]).astype(mx.float32)) for t in tokens])
         if not np.array_equal(wide, single):
             differing = np.flatnonzero((wide != single).any(axis=-1))
             return ProbeVerdict(width, False, int(differing[0]), float(np.abs(wide - single).max()))

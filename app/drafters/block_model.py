@@ -18,6 +18,8 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.qwen3 import MLP, TransformerBlock
 from mlx_lm.models.qwen3 import ModelArgs as Qwen3Args
 
+from app.loading import row_invariant
+
 
 @dataclass
 class DraftShape:
@@ -110,7 +112,7 @@ class InjectedAttention(nn.Module):
         if cache.offset:
             keys = mx.concatenate([cache.keys[..., : cache.offset, :], keys], axis=2)
             values = mx.concatenate([cache.values[..., : cache.offset, :], values], axis=2)
-        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale)
+        out = row_invariant.attention(queries, keys, values, self.scale, causal=False)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
 
 
@@ -176,4 +178,5 @@ class MtpHead(nn.Module):
         """Rows of (target or previous-step hidden, embedding of the next token) -> output hidden."""
         x = self.eh_proj(mx.concatenate([self.enorm(embedded), self.hnorm(hidden)], axis=-1))
         mask = "causal" if x.shape[1] > 1 else None
-        return self.layer(x, mask, cache)
+        with row_invariant.exact_forward():  # on the GPU, the wide calls skip MLX's slow fused attention
+            return self.layer(x, mask, cache)

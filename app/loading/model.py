@@ -12,7 +12,9 @@ from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load as mlx_lm_load
 
+from app.loading import row_invariant
 from app.loading.checkpoint import Checkpoint, ModelLoadError, read_checkpoint, require_standalone
+from app.loading.device import on_gpu
 
 # On the CPU backend half-precision products are slower than float32; small models are upcast.
 UPCAST_LIMIT_PARAMS = 1_000_000_000
@@ -41,7 +43,7 @@ class LoadedModel:
 def compute_dtype(model: nn.Module, config: dict[str, Any], requested: str) -> mx.Dtype | None:
     if requested != "auto":
         return getattr(mx, requested)
-    if mx.default_device() != mx.cpu or "quantization" in config:
+    if on_gpu() or "quantization" in config:
         return None
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
     return mx.float32 if n_params <= UPCAST_LIMIT_PARAMS else None
@@ -62,4 +64,6 @@ def load_model(path: str | Path, *, role: str = "target", dtype: str = "auto") -
     if target_dtype is not None:
         model.set_dtype(target_dtype)
         mx.eval(model.parameters())
+    if on_gpu():
+        row_invariant.install(model)
     return LoadedModel(checkpoint=checkpoint, model=model, tokenizer=tokenizer)

@@ -1,4 +1,8 @@
-"""A model with its KV cache: forward rows, rewind rows."""
+"""A model with its KV cache: forward rows, rewind rows.
+
+Forwards run inside `row_invariant.exact_forward()`, so on the GPU a width-w forward gives the bits
+of w single-token steps (app/loading/row_invariant.py says how); on the CPU the BLAS shim does.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
+from app.loading import row_invariant
 from app.loading.checkpoint import ModelLoadError
 
 PREFILL_CHUNK = 512
@@ -37,7 +42,8 @@ class ModelRunner:
     def forward(self, tokens: Sequence[int] | mx.array) -> mx.array:
         """Logits `[T, V]` for T new tokens appended to the cache (lazy; not evaluated)."""
         inputs = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.int32)
-        logits = self.model(inputs.reshape(1, -1), cache=self.cache)[0]
+        with row_invariant.exact_forward():
+            logits = self.model(inputs.reshape(1, -1), cache=self.cache)[0]
         self.length += int(inputs.size)
         return logits
 

@@ -40,7 +40,7 @@ def ours(builder: LoopBuilder, prompt: list[int], sampling: SamplingParams, n: i
         generation.prefill()
         while not generation.finished:
             generation.step()
-        return generation.emitted, generation.loop.stats
+        return generation.emitted, generation.loop.speculation.stats
 
     return run
 
@@ -73,6 +73,8 @@ def run_set(arms: dict[str, object], prompts: list[list[int]], repeats: int) -> 
     """`arms` maps a name to a factory(prompt, seed) -> run; each prompt runs every arm in turn."""
     results = {name: Arm(name) for name in arms}
     names = list(arms)
+    for name in names:  # untimed: the GPU compiles its kernels on first use
+        arms[name](prompts[0][:8], 0)()
     for r in range(repeats):
         for i, prompt in enumerate(prompts):
             order = names[(i + r) % len(names) :] + names[: (i + r) % len(names)]
@@ -173,8 +175,10 @@ def main(argv: list[str] | None = None) -> None:
         args.repeats,
     )
 
-    outputs = [greedy[name].outputs for name in ("target-only", f"classic k={k}", f"mlx-lm speculative k={k}")]
-    identical = outputs[0] == outputs[1] == outputs[2]
+    # Ours against our target-only (the contract); mlx-lm's against its own target-only. On the GPU
+    # the two pairs differ from each other: ours run the row-invariant kernels, mlx-lm MLX's.
+    identical = greedy["target-only"].outputs == greedy[f"classic k={k}"].outputs
+    mlx_identical = greedy["mlx-lm target-only"].outputs == greedy[f"mlx-lm speculative k={k}"].outputs
     header = [
         "arm",
         "prompts, T",
@@ -217,8 +221,8 @@ def main(argv: list[str] | None = None) -> None:
             "",
             table(header, rows),
             "",
-            "T=0 outputs identical across target-only, classic and mlx-lm speculative: "
-            f"{'yes' if identical else 'NO'}.",
+            f"T=0 classic output identical to target-only: {'yes' if identical else 'NO'}; "
+            f"mlx-lm speculative identical to mlx-lm target-only: {'yes' if mlx_identical else 'NO'}.",
             "",
             "### Block drafters (held-out code, T=0)",
             "",

@@ -1,0 +1,360 @@
+"""GPU kernels whose every row is computed the same way whatever the forward's width.
+
+Speculative decoding verifies w tokens in one forward and is exact at T = 0 only if that forward
+gives, bit for bit, the logits of w single-token steps. On MLX's CUDA backend it does not: a
+one-row matrix product runs a vector kernel and a wider one runs cuBLAS (different reduction
+order), and attention with more than one query runs a fused kernel that reduces differently from
+the one-query kernel and costs about twenty single steps whenever the key length changes, which
+it does on every call while decoding. The two kernels here replace both inside the project's own
+forwards (`exact_forward()`, entered by `ModelRunner`):
+
+- attention: one thread block per (row, head, query) walks the query's visible keys in a fixed
+  order (key j to warp j mod WARPS, an online softmax per warp, warps merged in index order), so a
+  query's output depends only on its vector and the keys it may see;
+- matrix products of up to MATMUL_ROWS rows: one warp per output column reads the weight row once
+  and reduces every input row over K in the same lane order, so row m's output is the same for
+  one row as for sixteen, and a 5-row product costs about what a 1-row product costs.
+
+Anything else (prefill of long prompts, float32 models, masks other than causal) keeps MLX's
+kernels; the block loops' exactness probe then reports what remains.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from app.loading.device import on_gpu
+
+WARPS = 16
+ATTENTION_ROWS = 32  # queries per attention call
+MATMUL_ROWS = 16  # rows per matrix product: the widest verify forward
+HEAD_DIMS = (64, 80, 96, 128, 256)
+
+_ATTENTION_SOURCE = """
+    constexpr int PER_LANE = HEAD_DIM / 32;
+    const float scale = __int_as_float(SCALE_BITS);
+    const float minus_inf = __int_as_float(0xff800000);
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+    const int queries = q_shape[2];
+    const int heads = q_shape[1];
+    const int kv_heads = k_shape[1];
+    const int keys = k_shape[2];
+    const int row = blockIdx.x;
+    const int i = row % queries;
+    const int h = (row / queries) % heads;
+    const int b = row / (queries * heads);
+    const int hk = h / (heads / kv_heads);
+    const int visible = CAUSAL ? keys - queries + i + 1 : keys;
+
+    const T* qp = q + b * q_strides[0] + h * q_strides[1] + i * q_strides[2] + lane * PER_LANE;
+    const T* kp = k + b * k_strides[0] + hk * k_strides[1] + lane * PER_LANE;
+    const T* vp = v + b * v_strides[0] + hk * v_strides[1] + lane * PER_LANE;
+    float qv[PER_LANE];
+    float acc[PER_LANE];
+    for (int e = 0; e < PER_LANE; ++e) {
+        qv[e] = static_cast<float>(qp[e]) * scale;
+        acc[e] = 0.0f;
+    }
+    float m = minus_inf;
+    float l = 0.0f;
+    for (int j = warp; j < visible; j += WARPS) {
+        const T* kj = kp + j * k_strides[2];
+        const T* vj = vp + j * v_strides[2];
+        float s = 0.0f;
+        for (int e = 0; e < PER_LANE; ++e) {
+            s += qv[e] * static_cast<float>(kj[e]);
+        }
+        for (int offset = 16; offset > 0; offset /= 2) {
+            s += __shfl_xor_sync(0xffffffff, s, offset);
+        }
+        const float m_new = fmaxf(m, s);
+        const float carry = __expf(m - m_new);
+        const float p = __expf(s - m_new);
+        l = l * carry + p;
+        for (int e = 0; e < PER_LANE; ++e) {
+            acc[e] = acc[e] * carry + p * static_cast<float>(vj[e]);
+        }
+        m = m_new;
+    }
+
+    __shared__ float warp_max[WARPS];
+    __shared__ float warp_sum[WARPS];
+    __shared__ float warp_acc[WARPS][HEAD_DIM];
+    if (lane == 0) {
+        warp_max[warp] = m;
+        warp_sum[warp] = l;
+    }
+    for (int e = 0; e < PER_LANE; ++e) {
+        warp_acc[warp][lane * PER_LANE + e] = acc[e];
+    }
+    __syncthreads();
+    const int d = threadIdx.x;
+    if (d < HEAD_DIM) {
+        float top = minus_inf;
+        for (int w = 0; w < WARPS; ++w) {
+            top = fmaxf(top, warp_max[w]);
+        }
+        float total = 0.0f;
+        float value = 0.0f;
+        for (int w = 0; w < WARPS; ++w) {
+            const float weight = warp_max[w] == minus_inf ? 0.0f : __expf(warp_max[w] - top);
+            total += warp_sum[w] * weight;
+            value += warp_acc[w][d] * weight;
+        }
+        out[(size_t)row * HEAD_DIM + d] = static_cast<T>(value / total);
+    }
+"""
+
+
+# One warp per output column n: lane l takes the 16-byte chunks l, l + 32, ... of the weight row
+# (8 values each), every input row m accumulates its own float sum over them in that fixed order,
+# then the warp reduces by butterfly. Half-precision values are widened by bit operations, in
+# registers.
+_MATMUL_HEADER = """
+template <bool BF16>
+__device__ __forceinline__ void mlxcel_widen(const uint4& pack, float (&out)[8]) {
+    const unsigned int words[4] = {pack.x, pack.y, pack.z, pack.w};
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if (BF16) {
+            out[2 * i] = __uint_as_float(words[i] << 16);
+            out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+        } else {
+            out[2 * i] = __half2float(__ushort_as_half((unsigned short)(words[i] & 0xffffu)));
+            out[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(words[i] >> 16)));
+        }
+    }
+}
+"""
+_MATMUL_SOURCE = """
+    const int rows = x_shape[0];
+    const int chunks = x_shape[1] / 8;
+    const int columns = w_shape[0];
+    const int lane = threadIdx.x % 32;
+    const int n = blockIdx.x * COLUMNS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= columns) {
+        return;
+    }
+    const uint4* wn = reinterpret_cast<const uint4*>(w) + (size_t)n * chunks;
+    const uint4* xs = reinterpret_cast<const uint4*>(x);
+    float acc[MAX_ROWS];
+    #pragma unroll
+    for (int m = 0; m < MAX_ROWS; ++m) {
+        acc[m] = 0.0f;
+    }
+    #pragma unroll 4
+    for (int c = lane; c < chunks; c += 32) {
+        float wf[8];
+        mlxcel_widen<BF16>(wn[c], wf);
+        #pragma unroll
+        for (int m = 0; m < MAX_ROWS; ++m) {
+            if (m < rows) {
+                float xf[8];
+                mlxcel_widen<BF16>(xs[(size_t)m * chunks + c], xf);
+                float sum = acc[m];
+                #pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    sum = fmaf(wf[e], xf[e], sum);
+                }
+                acc[m] = sum;
+            }
+        }
+    }
+    #pragma unroll
+    for (int m = 0; m < MAX_ROWS; ++m) {
+        if (m < rows) {
+            float sum = acc[m];
+            for (int offset = 16; offset > 0; offset /= 2) {
+                sum += __shfl_xor_sync(0xffffffff, sum, offset);
+            }
+            if (lane == 0) {
+                out[(size_t)m * columns + n] = static_cast<T>(sum);
+            }
+        }
+    }
+"""
+COLUMNS_PER_BLOCK = 8
+HALF_TYPES = (mx.bfloat16, mx.float16)
+
+
+@cache
+def _attention_kernel() -> object:
+    return mx.fast.cuda_kernel(
+        name="mlxcel_row_attention",
+        input_names=["q", "k", "v"],
+        output_names=["out"],
+        source=_ATTENTION_SOURCE,
+        ensure_row_contiguous=False,
+    )
+
+
+@cache
+def _matmul_kernel() -> object:
+    return mx.fast.cuda_kernel(
+        name="mlxcel_row_matmul",
+        input_names=["x", "w"],
+        output_names=["out"],
+        source=_MATMUL_SOURCE,
+        header=_MATMUL_HEADER,
+    )
+
+
+def applies(queries: mx.array, keys: mx.array, mask: object, sinks: object) -> bool:
+    """Whether the attention kernel can stand in for the fused one: causal (or single-query), no
+    sinks, a head size it was built for, at most ATTENTION_ROWS queries, on the GPU."""
+    return (
+        on_gpu()
+        and sinks is None
+        and (mask is None or (isinstance(mask, str) and mask == "causal"))
+        and queries.shape[2] <= ATTENTION_ROWS
+        and queries.shape[-1] in HEAD_DIMS
+        and queries.shape[-1] == keys.shape[-1]
+        and queries.shape[1] % keys.shape[1] == 0
+    )
+
+
+def row_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, causal: bool = True) -> mx.array:
+    """`[B, H, L, D]` attention output over `keys` `[B, Hk, S, D]`: query l sees keys `[0, S - L + l]`
+    when causal, all S otherwise."""
+    batch, heads, width, head_dim = queries.shape
+    rows = batch * heads * width
+    threads = 32 * WARPS
+    (out,) = _attention_kernel()(
+        inputs=[queries, keys, values],
+        template=[
+            ("T", queries.dtype),
+            ("HEAD_DIM", head_dim),
+            ("WARPS", WARPS),
+            ("SCALE_BITS", _float_bits(scale)),
+            ("CAUSAL", causal),
+        ],
+        grid=(rows * threads, 1, 1),
+        threadgroup=(threads, 1, 1),
+        output_shapes=[queries.shape],
+        output_dtypes=[queries.dtype],
+    )
+    return out
+
+
+def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, causal: bool) -> mx.array:
+    """Unmasked or causal attention for the project's own modules (the block drafters): the row
+    kernel on the GPU, where MLX's fused kernel costs about twenty single steps per wide call."""
+    mask = "causal" if causal else None
+    if applies(queries, keys, mask, None) and (causal or queries.shape[2] > 1):
+        return row_attention(queries, keys, values, scale, causal)
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+
+def _float_bits(value: float) -> int:
+    """The float32 bit pattern of `value` as a signed int (a compile-time constant of the kernel)."""
+    return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+_local = threading.local()
+
+
+@contextmanager
+def exact_forward() -> Iterator[None]:
+    """Within this block, installed models take this kernel wherever it applies. Only the
+    project's own forwards enter it, so an anchor run through stock mlx-lm in the same process
+    (the benchmarks') keeps MLX's own attention."""
+    previous = getattr(_local, "active", False)
+    _local.active = True
+    try:
+        yield
+    finally:
+        _local.active = previous
+
+
+def matmul_applies(x: mx.array, weight: mx.array) -> bool:
+    """Whether the matrix-product kernel can stand in for `x @ weight.T`: half-precision rows of
+    a depth in 16-byte steps, at most MATMUL_ROWS of them."""
+    depth = x.shape[-1]
+    return (
+        on_gpu()
+        and x.dtype in HALF_TYPES
+        and weight.dtype == x.dtype
+        and weight.ndim == 2
+        and weight.shape[1] == depth
+        and depth % 8 == 0
+        and x.size // depth <= MATMUL_ROWS
+    )
+
+
+def row_matmul(x: mx.array, weight: mx.array) -> mx.array:
+    """`x @ weight.T` for `x` `[..., K]` and `weight` `[N, K]`, each row reduced the same way."""
+    depth, columns = x.shape[-1], weight.shape[0]
+    flat = x.reshape(-1, depth)
+    threads = 32 * COLUMNS_PER_BLOCK
+    (out,) = _matmul_kernel()(
+        inputs=[flat, weight],
+        template=[
+            ("T", x.dtype),
+            ("BF16", x.dtype == mx.bfloat16),
+            ("MAX_ROWS", MATMUL_ROWS),
+            ("COLUMNS_PER_BLOCK", COLUMNS_PER_BLOCK),
+        ],
+        grid=(-(-columns // COLUMNS_PER_BLOCK) * threads, 1, 1),
+        threadgroup=(threads, 1, 1),
+        output_shapes=[(flat.shape[0], columns)],
+        output_dtypes=[x.dtype],
+    )
+    return out.reshape(*x.shape[:-1], columns)
+
+
+def _active() -> bool:
+    return getattr(_local, "active", False)
+
+
+class RowInvariantLinear(nn.Linear):
+    """nn.Linear whose product goes through `row_matmul` inside `exact_forward()`."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if not (_active() and matmul_applies(x, self.weight)):
+            return super().__call__(x)
+        y = row_matmul(x, self.weight)
+        return y + self.bias if "bias" in self else y
+
+
+class RowInvariantEmbedding(nn.Embedding):
+    """nn.Embedding whose tied output projection (`as_linear`) goes through `row_matmul`."""
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if not (_active() and matmul_applies(x, self.weight)):
+            return super().as_linear(x)
+        return row_matmul(x, self.weight)
+
+
+def install(model: nn.Module) -> bool:
+    """Route `model`'s projections and its architecture's attention through these kernels inside
+    `exact_forward()`. False where the architecture module has no attention function of mlx-lm's
+    shape (the projections are routed all the same)."""
+    for _, module in model.named_modules():
+        if type(module) is nn.Linear:
+            module.__class__ = RowInvariantLinear
+        elif type(module) is nn.Embedding:
+            module.__class__ = RowInvariantEmbedding
+    architecture = sys.modules.get(type(model).__module__)
+    fused = getattr(architecture, "scaled_dot_product_attention", None)
+    if architecture is None or fused is None:
+        return False
+    if getattr(fused, "row_invariant", False):
+        return True
+
+    def attention(queries, keys, values, cache, scale, mask, sinks=None):  # noqa: ANN001, ANN202
+        if _active() and not hasattr(cache, "bits") and applies(queries, keys, mask, sinks):
+            return row_attention(queries, keys, values, scale)
+        return fused(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+    attention.row_invariant = True  # type: ignore[attr-defined]
+    architecture.scaled_dot_product_attention = attention
+    return True

@@ -1,0 +1,112 @@
+"""Row-invariant forwards: a width-w forward gives the bits of w single steps.
+
+On the CPU the BLAS shim makes that hold; on the GPU the kernels of app/loading/row_invariant.py
+do. The GPU tests run where MLX computes on a GPU (docs/gpu.md: `python3 -m pytest --noconftest
+tests/loading/test_row_invariant.py` on the H200); on the CPU they skip, and the CPU tests check
+what applies there: the bf16 probe, and that installing the kernels leaves CPU forwards alone.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from app.decoding.builder import LoopBuilder, RowRequest
+from app.decoding.exactness import probe_width
+from app.decoding.plan import LoopPlan, plan_from_settings
+from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, load_model, row_invariant
+from app.loading.device import on_gpu
+from app.loading.paths import REPO_ROOT
+from app.loading.runner import ModelRunner
+from app.profiles.schema import DrafterSettings, Settings
+from app.sampling import SamplingParams
+
+gpu_only = pytest.mark.skipif(not on_gpu(), reason="the row-invariant kernels run on a GPU only")
+PROMPTS = ([11, 42, 7, 300, 19, 5, 88], [901, 17, 17, 4, 250, 6, 2047, 33, 512], list(range(100, 160)))
+
+
+def test_the_probe_compares_bf16_logits_without_crashing() -> None:
+    """numpy has no bfloat16: the probe used to raise on bf16 logits (any bf16 model too large for
+    the CPU's float32 upcast). It compares them in float32, which holds every bf16 value exactly."""
+    model = load_model(EMBEDDED_TARGET, dtype="bfloat16").model
+    verdict = probe_width(model, 5)
+    assert verdict.width == 5
+    if not verdict.exact:  # a bf16 difference is reported as a number, not an exception
+        assert verdict.max_difference > 0
+
+
+def test_installing_the_kernels_leaves_cpu_forwards_unchanged() -> None:
+    """On the CPU every kernel call falls back to MLX's own: same bits as an untouched model."""
+    if on_gpu():
+        pytest.skip("CPU fallback")
+    plain = load_model(EMBEDDED_TARGET).model
+    routed = load_model(EMBEDDED_TARGET).model
+    assert row_invariant.install(routed)
+    assert type(routed.model.layers[0].self_attn.q_proj) is row_invariant.RowInvariantLinear
+    for prompt in PROMPTS:
+        a, b = ModelRunner(plain), ModelRunner(routed)
+        first = mx.array_equal(a.prefill(prompt[:-1]), b.prefill(prompt[:-1]))
+        assert first.item()
+        assert mx.array_equal(a.forward(prompt[-3:]), b.forward(prompt[-3:])).item()
+
+
+@gpu_only
+def test_row_matmul_rows_do_not_depend_on_the_row_count() -> None:
+    mx.random.seed(0)
+    for depth, columns in ((256, 1024), (256, 4096), (512, 256), (2048, 6144)):
+        weight = mx.random.normal((columns, depth)).astype(mx.bfloat16)
+        x = mx.random.normal((row_invariant.MATMUL_ROWS, depth)).astype(mx.bfloat16)
+        single = mx.concatenate([row_invariant.row_matmul(x[i : i + 1], weight) for i in range(x.shape[0])])
+        for rows in (2, 3, 5, 8, row_invariant.MATMUL_ROWS):
+            assert mx.array_equal(row_invariant.row_matmul(x[:rows], weight), single[:rows]).item(), (depth, rows)
+        # and it is a matrix product: within bf16 rounding of MLX's
+        assert mx.allclose(single.astype(mx.float32), (x @ weight.T).astype(mx.float32), atol=0.5, rtol=0.02).item()
+
+
+@gpu_only
+def test_row_attention_of_a_query_depends_only_on_the_keys_it_sees() -> None:
+    mx.random.seed(1)
+    q = mx.random.normal((1, 4, 16, 64)).astype(mx.bfloat16)
+    k = mx.random.normal((1, 2, 700, 64)).astype(mx.bfloat16)
+    v = mx.random.normal((1, 2, 700, 64)).astype(mx.bfloat16)
+    wide = row_invariant.row_attention(q, k[:, :, :600], v[:, :, :600], 0.125)
+    for i in range(16):
+        visible = 600 - 16 + i + 1
+        one = row_invariant.row_attention(q[:, :, i : i + 1], k[:, :, :visible], v[:, :, :visible], 0.125)
+        assert mx.array_equal(wide[:, :, i : i + 1], one).item(), i
+    reference = mx.fast.scaled_dot_product_attention(q, k[:, :, :600], v[:, :, :600], scale=0.125, mask="causal")
+    assert mx.allclose(wide.astype(mx.float32), reference.astype(mx.float32), atol=2e-2).item()
+
+
+@gpu_only
+def test_every_verify_width_is_exact_on_the_gpu() -> None:
+    """The block loops' probe: a width-w forward against w single steps, bit for bit."""
+    model = load_model(EMBEDDED_TARGET).model
+    for width in range(2, 17):
+        assert probe_width(model, width).exact, width
+
+
+@gpu_only
+def test_greedy_speculation_is_byte_identical_to_target_only_on_the_gpu() -> None:
+    target = load_model(EMBEDDED_TARGET)
+    drafter = load_model(EMBEDDED_DRAFTER, role="drafter")
+    builders = {
+        "target-only": LoopBuilder(target, None, LoopPlan()),
+        "classic k=4": LoopBuilder(target, drafter, LoopPlan(drafter_kind="draft-model", num_draft_tokens=4)),
+        "prompt lookup": LoopBuilder(target, None, LoopPlan(drafter_kind="prompt-lookup", num_draft_tokens=7)),
+    }
+    for kind in ("mtp", "dflash"):
+        settings = Settings(drafter=DrafterSettings(kind=kind, model=str(REPO_ROOT / "models" / kind)))
+        builders[kind] = LoopBuilder(target, None, plan_from_settings(settings))
+    for prompt in PROMPTS:
+        outputs = {}
+        for name, builder in builders.items():
+            request = RowRequest(prompt, SamplingParams(temperature=0.0), max_tokens=64, seed=0, ignore_eos=True)
+            generation = builder.build(request)
+            generation.prefill()
+            while not generation.finished:
+                generation.step()
+            outputs[name] = generation.emitted
+            if name in ("mtp", "dflash"):  # the probe let the block loop speculate
+                assert generation.loop.speculation.ran, name
+        assert all(tokens == outputs["target-only"] for tokens in outputs.values()), outputs
