@@ -1,30 +1,36 @@
-"""The `mlxcel` command: generate, serve, profiles, bench."""
+"""The `mlxcel` command: generate, serve, profiles, bench.
+
+A subcommand's module is imported only when that subcommand runs (all of them for `mlxcel
+--help`): generate and serve pull in MLX and mlx-lm, seconds that `mlxcel profiles` and
+`mlxcel bench` need not pay.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
-from app.cli import bench, generate, profiles, serve
 from app.loading import ModelLoadError
 from app.profiles import ProfileError
 
 EXIT_USAGE = 2
+COMMANDS = ("generate", "serve", "profiles", "bench")  # each is the module app.cli.<name>
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlxcel", description="Speculative decoding on MLX.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    generate.add_parser(commands)
-    serve.add_parser(commands)
-    profiles.add_parser(commands)
-    bench.add_parser(commands)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name in commands:
+        importlib.import_module(f"app.cli.{name}").add_parser(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    named = argv[:1] if argv[:1] and argv[0] in COMMANDS else COMMANDS  # help and usage errors list them all
+    args = build_parser(named).parse_args(argv)
     try:
         return args.handler(args)
     except (ModelLoadError, ProfileError) as exc:

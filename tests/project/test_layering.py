@@ -24,3 +24,15 @@ def test_importing_the_profiles_leaves_mlx_out() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_mlxcel_profiles_leaves_mlx_out() -> None:
+    """The CLI imports a subcommand's module only when it runs: `mlxcel profiles` loads no MLX
+    (generate and serve do, for seconds)."""
+    code = (
+        "import sys; from app.cli import main; main(['profiles', 'list']); main(['profiles', 'check']); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
