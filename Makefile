@@ -6,6 +6,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SHIM := app/runtime/libmlxcel_sgemm.so
+# MLX's backend on Linux: cpu (OpenBLAS shim) or cuda (an NVIDIA GPU: docs/gpu.md).
+BACKEND ?= cpu
 
 .PHONY: run test bench install
 
@@ -13,7 +15,7 @@ install: $(STAMP) $(SHIM)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev,$(BACKEND)]"
 	touch $(STAMP)
 
 # OpenBLAS for MLX's CPU matrix products (app/runtime/blas.py explains why).

@@ -20,6 +20,7 @@ from app.drafters.block_model import DFlashModel, DraftShape, MtpHead
 from app.drafters.kinds import DETECTED, DrafterKind
 from app.drafters.target_taps import FINAL, FeatureHook, TargetTaps, taps_for
 from app.loading import CheckpointKind, LoadedModel, ModelLoadError, read_checkpoint
+from app.loading.device import on_gpu
 from app.loading.pairing import require_pairing
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def load_block_drafter(path: str | Path, target: LoadedModel) -> BlockDrafterMod
         module.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:
         raise ModelLoadError(f"{checkpoint.path}: weights do not match its config.json: {exc}") from exc
-    module.set_dtype(mx.float32 if mx.default_device() == mx.cpu else mx.bfloat16)
+    module.set_dtype(mx.bfloat16 if on_gpu() else mx.float32)
     mx.eval(module.parameters())
     return BlockDrafterModel(
         kind=checkpoint.kind, module=module, shape=shape, taps=taps, declared_width=declared,

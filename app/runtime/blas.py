@@ -9,6 +9,7 @@ Set `MLXCEL_BLAS=reference` to keep the bundled BLAS.
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import os
 import platform
 import shutil
@@ -24,6 +25,8 @@ _shim: ctypes.CDLL | None = None
 
 def preload() -> str:
     """Load the shim globally so MLX binds to it; return the BLAS MLX will use."""
+    if cuda_build():
+        return "not used (MLX CUDA build: products run on the GPU)"
     if os.environ.get("MLXCEL_BLAS", "openblas") == "reference" or not SHIM.exists():
         return "reference"
     if "mlx.core" in sys.modules:
@@ -33,6 +36,16 @@ def preload() -> str:
     global _shim
     _shim = ctypes.CDLL(str(SHIM), mode=ctypes.RTLD_GLOBAL)
     return "openblas"
+
+
+def cuda_build() -> bool:
+    """MLX's CUDA build is installed (the `cuda` extra): models compute on the GPU, where the
+    shim has no part (app/loading/row_invariant.py keeps wide forwards exact there)."""
+    try:
+        importlib.metadata.distribution("mlx-cuda-13")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def row_stable_rows() -> int:

@@ -1,7 +1,7 @@
 """Wide forwards on the GPU: what a width-w forward costs against a width-1 step, and whether it
 gives the bits of w single steps, for each attention path and forward-width policy.
 
-    python -m ops.bench.attention_paths [--json OUT] [--big]
+    python -m ops.bench.attention_paths [--big] [--write] [--json OUT]
 
 Three parts, one JSON line per measurement (the tables in docs/gpu.md come from these):
 1. `matmul`: is row i of an M-row product `x @ W.T` bit-equal to the one-row product, per M?
@@ -18,7 +18,7 @@ On the CPU the row kernel does not exist; those rows are skipped.
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import machine  # first: sets up MLX's BLAS
+from ops.bench.common import machine, table, write_section  # first: sets up MLX's BLAS
 
 # isort: on
 import argparse
@@ -212,12 +212,54 @@ def runner_policies(sink: list[dict], label: str, model: nn.Module) -> None:
             row_invariant.ATTENTION_ROWS, row_invariant.MATMUL_ROWS = limits
 
 
+def report(sink: list[dict], header_line: str) -> str:
+    """The records as the markdown section of docs/benchmarks.md."""
+    widths = [str(w) for w in WIDTHS]
+    attention_rows, runner_rows, matmul_rows_ = [], [], []
+    for r in sink:
+        if r["part"] == "attention" and "ms_by_width" in r:
+            exact = "yes" if r["w5_vs_5x1_max_diff"] == 0 else f"no ({r['w5_vs_5x1_max_diff']:.2g})"
+            attention_rows.append([r["model"], r["path"], *(f"{r['ms_by_width'][w]:.3g}" for w in widths), exact])
+        elif r["part"] == "runner":
+            probe = ", ".join(f"{w}: {v}" for w, v in r["probe"].items())
+            runner_rows.append([r["model"], r["policy"], *(f"{r['ms_by_width'][w]:.3g}" for w in widths), probe])
+        elif r["part"] == "matmul" and "ms_by_m" in r:
+            same = "yes" if all(r["row_kernel_equal_by_m"].values()) else "NO"
+            mlx, ours = r["ms_by_m"]["mlx"], r["ms_by_m"]["row_kernel"]
+            matmul_rows_.append(
+                [
+                    r["model"],
+                    f"{r['k']} → {r['n']}",
+                    f"{mlx['1']:.3g} / {mlx['5']:.3g}",
+                    f"{ours['1']:.3g} / {ours['5']:.3g}",
+                    same,
+                ]
+            )
+    return "\n\n".join(
+        [
+            "## Wide forwards on the GPU (`ops/bench/attention_paths.py`)",
+            f"{header_line}. ms per call, one call evaluated at a time (host overhead included); "
+            "the key length grows by the width every call, as while decoding. *Exact*: query i of a "
+            "width-5 call has the bits of a width-1 call at query i's key count; the probe compares a "
+            "width-w forward with w single steps, bit for bit.",
+            "### Attention, one layer's call",
+            table(["model", "path", *(f"w={w}" for w in widths), "exact"], attention_rows),
+            "### Matrix products (M = 1 / M = 5)",
+            table(["model", "K → N", "MLX ms", "row kernel ms", "rows equal for M = 1…16"], matmul_rows_),
+            "### Whole forwards (`ModelRunner`, forward + rewind)",
+            table(["model", "kernels", *(f"w={w}" for w in widths), "probe"], runner_rows),
+        ]
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the records to this file")
+    parser.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
     parser.add_argument("--big", action="store_true", help="add a random-weight bf16 Qwen3, hidden 2048 x 24 layers")
     args = parser.parse_args()
-    print(machine(), flush=True)
+    header_line = machine()
+    print(header_line, flush=True)
     sink: list[dict] = []
     embedded = load_model(EMBEDDED_TARGET).model
     models = [("embedded target", embedded, (4, 2, 64), [(256, 1024), (256, 4096), (512, 256)])]
@@ -230,6 +272,10 @@ def main() -> None:
         runner_policies(sink, label, model)
     if args.json:
         Path(args.json).write_text(json.dumps(sink, indent=1))
+    body = report(sink, header_line)
+    print(body)
+    if args.write:
+        write_section("attention-gpu" if on_gpu() else "attention-cpu", body)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from mlx_lm.sample_utils import make_sampler
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan, Switches, plan_from_settings
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, LoadedModel, load_model
+from app.loading.device import on_gpu
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams
 from ops.bench.prompts import COPY_HEAVY, HELD_OUT_CODE, PROSE
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(body)
     if not args.no_write:
-        write_section("speculative", body)
+        write_section("speculative-gpu" if on_gpu() else "speculative", body)
 
 
 if __name__ == "__main__":
