@@ -1,4 +1,4 @@
-"""What the device MLX computes on decides, in one place: whether this is the GPU."""
+"""What the device MLX computes on decides, in one place."""
 
 from __future__ import annotations
 
@@ -6,5 +6,11 @@ import mlx.core as mx
 
 
 def on_gpu() -> bool:
-    """MLX computes on a GPU (CUDA or Metal): half precision stays, the row-invariant kernels apply."""
+    """MLX computes on a GPU (CUDA or Metal): checkpoints keep their half precision."""
     return mx.default_device().type == mx.DeviceType.gpu
+
+
+def on_cuda() -> bool:
+    """MLX computes on an NVIDIA GPU, where the row-invariant kernels (`mx.fast.cuda_kernel`) run.
+    On Metal they do not exist: forwards keep MLX's kernels and the probe decides per width."""
+    return on_gpu() and not mx.metal.is_available()  # MLX's GPU backends are Metal and CUDA

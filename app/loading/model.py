@@ -14,7 +14,7 @@ from mlx_lm.utils import load as mlx_lm_load
 
 from app.loading import row_invariant
 from app.loading.checkpoint import Checkpoint, ModelLoadError, read_checkpoint, require_standalone
-from app.loading.device import on_gpu
+from app.loading.device import on_cuda, on_gpu
 
 # On the CPU backend half-precision products are slower than float32; small models are upcast.
 UPCAST_LIMIT_PARAMS = 1_000_000_000
@@ -64,6 +64,6 @@ def load_model(path: str | Path, *, role: str = "target", dtype: str = "auto") -
     if target_dtype is not None:
         model.set_dtype(target_dtype)
         mx.eval(model.parameters())
-    if on_gpu():
+    if on_cuda():
         row_invariant.install(model)
     return LoadedModel(checkpoint=checkpoint, model=model, tokenizer=tokenizer)

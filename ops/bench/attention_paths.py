@@ -12,7 +12,7 @@ Three parts, one JSON line per measurement (the tables in docs/gpu.md come from 
 3. `runner`: `ModelRunner` forwards of width w plus a rewind of w - 1 rows, with MLX's kernels and
    with the row-invariant ones, and the exactness probe's verdict for widths 5, 8 and 16.
 `--big` adds a random-weight bf16 Qwen3 of hidden 2048 x 24 layers beside the embedded target.
-On the CPU the row kernel does not exist; those rows are skipped.
+Off CUDA (CPU, Metal) the row kernels do not exist; those rows are skipped.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import mlx.nn as nn
 
 from app.decoding import exactness
 from app.loading import EMBEDDED_TARGET, load_model, row_invariant
-from app.loading.device import on_gpu
+from app.loading.device import on_cuda, on_gpu
 from app.loading.runner import ModelRunner
 
 WIDTHS = (1, 2, 5, 8, 16)
@@ -61,7 +61,7 @@ def big_model() -> nn.Module:
     model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
     model.set_dtype(mx.bfloat16)
     mx.eval(model.parameters())
-    if on_gpu():
+    if on_cuda():
         row_invariant.install(model)
     return model
 
@@ -77,7 +77,7 @@ def matmul_rows(sink: list[dict], label: str, shapes: list[tuple[int, int]], dty
             wide = x[:m] @ weight.T
             verdict[m] = mx.abs(wide.astype(mx.float32) - single[:m].astype(mx.float32)).max().item()
         emit(sink, part="matmul", model=label, k=k, n=n, max_diff_vs_one_row_by_m=verdict)
-        if on_gpu() and row_invariant.matmul_applies(x, weight):
+        if on_cuda() and row_invariant.matmul_applies(x, weight):
             row_kernel_rows(sink, label, x, weight, single)
 
 
@@ -151,7 +151,7 @@ def attention_paths(k_buf: mx.array, v_buf: mx.array, scale: float) -> dict[str,
         "fused_bucketed_mask": bucketed,
         "plain_compiled": lambda q, s: compiled(q, k_buf[:, :, :s], v_buf[:, :, :s], scale, causal(q.shape[2], s, s)),
     }
-    if on_gpu():
+    if on_cuda():
         paths["row_kernel"] = lambda q, s: row_invariant.row_attention(q, k_buf[:, :, :s], v_buf[:, :, :s], scale)
     return paths
 
@@ -186,7 +186,7 @@ def attention(sink: list[dict], label: str, heads: int, kv_heads: int, head_dim:
 
 def runner_policies(sink: list[dict], label: str, model: nn.Module) -> None:
     """`ModelRunner` forwards with MLX's kernels, then with the row-invariant ones."""
-    policies = [("MLX kernels", False), ("row-invariant kernels", True)] if on_gpu() else [("MLX kernels", False)]
+    policies = [("MLX kernels", False), ("row-invariant kernels", True)] if on_cuda() else [("MLX kernels", False)]
     limits = row_invariant.ATTENTION_ROWS, row_invariant.MATMUL_ROWS
     for name, use_rows in policies:
         # Row limits of 0 switch the kernels off: every call falls back to MLX's own.
