@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import httpx
 import openai
 import pytest
 
@@ -133,3 +134,16 @@ def test_echo_puts_the_prompt_before_the_text(default_server) -> None:
     assert echoed.usage == plain.usage
     stream = client.completions.create(model="target", prompt=A, max_tokens=8, temperature=0, echo=True, stream=True)
     assert "".join(c.choices[0].text for c in stream) == echoed.choices[0].text
+
+
+def test_a_client_that_leaves_stops_every_row(default_server) -> None:
+    long = {"n_predict": 3000, "ignore_eos": True, "temperature": 0}
+    with default_server.client() as http:
+        with http.stream("POST", "/completion", json={"prompt": [A, B, A], **long, "stream": True}) as response:
+            rid = response.headers["x-request-id"]
+            next(line for line in response.iter_lines() if line.startswith("data: "))
+        for row in (rid, f"{rid}-1", f"{rid}-2"):  # row i > 0 logs as <x-request-id>-<i>
+            assert default_server.wait_for_event("request_cancelled", row)["decided"] < 3000
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 3, **long}, timeout=2)
+        default_server.wait_idle()

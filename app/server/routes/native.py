@@ -27,7 +27,9 @@ class NativeCompletionController(Controller):
         ["/completion", "/completions"],
         status_code=200,
         name="completion",
-        responses=streamed_or(NativeCompletion, "NativeChunk ones, then this object"),
+        responses=streamed_or(
+            NativeCompletion, "NativeChunk ones, then this object; a list of prompts answers a list of these"
+        ),
     )
     async def completion(
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[CompletionRequest]
