@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from app.server.requests import choice_seed
 from tests.support.server import sse_frames
 
 A, B = "def add(a, b):\n", "class Stack:\n"
@@ -147,3 +148,9 @@ def test_a_client_that_leaves_stops_every_row(default_server) -> None:
         with pytest.raises(httpx.ReadTimeout):
             http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 3, **long}, timeout=2)
         default_server.wait_idle()
+
+
+def test_choice_seeds_wrap_like_seeds() -> None:
+    assert [choice_seed(7, j) for j in range(3)] == [7, 8, 9]
+    assert choice_seed(2**64 - 1, 1) == 0 and choice_seed(-2, 1) == 2**64 - 1
+    assert 0 <= choice_seed(-1, 5) < 2**32  # unseeded: each choice draws its own
