@@ -13,9 +13,9 @@ from app.loading import chat_template
 from app.loading.chat_template import Limits, TemplateLimitError
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
-from app.sampling.rng import resolve_seed
+from app.sampling.rng import KEY_RANGE, RANDOM, resolve_seed
 from app.server.errors import ApiError
-from app.server.schemas import ChatMessage, LogitBias, PromptInput, SamplingFields
+from app.server.schemas import ChatMessage, LogitBias, SamplingFields
 
 # What llama-server's strtol reads whole as a token id. ASCII only: str.isdigit() also takes
 # "١٢" and "²", and int() refuses the second.
@@ -80,20 +80,6 @@ def sampling(request: SamplingFields, settings: Settings, tokenizer: TokenizerWr
     if problems:
         raise ApiError(400, "; ".join(problems))
     return params
-
-
-def prompt_tokens(prompt: PromptInput, tokenizer: TokenizerWrapper, vocab: int) -> list[int]:
-    """A string, token ids, or a mix of both (strings are tokenized in place)."""
-    if isinstance(prompt, str):
-        tokens = list(tokenizer.encode(prompt))
-    else:
-        tokens = []
-        for piece in prompt:
-            tokens.extend(tokenizer.encode(piece, add_special_tokens=False) if isinstance(piece, str) else [piece])
-    check_token_ids(tokens, vocab)
-    if not tokens:
-        raise ApiError(400, "the prompt is empty")
-    return tokens
 
 
 def check_token_ids(tokens: list[int], vocab: int) -> None:
@@ -192,7 +178,17 @@ def stop_strings(stop: str | list[str] | None, settings: Settings) -> tuple[str,
     return strings
 
 
-def row_request(request: SamplingFields, tokens: list[int], settings: Settings, params: SamplingParams) -> RowRequest:
+def choice_seed(seed: int | None, choice: int) -> int:
+    """The seed of choice `choice` (OpenAI's `n`): a given seed plus the choice's number, so each
+    choice of a seeded request replays alone with that seed; unseeded choices draw their own."""
+    if seed is None or seed == RANDOM:
+        return resolve_seed(seed)
+    return (resolve_seed(seed) + choice) % KEY_RANGE
+
+
+def row_request(
+    request: SamplingFields, tokens: list[int], settings: Settings, params: SamplingParams, choice: int = 0
+) -> RowRequest:
     if len(tokens) > settings.server.max_prompt_tokens:
         raise ApiError(
             400,
@@ -208,7 +204,7 @@ def row_request(request: SamplingFields, tokens: list[int], settings: Settings, 
         prompt=tokens,
         sampling=params,
         max_tokens=max_tokens(request, settings),
-        seed=resolve_seed(request.seed),  # resolved here so generation_settings reports the seed used
+        seed=choice_seed(request.seed, choice),  # resolved here so generation_settings reports the seed used
         stop=stop_strings(request.stop, settings),
         ignore_eos=request.ignore_eos,
         n_max=n_max,

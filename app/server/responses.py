@@ -266,7 +266,7 @@ class ChatCompletion(OpenAIObject, kw_only=True):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: Usage
-    timings: Timings
+    timings: Timings | UnsetType = UNSET  # left out when the body holds several rows (n > 1)
 
 
 class ChatDelta(msgspec.Struct, kw_only=True):

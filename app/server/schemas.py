@@ -13,11 +13,21 @@ import math
 from typing import Any
 
 import msgspec
-from msgspec import inspect
+from msgspec import UNSET, inspect
 
 # {"id or text": bias} or [[id or text, bias], ...]; a bias is a number, or false to ban
 LogitBias = dict[str, float | bool] | list[tuple[int | str, float | bool]]
-PromptInput = str | list[int | str]
+
+
+class PromptObject(msgspec.Struct, kw_only=True):
+    """llama-server's `{"prompt_string": ..., "multimodal_data": [...]}` prompt element."""
+
+    prompt_string: str | list[int | str]
+    multimodal_data: Any = UNSET  # any value, to answer it with a clear 400 (no multimodal models here)
+
+
+# One prompt: a string, token ids, or a mix; or a list of prompts (app/server/prompts.py decides which)
+PromptInput = str | list[int | str | list[int | str] | PromptObject] | PromptObject
 
 
 class WireStruct(msgspec.Struct, kw_only=True):

@@ -13,6 +13,7 @@ from litestar.types import Receive
 from app.server import requests, shaping
 from app.server.engine_view import Delta, EngineView, Event, Failed, Finished, Job
 from app.server.errors import ApiError
+from app.server.prompts import check_rows
 from app.server.responses import GenerationSettings
 from app.server.schemas import SamplingFields
 
@@ -76,15 +77,22 @@ def merge(first: Delta, second: Delta) -> Delta:
 
 
 def start(
-    request: Request, engine: EngineView, data: SamplingFields, tokens: list[int], route: str
+    request: Request,
+    engine: EngineView,
+    data: SamplingFields,
+    tokens: list[int],
+    route: str,
+    *,
+    choice: int = 0,
+    request_id: str | None = None,
 ) -> tuple[Submission, GenerationSettings]:
-    """Validate the sampling fields, build the row request and submit it.
+    """Validate the sampling fields, build the row request (choice `choice` of its prompt) and submit it.
 
     Returns the submission and the settings the request runs with (for its answer).
     """
     settings = engine.settings
     params = requests.sampling(data, settings, engine.tokenizer, engine.vocab_size)
-    row_request = requests.row_request(data, tokens, settings, params)
+    row_request = requests.row_request(data, tokens, settings, params, choice)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -93,7 +101,7 @@ def start(
 
     job = Job(
         request=row_request,
-        request_id=uuid.uuid4().hex[:16],
+        request_id=request_id or uuid.uuid4().hex[:16],
         route=route,
         sink=sink,
         stream=data.stream,
@@ -102,3 +110,71 @@ def start(
     engine.submit(job)
     model = shaping.model_alias(settings)
     return Submission(job, events, request.receive), shaping.generation_settings(row_request, model, engine.plan.width)
+
+
+@dataclass
+class Rows:
+    """The rows of one request, one per prompt and choice, in the order of their answer's `index`.
+
+    They run side by side in the engine (its scheduler batches decoding rows); the first failure
+    or a client that leaves stops them all.
+    """
+
+    request_id: str  # the x-request-id; row i > 0 logs as f"{request_id}-{i}"
+    submissions: list[Submission]
+    settings: list[GenerationSettings]
+
+    async def results(self) -> list[Finished]:
+        waits = [asyncio.ensure_future(s.result()) for s in self.submissions]
+        try:
+            return list(await asyncio.gather(*waits))
+        finally:
+            for wait in waits:
+                wait.cancel()  # after a failure: the others' rows stop
+
+    async def stream(self) -> AsyncIterator[tuple[int, Delta | Finished | Failed]]:
+        """(row index, event) as the rows produce them; ends after every row finished or one failed."""
+        if len(self.submissions) == 1:  # the common case keeps Submission.stream's merged deltas
+            async for event in self.submissions[0].stream():
+                yield 0, event
+            return
+        merged: asyncio.Queue[tuple[int, Delta | Finished | Failed]] = asyncio.Queue()
+
+        async def pump(index: int, submission: Submission) -> None:
+            async for event in submission.stream():
+                merged.put_nowait((index, event))
+
+        pumps = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(self.submissions)]
+        try:
+            running = len(pumps)
+            while running:
+                index, event = await merged.get()
+                yield index, event
+                if isinstance(event, Failed):
+                    return
+                running -= isinstance(event, Finished)
+        finally:
+            for task in pumps:
+                task.cancel()  # closes each row's stream, which cancels its row
+
+
+def start_rows(
+    request: Request, engine: EngineView, data: SamplingFields, prompts: list[list[int]], n: int, route: str
+) -> Rows:
+    """Submit `n` rows per prompt (choice j of a prompt seeded by requests.choice_seed)."""
+    check_rows(len(prompts), n, engine.settings)
+    request_id = uuid.uuid4().hex[:16]
+    submissions: list[Submission] = []
+    settings: list[GenerationSettings] = []
+    try:
+        for tokens in prompts:
+            for choice in range(n):
+                row_id = f"{request_id}-{len(submissions)}" if submissions else request_id
+                submission, row_settings = start(request, engine, data, tokens, route, choice=choice, request_id=row_id)
+                submissions.append(submission)
+                settings.append(row_settings)
+    except Exception:
+        for submission in submissions:
+            submission.job.cancelled = True  # a later row was refused: none of them runs
+        raise
+    return Rows(request_id, submissions, settings)

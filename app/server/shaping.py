@@ -163,16 +163,27 @@ def finish_reason(result: Finished) -> str:
     return "length" if result.stop_type == "limit" else "stop"
 
 
-def usage(result: Finished) -> Usage:
-    completion = len(result.tokens)
-    return Usage(prompt_tokens=result.prompt_n, completion_tokens=completion, total_tokens=result.prompt_n + completion)
+def usage(results: list[Finished], n: int = 1) -> Usage:
+    """Over all rows; as OpenAI bills, a prompt counts once however many (`n`) choices it has.
+
+    Rows are in choice order, so row i is choice i % n of prompt i // n.
+    """
+    prompt = sum(result.prompt_n for result in results[::n])
+    completion = sum(len(result.tokens) for result in results)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def body_timings(results: list[Finished]) -> Timings | UnsetType:
+    """A body's top-level `timings`: its one row's; a body of several rows has none (whose would it be?)."""
+    return results[0].timings if len(results) == 1 else UNSET
 
 
 def native_completion(
-    result: Finished, settings: GenerationSettings, prompt: str, *, return_tokens: bool, streamed: bool
+    result: Finished, settings: GenerationSettings, prompt: str, *, return_tokens: bool, streamed: bool, index: int = 0
 ) -> NativeCompletion:
-    """The body, or the stream's last frame (its text went out in the frames before)."""
+    """The body, or the stream's last frame (its text went out in the frames before); `index`: the prompt's."""
     return NativeCompletion(
+        index=index,
         content="" if streamed else result.text,
         tokens=result.tokens if return_tokens else [],
         model=settings.model,
@@ -196,17 +207,19 @@ def native_body(
     return_tokens: bool,
     streamed: bool,
     response_fields: list[str] | None,
+    index: int = 0,
 ) -> NativeCompletion | dict[str, Any]:
     """The whole object, or the `response_fields` of it when the request names some."""
-    body = native_completion(result, settings, prompt, return_tokens=return_tokens, streamed=streamed)
+    body = native_completion(result, settings, prompt, return_tokens=return_tokens, streamed=streamed, index=index)
     return select_fields(msgspec.to_builtins(body), response_fields) if response_fields else body
 
 
-def native_chunk(text: str, tokens: list[int], timings: Timings | None) -> NativeChunk:
+def native_chunk(text: str, tokens: list[int], timings: Timings | None, index: int = 0) -> NativeChunk:
     """A stream frame; with per-token timings (`timings` given) it also counts the tokens so far."""
     if timings is None:
-        return NativeChunk(content=text, tokens=tokens)
+        return NativeChunk(index=index, content=text, tokens=tokens)
     return NativeChunk(
+        index=index,
         content=text,
         tokens=tokens,
         tokens_predicted=timings.predicted_n,
@@ -245,33 +258,52 @@ def openai_head(prefix: str, request_id: str, model: str) -> OpenAIHead:
 
 def text_completion(
     head: OpenAIHead,
+    index: int,
     text: str | None,
     reason: str | None,
     usage: Usage | UnsetType = UNSET,
     timings: Timings | UnsetType = UNSET,
 ) -> TextCompletion:
-    """The body (text and reason), an update chunk (text) or the finish chunk (reason)."""
-    choice = TextChoice(text=text or "", finish_reason=reason)
+    """An update chunk (text) or the finish chunk (reason) of choice `index`."""
+    choice = TextChoice(text=text or "", index=index, finish_reason=reason)
     return TextCompletion(
         id=head.id, created=head.created, model=head.model, choices=[choice], usage=usage, timings=timings
     )
 
 
+def text_completion_body(head: OpenAIHead, results: list[Finished], n: int, echoes: list[str]) -> TextCompletion:
+    """The body: one choice per row, each text after its prompt's `echoes` entry ("" without echo)."""
+    choices = [
+        TextChoice(text=echo + result.text, index=index, finish_reason=finish_reason(result))
+        for index, (result, echo) in enumerate(zip(results, echoes, strict=True))
+    ]
+    return TextCompletion(
+        id=head.id,
+        created=head.created,
+        model=head.model,
+        choices=choices,
+        usage=usage(results, n),
+        timings=body_timings(results),
+    )
+
+
 def chat_chunk(
     head: OpenAIHead,
+    index: int,
     text: str | None,
     reason: str | None,
     usage: Usage | UnsetType = UNSET,
     timings: Timings | UnsetType = UNSET,
 ) -> ChatCompletionChunk:
-    """An update chunk (text) or the finish chunk (reason, an empty delta)."""
+    """An update chunk (text) or the finish chunk (reason, an empty delta) of choice `index`."""
     delta = ChatDelta() if text is None else ChatDelta(content=text)
-    return _chat_chunk(head, ChatChunkChoice(delta=delta, finish_reason=reason), usage, timings)
+    return _chat_chunk(head, ChatChunkChoice(index=index, delta=delta, finish_reason=reason), usage, timings)
 
 
-def chat_role_chunk(head: OpenAIHead) -> ChatCompletionChunk:
-    """The first chunk: the assistant's role, no text yet."""
-    return _chat_chunk(head, ChatChunkChoice(delta=ChatDelta(role="assistant", content=""), finish_reason=None))
+def chat_role_chunk(head: OpenAIHead, index: int = 0) -> ChatCompletionChunk:
+    """The first chunk of choice `index`: the assistant's role, no text yet."""
+    delta = ChatDelta(role="assistant", content="")
+    return _chat_chunk(head, ChatChunkChoice(index=index, delta=delta, finish_reason=None))
 
 
 def _chat_chunk(
@@ -285,13 +317,17 @@ def _chat_chunk(
     )
 
 
-def chat_completion(head: OpenAIHead, result: Finished) -> ChatCompletion:
-    choice = ChatChoice(message=AssistantMessage(content=result.text), finish_reason=finish_reason(result))
+def chat_completion(head: OpenAIHead, results: list[Finished]) -> ChatCompletion:
+    """The body: one choice per row (the `n` choices of the one conversation)."""
+    choices = [
+        ChatChoice(index=index, message=AssistantMessage(content=result.text), finish_reason=finish_reason(result))
+        for index, result in enumerate(results)
+    ]
     return ChatCompletion(
         id=head.id,
         created=head.created,
         model=head.model,
-        choices=[choice],
-        usage=usage(result),
-        timings=result.timings,
+        choices=choices,
+        usage=usage(results, len(results)),
+        timings=body_timings(results),
     )

@@ -154,7 +154,7 @@ def test_temperature_zero_over_http_is_byte_identical_to_generate(default_server
         ("/detokenize", {"tokens": [-1]}, "out of the vocabulary"),
         ("/v1/chat/completions", {"messages": []}, "messages"),
         ("/v1/chat/completions", {"messages": "hi"}, "messages"),
-        ("/v1/completions", {"prompt": "x", "n": 2}, "n = 1"),
+        ("/v1/completions", {"prompt": "x", "n": 99}, "server.max_rows"),
         ("/completion", {"prompt": "x", "speculative.n_max": -1}, "n_max"),
     ],
 )

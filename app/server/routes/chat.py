@@ -12,11 +12,10 @@ from litestar.response import Stream
 
 from app.server import requests, shaping
 from app.server.engine_view import EngineView, require_ready
-from app.server.errors import ApiError
 from app.server.openapi import streamed_or
 from app.server.responses import ChatCompletion
 from app.server.schemas import ChatRequest
-from app.server.service import Submission, start
+from app.server.service import Rows, start_rows
 from app.server.streaming import REQUEST_ID, frame, openai_frames, sse
 
 
@@ -34,23 +33,21 @@ class ChatController(Controller):
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[ChatRequest]
     ) -> Response | Stream:
         """Chat through the model's chat template; `timings` rides on the body or the finish chunk."""
-        if data.n != 1:
-            raise ApiError(400, "only n = 1 is supported")
         tokens = await asyncio.to_thread(
             requests.chat_prompt, data.messages, engine.tokenizer, data.chat_template_kwargs, engine.settings
         )
         requests.check_token_ids(tokens, engine.vocab_size)
-        submission, settings = start(request, engine, data, tokens, request.url.path)
-        rid = submission.job.request_id
-        head = shaping.openai_head("chatcmpl", rid, settings.model)
+        rows = start_rows(request, engine, data, [tokens], data.n, request.url.path)
+        head = shaping.openai_head("chatcmpl", rows.request_id, rows.settings[0].model)
         if data.stream:
-            return sse(chat_frames(submission, data.timings_per_token, head), rid)
-        result = await submission.result()
-        return Response(shaping.chat_completion(head, result), headers={REQUEST_ID: rid})
+            return sse(chat_frames(rows, data.timings_per_token, head, data.n), rows.request_id)
+        results = await rows.results()
+        return Response(shaping.chat_completion(head, results), headers={REQUEST_ID: rows.request_id})
 
 
-async def chat_frames(submission: Submission, per_token: bool, head: shaping.OpenAIHead) -> AsyncIterator[bytes]:
-    """The role chunk first (no timings), then the OpenAI chunks; `timings` on the finish chunk."""
-    yield frame(shaping.chat_role_chunk(head))
-    async for chunk in openai_frames(submission, per_token, head, shaping.chat_chunk):
+async def chat_frames(rows: Rows, per_token: bool, head: shaping.OpenAIHead, n: int) -> AsyncIterator[bytes]:
+    """Each choice's role chunk first (no timings), then the OpenAI chunks; `timings` on each finish chunk."""
+    for index in range(n):
+        yield frame(shaping.chat_role_chunk(head, index))
+    async for chunk in openai_frames(rows, per_token, head, shaping.chat_chunk, n):
         yield chunk

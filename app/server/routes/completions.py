@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from app.server import requests, shaping
+from app.server import prompts as prompt_shapes
+from app.server import shaping
 from app.server.engine_view import EngineView, require_ready
-from app.server.errors import ApiError
 from app.server.openapi import streamed_or
 from app.server.responses import TextCompletion
-from app.server.schemas import OpenAICompletionRequest, PromptInput
-from app.server.service import start
-from app.server.streaming import REQUEST_ID, openai_frames, sse
+from app.server.schemas import OpenAICompletionRequest
+from app.server.service import Rows, start_rows
+from app.server.streaming import REQUEST_ID, frame, openai_frames, sse
 
 
 class OpenAICompletionController(Controller):
@@ -32,28 +33,28 @@ class OpenAICompletionController(Controller):
     async def openai_completion(
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[OpenAICompletionRequest]
     ) -> Response | Stream:
-        """OpenAI text completion (stream: SSE chunks ending with `data: [DONE]`)."""
-        tokens = await asyncio.to_thread(requests.prompt_tokens, one_prompt(data), engine.tokenizer, engine.vocab_size)
-        submission, settings = start(request, engine, data, tokens, "/v1/completions")
-        rid = submission.job.request_id
-        head = shaping.openai_head("cmpl", rid, settings.model)
+        """OpenAI text completion (stream: SSE chunks ending with `data: [DONE]`).
+
+        `n` choices per prompt, choice index = prompt index x n + choice; `echo` puts each
+        prompt's text before its choices' text (in a stream, as each choice's first chunk).
+        """
+        prompts = await asyncio.to_thread(prompt_shapes.prompts, data.prompt, engine.tokenizer, engine.vocab_size)
+        rows = start_rows(request, engine, data, [p.tokens for p in prompts], data.n, "/v1/completions")
+        echoes = [prompt.text if data.echo else "" for prompt in prompts for _ in range(data.n)]
+        head = shaping.openai_head("cmpl", rows.request_id, rows.settings[0].model)
         if data.stream:
-            return sse(openai_frames(submission, data.timings_per_token, head, shaping.text_completion), rid)
-        result = await submission.result()
-        body = shaping.text_completion(
-            head, result.text, shaping.finish_reason(result), shaping.usage(result), result.timings
-        )
-        return Response(body, headers={REQUEST_ID: rid})
+            return sse(echoed_frames(rows, data, head, echoes), rows.request_id)
+        results = await rows.results()
+        body = shaping.text_completion_body(head, results, data.n, echoes)
+        return Response(body, headers={REQUEST_ID: rows.request_id})
 
 
-def one_prompt(data: OpenAICompletionRequest) -> PromptInput:
-    """The one prompt of the request (OpenAI's list of strings may hold only one here)."""
-    if data.n != 1:
-        raise ApiError(400, "only n = 1 is supported")
-    if data.echo:
-        raise ApiError(400, "echo is not supported")
-    if isinstance(data.prompt, list) and data.prompt and all(isinstance(p, str) for p in data.prompt):
-        if len(data.prompt) != 1:
-            raise ApiError(400, "one prompt per request is supported")
-        return data.prompt[0]
-    return data.prompt
+async def echoed_frames(
+    rows: Rows, data: OpenAICompletionRequest, head: shaping.OpenAIHead, echoes: list[str]
+) -> AsyncIterator[bytes]:
+    """With echo, each choice's prompt text first; then the OpenAI chunks."""
+    for index, echo in enumerate(echoes):
+        if echo:
+            yield frame(shaping.text_completion(head, index, echo, None))
+    async for chunk in openai_frames(rows, data.timings_per_token, head, shaping.text_completion, data.n):
+        yield chunk

@@ -9,12 +9,13 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from app.server import requests, shaping
+from app.server import prompts as prompt_shapes
+from app.server import shaping
 from app.server.engine_view import EngineView, require_ready
 from app.server.openapi import streamed_or
 from app.server.responses import NativeCompletion
 from app.server.schemas import CompletionRequest
-from app.server.service import start
+from app.server.service import start_rows
 from app.server.streaming import REQUEST_ID, native_frames, sse
 
 
@@ -26,20 +27,27 @@ class NativeCompletionController(Controller):
         ["/completion", "/completions"],
         status_code=200,
         name="completion",
-        responses=streamed_or(NativeCompletion, "NativeChunk ones, then this object"),
+        responses=streamed_or(
+            NativeCompletion, "NativeChunk ones, then this object; a list of prompts answers a list of these"
+        ),
     )
     async def completion(
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[CompletionRequest]
     ) -> Response | Stream:
-        """llama-server's native completion (stream: SSE frames ending with the full object)."""
-        tokenizer = engine.tokenizer
-        tokens = await asyncio.to_thread(requests.prompt_tokens, data.prompt, tokenizer, engine.vocab_size)
-        submission, settings = start(request, engine, data, tokens, "/completion")
-        prompt = data.prompt if isinstance(data.prompt, str) else tokenizer.decode(tokens)
-        rid = submission.job.request_id
+        """llama-server's native completion (stream: SSE frames ending with the full object).
+
+        A list of prompts (app/server/prompts.py) answers a list of objects, one per prompt in
+        order, each with its `index`; its stream interleaves the prompts' frames.
+        """
+        prompts = await asyncio.to_thread(prompt_shapes.prompts, data.prompt, engine.tokenizer, engine.vocab_size)
+        rows = start_rows(request, engine, data, [p.tokens for p in prompts], 1, "/completion")
+        texts = [p.text for p in prompts]
         shape = {"return_tokens": data.return_tokens, "response_fields": data.response_fields}
         if data.stream:
-            return sse(native_frames(submission, settings, prompt, **shape), rid)
-        result = await submission.result()
-        body = shaping.native_body(result, settings, prompt, streamed=False, **shape)
-        return Response(body, headers={REQUEST_ID: rid})
+            return sse(native_frames(rows, texts, **shape), rows.request_id)
+        results = await rows.results()
+        bodies = [
+            shaping.native_body(result, settings, text, streamed=False, index=index, **shape)
+            for index, (result, settings, text) in enumerate(zip(results, rows.settings, texts, strict=True))
+        ]
+        return Response(bodies[0] if len(bodies) == 1 else bodies, headers={REQUEST_ID: rows.request_id})
