@@ -76,6 +76,7 @@ def test_the_schema_page_and_every_route_typed(target_only_server) -> None:
     with target_only_server.client() as http:
         page = http.get("/schema")
         schema = http.get("/schema/openapi.json").json()
+        assert http.get("/schema/oauth2-redirect.html").status_code == 200  # the Swagger plugin's page
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "swagger-ui" in page.text and '"title":"mlxcel"' in page.text  # Swagger UI over this schema
     envelope = {"$ref": "#/components/schemas/ErrorEnvelope"}
