@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from litestar import Controller, get, post
 from litestar.di import NamedDependency
+from litestar.params import FromPath
 
 from app.server import shaping
 from app.server.engine_view import EngineView, require_ready
@@ -33,7 +34,7 @@ class IntrospectionController(Controller):
         opt={"public": True},
         responses={404: error("an id other than the served model's")},
     )
-    async def model(self, engine: NamedDependency[EngineView], model_id: str) -> ModelEntry:
+    async def model(self, engine: NamedDependency[EngineView], model_id: FromPath[str]) -> ModelEntry:
         """OpenAI's models.retrieve: the served model by its id; any other id is a 404."""
         entry = shaping.model_entry(engine)
         wanted = model_id.removeprefix("/")
