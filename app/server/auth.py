@@ -25,9 +25,10 @@ def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> No
 
 
 def presented_key(connection: ASGIConnection) -> str:
-    """The Bearer token of Authorization; without that header, x-api-key; else ""."""
-    authorization = connection.headers.get("authorization")
-    if authorization is None:
+    """The Bearer token of Authorization; without that header (or with it empty), x-api-key, as
+    llama-server reads them; else ""."""
+    authorization = connection.headers.get("authorization", "").strip()
+    if not authorization:
         return connection.headers.get("x-api-key", "").strip()
     scheme, _, token = authorization.partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
