@@ -61,7 +61,12 @@ def target_only_server(profile_server: Callable[[str], RunningServer]) -> Runnin
 
 @pytest.fixture(scope="session")
 def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """Target only behind `--api-key s3cret`, with small body and JSON-depth limits to test against."""
-    env = {"MLXCEL_SERVER__MAX_BODY_BYTES": "4096", "MLXCEL_SERVER__MAX_JSON_DEPTH": "512"}
+    """Target only behind `--api-key s3cret`, with small body and JSON-depth limits and a CORS origin
+    list (one origin and a wildcard one) to test against."""
+    env = {
+        "MLXCEL_SERVER__MAX_BODY_BYTES": "4096",
+        "MLXCEL_SERVER__MAX_JSON_DEPTH": "512",
+        "MLXCEL_SERVER__CORS_ORIGINS": '["http://app.example", "https://*.example.org"]',
+    }
     with serve(tmp_path_factory.mktemp("keyed"), "--profile", "target-only", "--api-key", API_KEY, env=env) as server:
         yield server

@@ -41,6 +41,9 @@ FLAGS = {  # flag dest -> settings key (llama-server's spellings)
 FLAG_NAMES = {key: "--" + dest.replace("_", "-") for dest, key in FLAGS.items()}
 # dynaconf's `@int 8080`, `@jinja {{ ... }}`, `@format ...`: refused, never evaluated (see env_layer).
 AT_CAST = re.compile(r"@[a-z_]+(\s|$)")
+# What a browser sends as Origin: scheme://host[:port], no path. "*" inside one is Litestar's
+# wildcard ("https://*.example.com"); "*" alone reflects any origin.
+CORS_ORIGIN = re.compile(r"\*|https?://[^/\s?#]+")
 
 
 class ProfileError(Exception):
@@ -258,6 +261,12 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
             f"{origin('server.api_key', sources, path)}: empty API key; set a key, or leave server.api_key "
             "unset to serve without authentication"
         )
+    for entry in settings.server.cors_origins:
+        if not CORS_ORIGIN.fullmatch(entry):
+            raise ProfileError(
+                f"{origin('server.cors_origins', sources, path)}: {entry!r} is not an origin; write "
+                'scheme://host[:port] with no path (e.g. "https://app.example:8443"), or "*" for any origin'
+            )
     problem = destination_problem(settings.logging.destination)
     if problem:
         raise ProfileError(f"{origin('logging.destination', sources, path)}: {problem}")

@@ -76,6 +76,8 @@ class ServerSettings(Group):
     chat_template_file: str | None = None  # operator's Jinja chat template (sandboxed); default: the model's
     template_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=60.0)] = 2.0  # a render running longer: 400
     template_max_chars: Annotated[int, msgspec.Meta(ge=1024)] = 4 * 1024 * 1024  # a larger rendered prompt: 400
+    # browser origins CORS lets call: "*" reflects any origin (llama-server's behaviour); [] turns CORS off
+    cors_origins: list[str] = msgspec.field(default_factory=lambda: ["*"])
 
 
 class LoggingSettings(Group):

@@ -11,7 +11,7 @@ from app.server.auth import require_api_key
 from app.server.body import StrictJsonRequest
 from app.server.engine_view import Engine, EngineView, engine_lifespan, provide_engine
 from app.server.errors import HANDLERS
-from app.server.openapi import openapi_config
+from app.server.openapi import error_responses, openapi_config
 from app.server.routes.chat import ChatController
 from app.server.routes.completions import OpenAICompletionController
 from app.server.routes.introspection import IntrospectionController
@@ -28,26 +28,48 @@ CONTROLLERS: list[type[Controller]] = [
     ChatController,
     UnsupportedController,
 ]
-# As llama-server: any origin may call (the API key, not the origin, is the gate); browsers may
-# read the request id.
-CORS = CORSConfig(allow_origins=["*"], expose_headers=[REQUEST_ID])
 
 
-def with_head(controllers: list[type[Controller]]) -> None:
-    """HEAD on every GET route: the GET handler answers and uvicorn sends its headers only.
+def cors(origins: list[str]) -> CORSConfig | None:
+    """llama-server's CORS: the caller's origin reflected (never the literal "*", which browsers
+    refuse beside credentials), credentials allowed, GET and POST, any header; browsers may read
+    the request id. `server.cors_origins` narrows the origins; an empty list turns CORS off.
 
-    Added after decoration because Litestar refuses a body on handlers declared for HEAD.
+    Litestar answers "*" when "*" is among allow_origins, so "*" becomes a match-all regex,
+    which makes it reflect the origin instead.
+    """
+    if not origins:
+        return None
+    return CORSConfig(
+        allow_origins=[o for o in origins if o != "*"],
+        allow_origin_regex=".*" if "*" in origins else None,
+        allow_credentials=True,
+        allow_methods=["GET", "POST"],
+        allow_headers=["*"],
+        expose_headers=[REQUEST_ID],
+    )
+
+
+def finish_handlers(controllers: list[type[Controller]]) -> None:
+    """HEAD on every GET route: the GET handler answers and uvicorn sends its headers only; and
+    the error envelope documented for every error a route can answer (openapi.error_responses).
+
+    HEAD is added after decoration because Litestar refuses a body on handlers declared for HEAD.
     """
     for controller in controllers:
         for handler in vars(controller).values():
-            if isinstance(handler, HTTPRouteHandler) and "GET" in handler.http_methods:
+            if not isinstance(handler, HTTPRouteHandler):
+                continue
+            if "GET" in handler.http_methods:
                 handler.http_methods.add("HEAD")
+            guards = [*(vars(controller).get("guards") or ()), *(handler.guards or ())]
+            handler.responses = error_responses(handler, guards) | (handler.responses or {})
 
 
 def create_app(engine: Engine) -> Litestar:
     """The app takes its engine as an argument: the listener comes up at once while the engine
     loads models on its own thread, answering 503 until they are ready."""
-    with_head(CONTROLLERS)
+    finish_handlers(CONTROLLERS)
     app = Litestar(
         route_handlers=CONTROLLERS,
         dependencies={"engine": Provide(provide_engine, sync_to_thread=False)},
@@ -57,7 +79,7 @@ def create_app(engine: Engine) -> Litestar:
         openapi_config=openapi_config(),
         request_class=StrictJsonRequest,
         request_max_body_size=engine.settings.server.max_body_bytes,
-        cors_config=CORS,
+        cors_config=cors(engine.settings.server.cors_origins),
     )
     app.state.engine = EngineView(engine)
     app.state.settings = engine.settings

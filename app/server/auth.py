@@ -1,7 +1,9 @@
-"""The API key gate: with server.api_key set, every route but health needs `Bearer <key>`.
+"""The API key gate: with server.api_key set, every route but the public ones needs the key.
 
-OPTIONS never needs it, as in llama-server: browsers send no Authorization header on a CORS
-preflight, and the answer names only the allowed methods.
+As llama-server: health, the model list and the schema are public (handlers with
+opt={"public": True}); the key comes as `Authorization: Bearer KEY` or, Anthropic's spelling,
+`x-api-key: KEY`. OPTIONS never needs it: browsers send no key on a CORS preflight, and the
+answer names only the allowed methods.
 """
 
 from __future__ import annotations
@@ -18,6 +20,15 @@ def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> No
     key = connection.app.state.settings.server.api_key
     if not key or handler.opt.get("public") or connection.scope["method"] == "OPTIONS":
         return
-    scheme, _, token = connection.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+    if not hmac.compare_digest(presented_key(connection).encode(), key.encode()):
         raise ApiError(401, "Invalid API Key", "authentication_error")
+
+
+def presented_key(connection: ASGIConnection) -> str:
+    """The Bearer token of Authorization; without that header (or with it empty), x-api-key, as
+    llama-server reads them; else ""."""
+    authorization = connection.headers.get("authorization", "").strip()
+    if not authorization:
+        return connection.headers.get("x-api-key", "").strip()
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""

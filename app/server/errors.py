@@ -23,6 +23,18 @@ TYPES = {
 }
 
 
+class ErrorDetail(msgspec.Struct, kw_only=True):
+    code: int
+    message: str
+    type: str
+
+
+class ErrorEnvelope(msgspec.Struct, kw_only=True):
+    """Every error body; the OpenAPI schema names it for every error a route can answer."""
+
+    error: ErrorDetail
+
+
 class ApiError(Exception):
     """An error answered as `{"error": {"code", "message", "type"}}`."""
 
@@ -34,9 +46,8 @@ class ApiError(Exception):
 
 
 def envelope_body(code: int, message: str, kind: str | None = None) -> bytes:
-    return msgspec.json.encode(
-        {"error": {"code": code, "message": message, "type": kind or TYPES.get(code, "server_error")}}
-    )
+    detail = ErrorDetail(code=code, message=message, type=kind or TYPES.get(code, "server_error"))
+    return msgspec.json.encode(ErrorEnvelope(error=detail))
 
 
 def envelope(code: int, message: str, kind: str | None = None, headers: dict[str, str] | None = None) -> Response:

@@ -1,19 +1,30 @@
-"""The OpenAPI schema at /schema/openapi.json: Litestar derives it from the request and response Structs."""
+"""The OpenAPI schema at /schema/openapi.json and its docs page at /schema: Litestar derives the
+schema from the request and response Structs."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Sequence
+
 from litestar import Router
+from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig, ResponseSpec
-from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 
 from app import __version__
+from app.server.engine_view import require_ready
+from app.server.errors import ErrorEnvelope
 
 
 def openapi_config() -> OpenAPIConfig:
-    """Public like /health (the schema tells nothing a client could not read in docs/server.md);
-    JSON only, no documentation UI that would fetch scripts from a CDN."""
+    """Public like /health (the schema tells nothing a client could not read in docs/server.md).
+
+    The page at /schema is Swagger UI: the server sends the HTML, the browser fetches Swagger
+    UI's script from its CDN, so the page needs a browser online; the JSON never does.
+    """
     docs = Router("/schema", route_handlers=[], include_in_schema=False, opt={"public": True})
-    return OpenAPIConfig(title="mlxcel", version=__version__, render_plugins=[JsonRenderPlugin()], openapi_router=docs)
+    plugins = [SwaggerRenderPlugin(path="/"), JsonRenderPlugin()]
+    return OpenAPIConfig(title="mlxcel", version=__version__, render_plugins=plugins, openapi_router=docs)
 
 
 def streamed_or(body: type, stream: str) -> dict[int, ResponseSpec]:
@@ -23,3 +34,27 @@ def streamed_or(body: type, stream: str) -> dict[int, ResponseSpec]:
     """
     description = f"{body.__name__}; with `stream: true`, text/event-stream frames: {stream}"
     return {200: ResponseSpec(data_container=body, description=description, generate_examples=False)}
+
+
+def error(description: str) -> ResponseSpec:
+    return ResponseSpec(data_container=ErrorEnvelope, description=description, generate_examples=False)
+
+
+def error_responses(handler: HTTPRouteHandler, guards: Sequence[object]) -> dict[int, ResponseSpec]:
+    """The errors a route can answer, in the envelope, read off what the route is: refused (501),
+    gated by the key (401), taking a body or path parameters (400, 413), needing the engine (503).
+    Litestar would otherwise document its own validation-error shape, which this server never sends.
+    `guards` are the handler's and its controller's."""
+    responses: dict[int, ResponseSpec] = {}
+    takes_body = "data" in inspect.signature(handler.fn).parameters
+    if takes_body or any("{" in path for path in handler.paths):
+        responses[400] = error("a malformed body, a bad field or parameter (the message names it)")
+    if takes_body:
+        responses[413] = error("a body larger than server.max_body_bytes")
+    if not handler.opt.get("public"):
+        responses[401] = error("with server.api_key set: no key, or a wrong one")
+    if require_ready in guards:
+        responses[503] = error("models still loading, the server draining or failed, or the queue full")
+    if handler.status_code == 501:
+        responses[501] = error("not served here; the message says why")
+    return responses

@@ -73,9 +73,10 @@ def logit_bias(raw: LogitBias | None, tokenizer: TokenizerWrapper) -> dict[int, 
 def sampling(request: SamplingFields, settings: Settings, tokenizer: TokenizerWrapper, vocab: int) -> SamplingParams:
     defaults = msgspec.structs.asdict(settings.sampling)
     chosen: dict[str, Any] = {f: getattr(request, f) for f in SAMPLING_FIELDS if getattr(request, f) is not None}
-    params = SamplingParams(
-        **{f: defaults[f] for f in SAMPLING_FIELDS} | chosen | {"logit_bias": logit_bias(request.logit_bias, tokenizer)}
-    )
+    bias = logit_bias(request.logit_bias, tokenizer)
+    if request.ignore_eos:  # llama-server's: every end-of-generation token banned, after the request's own biases
+        bias |= dict.fromkeys(sorted(t for t in tokenizer.eos_token_ids if t < vocab), float("-inf"))
+    params = SamplingParams(**{f: defaults[f] for f in SAMPLING_FIELDS} | chosen | {"logit_bias": bias})
     problems = params.problems(vocab)
     if problems:
         raise ApiError(400, "; ".join(problems))
@@ -114,6 +115,9 @@ def template_variables(extra: dict[str, Any] | None, tokenizer: TokenizerWrapper
 def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
     if not messages:
         raise ApiError(400, "messages must not be empty")
+    if len(messages) > 1 and messages[-1].role == messages[-2].role == "assistant":
+        # llama-server's own check and words: one trailing assistant message at most
+        raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.")
     plain = []
     for message in messages:
         content = message.content

@@ -88,10 +88,18 @@ class SamplerSettings(msgspec.Struct, kw_only=True):
     xtc_threshold: float
 
 
+class LogitBiasEntry(msgspec.Struct, kw_only=True):
+    """One token's bias as llama-server lists it; a ban (false, or ignore_eos on an
+    end-of-generation token) is -inf, which JSON cannot spell: null, as llama-server writes it."""
+
+    bias: float | None
+    token: int
+
+
 class GenerationSettings(SamplerSettings, kw_only=True):
     """What one request ran with: the seed actually used and the speculative limits."""
 
-    logit_bias: list[tuple[int, float]]  # a ban (false) is -inf, written as null
+    logit_bias: list[LogitBiasEntry]
     model: str
     n_predict: int
     seed: int
@@ -111,7 +119,7 @@ class DefaultGenerationSettings(SamplerSettings, kw_only=True):
 
 
 class SlotParams(SamplerSettings, kw_only=True):
-    logit_bias: dict[int, float]
+    logit_bias: list[LogitBiasEntry]
     n_predict: int
     speculative_n_max: int = msgspec.field(name="speculative.n_max")
     speculative_n_min: int = msgspec.field(name="speculative.n_min")
@@ -270,10 +278,11 @@ class ChatCompletion(OpenAIObject, kw_only=True):
 
 
 class ChatDelta(msgspec.Struct, kw_only=True):
-    """The role on the first chunk, text on the next ones, nothing on the finish chunk."""
+    """The role on the first chunk (content null, as llama-server), text on the next ones,
+    nothing on the finish chunk."""
 
     role: Literal["assistant"] | UnsetType = UNSET
-    content: str | UnsetType = UNSET
+    content: str | UnsetType | None = UNSET
 
 
 class ChatChunkChoice(msgspec.Struct, kw_only=True):

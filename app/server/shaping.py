@@ -29,6 +29,7 @@ from app.server.responses import (
     DrafterInfo,
     DrafterSummary,
     GenerationSettings,
+    LogitBiasEntry,
     ModelEntry,
     ModelList,
     ModelMeta,
@@ -53,6 +54,11 @@ def model_alias(settings: Settings) -> str:
     return settings.server.model_alias or Path(settings.target).name
 
 
+def logit_bias_entries(params: SamplingParams) -> list[LogitBiasEntry]:
+    banned = float("-inf")
+    return [LogitBiasEntry(bias=None if b == banned else b, token=t) for t, b in params.logit_bias.items()]
+
+
 def sampler_knobs(source: msgspec.Struct) -> dict[str, Any]:
     """The sampler's knobs of a SamplingParams or the profile's sampling defaults."""
     return {name: getattr(source, name) for name in SAMPLER_KNOBS}
@@ -62,13 +68,17 @@ def sampler_knobs(source: msgspec.Struct) -> dict[str, Any]:
 
 
 def model_list(engine: EngineView) -> ModelList:
+    entry = model_entry(engine)
+    return ModelList(data=[entry], models=[ModelName(name=entry.id, model=entry.id)])
+
+
+def model_entry(engine: EngineView) -> ModelEntry:
+    """The one model served, as OpenAI's model object (its size facts once it is loaded)."""
     settings = engine.settings
     meta = ModelMeta(path=settings.target)
     if engine.unavailable is None:
         meta = ModelMeta(path=settings.target, n_vocab=engine.vocab_size, n_ctx_train=engine.context_limit)
-    alias = model_alias(settings)
-    entry = ModelEntry(id=alias, created=int(time.time()), meta=meta)
-    return ModelList(data=[entry], models=[ModelName(name=alias, model=alias)])
+    return ModelEntry(id=model_alias(settings), created=int(time.time()), meta=meta)
 
 
 def drafter_info(settings: Settings, plan: LoopPlan) -> DrafterInfo:
@@ -120,7 +130,7 @@ def slot(index: int, row: RowView | None, n_ctx: int, width: int) -> Slot:
     request = row.request
     params = SlotParams(
         **sampler_knobs(request.sampling),
-        logit_bias=dict(request.sampling.logit_bias),
+        logit_bias=logit_bias_entries(request.sampling),
         n_predict=request.max_tokens,
         speculative_n_max=width if request.n_max is None else request.n_max,
         speculative_n_min=request.n_min,
@@ -147,7 +157,7 @@ def generation_settings(request: RowRequest, model: str, width: int) -> Generati
     params = request.sampling
     return GenerationSettings(
         **sampler_knobs(params),
-        logit_bias=list(params.logit_bias.items()),
+        logit_bias=logit_bias_entries(params),
         model=model,
         n_predict=request.max_tokens,
         seed=request.seed if request.seed is not None else -1,
@@ -301,8 +311,8 @@ def chat_chunk(
 
 
 def chat_role_chunk(head: OpenAIHead, index: int = 0) -> ChatCompletionChunk:
-    """The first chunk of choice `index`: the assistant's role, no text yet."""
-    delta = ChatDelta(role="assistant", content="")
+    """The first chunk of choice `index`: the assistant's role, no text yet (null)."""
+    delta = ChatDelta(role="assistant", content=None)
     return _chat_chunk(head, ChatChunkChoice(index=index, delta=delta, finish_reason=None))
 
 

@@ -199,6 +199,14 @@ def test_an_empty_api_key_from_environment_or_flag_is_refused(cli: Callable[...,
     assert_refused(cli, profile, "flag --api-key: empty API key", flags=("--api-key", ""))
 
 
+@pytest.mark.parametrize("entry", ['"app.example"', '"https://app.example/"', '"https://app.example/page"', '""'])
+def test_a_cors_origin_that_is_not_an_origin_is_refused(cli: Callable[..., str], tmp_path: Path, entry: str) -> None:
+    profile = write(tmp_path, "p", f'{TARGET_ONLY}[server]\ncors_origins = ["*", {entry}]\n')
+    assert_refused(cli, profile, f"{profile}: server.cors_origins: {json.loads(entry)!r} is not an origin")
+    env = {"MLXCEL_SERVER__CORS_ORIGINS": f"[{entry}]"}
+    assert_refused(cli, write(tmp_path, "q", TARGET_ONLY), "environment: MLXCEL_SERVER__CORS_ORIGINS: ", env=env)
+
+
 # --- 5. errors name the source that set the value --------------------------------------------------
 
 

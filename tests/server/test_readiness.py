@@ -14,7 +14,7 @@ from app.server.app import create_app
 from app.server.engine_view import Engine
 
 LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
-ANSWER_WHILE_LOADING = {"/props", "/models", "/v1/models"}
+ANSWER_WHILE_LOADING = {"/props", "/models", "/v1/models", "/v1/models/{model_id:path}"}
 
 
 APP = create_app(Engine(resolve("target-only").settings))
@@ -49,5 +49,7 @@ def test_props_and_models_answer_while_loading(loading_client) -> None:
     props = loading_client.get("/props").json()
     assert props["default_generation_settings"]["n_ctx"] is None and props["chat_template"] is None
     assert props["mlxcel"]["profile"] == "target-only"
-    meta = loading_client.get("/v1/models").json()["data"][0]["meta"]
-    assert set(meta) == {"path"}  # n_vocab and n_ctx_train appear once the model is loaded
+    entry = loading_client.get("/v1/models").json()["data"][0]
+    assert set(entry["meta"]) == {"path"}  # n_vocab and n_ctx_train appear once the model is loaded
+    retrieved = loading_client.get(f"/v1/models/{entry['id']}").json()
+    assert retrieved | {"created": 0} == entry | {"created": 0}  # created is the clock's second

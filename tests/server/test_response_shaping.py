@@ -56,7 +56,7 @@ def test_both_logit_bias_spellings_force_a_token(default_server, spelling: str) 
         forced, reported = first_token(http, logit_bias=bias)
     favoured = ids[:1] if spelling.endswith("-id") else ids
     assert forced in favoured
-    assert sorted(reported) == sorted([t, 100.0] for t in set(favoured))
+    assert sorted(reported, key=lambda e: e["token"]) == [{"bias": 100.0, "token": t} for t in sorted(set(favoured))]
 
 
 @pytest.mark.parametrize("spelling", ["object", "list"])
@@ -66,7 +66,7 @@ def test_a_false_bias_bans_the_token_and_reports_it_as_null(default_server, spel
         bias = {str(natural): False} if spelling == "object" else [[natural, False]]
         banned, reported = first_token(http, logit_bias=bias)
     assert banned != natural
-    assert reported == [[natural, None]]  # -inf has no JSON spelling: null, as llama-server writes it
+    assert reported == [{"bias": None, "token": natural}]  # -inf has no JSON spelling: null, as llama-server writes it
 
 
 # --- SSE frame merging ------------------------------------------------------------------------

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from litestar import Controller, get, post
 from litestar.di import NamedDependency
+from litestar.params import FromPath
 
 from app.server import shaping
 from app.server.engine_view import EngineView, require_ready
 from app.server.errors import ApiError
 from app.server.metrics import CONTENT_TYPE, exposition
-from app.server.responses import Health, ModelList, Props, Slot
+from app.server.openapi import error
+from app.server.responses import Health, ModelEntry, ModelList, Props, Slot
 
 
 class IntrospectionController(Controller):
@@ -20,10 +22,25 @@ class IntrospectionController(Controller):
         """200 {"status": "ok"} while serving; 503 in the error envelope while loading, draining or failed."""
         return Health()
 
-    @get(["/v1/models", "/models"], name="models")
+    # public, as in llama-server: a client may list the model before it has the key
+    @get(["/v1/models", "/models"], name="models", opt={"public": True})
     async def models(self, engine: NamedDependency[EngineView]) -> ModelList:
         """The one model this server serves (its size facts once it is loaded)."""
         return shaping.model_list(engine)
+
+    @get(
+        "/v1/models/{model_id:path}",
+        name="model",
+        opt={"public": True},
+        responses={404: error("an id other than the served model's")},
+    )
+    async def model(self, engine: NamedDependency[EngineView], model_id: FromPath[str]) -> ModelEntry:
+        """OpenAI's models.retrieve: the served model by its id; any other id is a 404."""
+        entry = shaping.model_entry(engine)
+        wanted = model_id.removeprefix("/")
+        if wanted != entry.id:
+            raise ApiError(404, f"The model {wanted!r} does not exist; this server serves {entry.id!r}")
+        return entry
 
     @get("/props", name="props")
     async def props(self, engine: NamedDependency[EngineView]) -> Props:
