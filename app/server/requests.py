@@ -13,9 +13,17 @@ from app.loading import chat_template
 from app.loading.chat_template import Limits, TemplateLimitError
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
+from app.sampling.logprobs import MAX_TOP, ProbsRequest
 from app.sampling.rng import resolve_seed
 from app.server.errors import ApiError
-from app.server.schemas import ChatMessage, LogitBias, PromptInput, SamplingFields
+from app.server.schemas import (
+    ChatMessage,
+    ChatRequest,
+    LogitBias,
+    OpenAICompletionRequest,
+    PromptInput,
+    SamplingFields,
+)
 
 # What llama-server's strtol reads whole as a token id. ASCII only: str.isdigit() also takes
 # "١٢" and "²", and int() refuses the second.
@@ -192,6 +200,34 @@ def stop_strings(stop: str | list[str] | None, settings: Settings) -> tuple[str,
     return strings
 
 
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions `logprobs`
+
+
+def probs_request(request: SamplingFields) -> ProbsRequest | None:
+    """The log-probabilities a request asks for, in its route's spelling; None: none.
+
+    OpenAI chat: `logprobs` with `top_logprobs`; OpenAI completions: `logprobs` as a count;
+    llama-server: `n_probs` (any route, as llama-server reads it) and `post_sampling_probs`.
+    """
+    top, wanted = request.n_probs, request.n_probs > 0
+    if top < 0:
+        raise ApiError(400, f"n_probs must be >= 0, got {top}")
+    if isinstance(request, ChatRequest):
+        if request.top_logprobs is not None and not request.logprobs:
+            raise ApiError(400, "top_logprobs requires logprobs to be set to true")
+        if request.logprobs:
+            top, wanted = request.top_logprobs or 0, True
+            if not 0 <= top <= MAX_TOP:
+                raise ApiError(400, f"top_logprobs must be within [0, {MAX_TOP}], got {top}")
+    elif isinstance(request, OpenAICompletionRequest) and request.logprobs is not None:
+        top, wanted = request.logprobs, True
+        if not 0 <= top <= MAX_COMPLETION_LOGPROBS:
+            raise ApiError(400, f"logprobs must be within [0, {MAX_COMPLETION_LOGPROBS}], got {top}")
+    if request.post_sampling_probs and not wanted:
+        raise ApiError(400, "post_sampling_probs needs n_probs > 0 (or logprobs) to report anything")
+    return ProbsRequest(top, request.post_sampling_probs) if wanted else None
+
+
 def row_request(request: SamplingFields, tokens: list[int], settings: Settings, params: SamplingParams) -> RowRequest:
     if len(tokens) > settings.server.max_prompt_tokens:
         raise ApiError(
@@ -214,4 +250,5 @@ def row_request(request: SamplingFields, tokens: list[int], settings: Settings, 
         n_max=n_max,
         n_min=max(0, request.speculative_n_min or 0),
         p_min=p_min,
+        probs=probs_request(request),
     )

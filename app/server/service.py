@@ -72,7 +72,12 @@ class Submission:
 
 
 def merge(first: Delta, second: Delta) -> Delta:
-    return Delta(text=first.text + second.text, tokens=first.tokens + second.tokens, timings=second.timings)
+    return Delta(
+        text=first.text + second.text,
+        tokens=first.tokens + second.tokens,
+        timings=second.timings,
+        logprobs=first.logprobs + second.logprobs,
+    )
 
 
 def start(

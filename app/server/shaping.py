@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import msgspec
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 from msgspec import UNSET, UnsetType
 
 from app import __version__
 from app.decoding.builder import RowRequest
 from app.decoding.plan import LoopPlan, SamplerClass
 from app.drafters.kinds import DrafterKind
+from app.loading.token_bytes import token_bytes, token_text
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
+from app.sampling.logprobs import ProbsRequest, TokenLogprob
 from app.server.engine_view import EngineView, Finished, RowView, Timings
 from app.server.responses import (
     AssistantMessage,
@@ -25,6 +30,9 @@ from app.server.responses import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    CompletionProbability,
     DefaultGenerationSettings,
     DrafterInfo,
     DrafterSummary,
@@ -42,6 +50,9 @@ from app.server.responses import (
     SlotParams,
     TextChoice,
     TextCompletion,
+    TextLogprobs,
+    TokenProbability,
+    TopLogprob,
     Usage,
 )
 
@@ -140,6 +151,66 @@ def slot(index: int, row: RowView | None, n_ctx: int, width: int) -> Slot:
     )
 
 
+# --- log-probabilities ------------------------------------------------------------------------
+
+
+@dataclass
+class Logprobs:
+    """One request's token log-probabilities in each route's shape (app/sampling/logprobs.py
+    computes them). OpenAI completions' `text_offset` runs on from chunk to chunk."""
+
+    tokenizer: TokenizerWrapper
+    post_sampling: bool
+    offset: int = 0  # characters of completion text before the next entry
+
+    def _piece(self, token: int) -> tuple[str, list[int]]:
+        raw = token_bytes(self.tokenizer, token)
+        return token_text(raw), list(raw)
+
+    def _candidate(self, token: int, logprob: float) -> TokenProbability:
+        text, raw = self._piece(token)
+        if self.post_sampling:
+            return TokenProbability(id=token, token=text, bytes=raw, prob=math.exp(logprob))
+        return TokenProbability(id=token, token=text, bytes=raw, logprob=logprob)
+
+    def native(self, entries: Sequence[TokenLogprob]) -> list[CompletionProbability]:
+        """llama-server's `completion_probabilities`: probabilities with post_sampling_probs."""
+        shaped = []
+        for entry in entries:
+            top = [self._candidate(token, logprob) for token, logprob in entry.top]
+            chosen = msgspec.structs.asdict(self._candidate(entry.token, entry.logprob))
+            listed = {"top_probs": top} if self.post_sampling else {"top_logprobs": top}
+            shaped.append(CompletionProbability(**chosen, **listed))
+        return shaped
+
+    def chat(self, entries: Sequence[TokenLogprob]) -> ChatLogprobs:
+        """OpenAI chat's `logprobs`."""
+        return ChatLogprobs(content=[self._chat_entry(entry) for entry in entries])
+
+    def _chat_entry(self, entry: TokenLogprob) -> ChatTokenLogprob:
+        text, raw = self._piece(entry.token)
+        top = [TopLogprob(token=t, logprob=lp, bytes=b) for (t, b), lp in ((self._piece(i), lp) for i, lp in entry.top)]
+        return ChatTokenLogprob(token=text, logprob=entry.logprob, bytes=raw, top_logprobs=top)
+
+    def text(self, entries: Sequence[TokenLogprob]) -> TextLogprobs:
+        """OpenAI completions' `logprobs`; each token's alternatives include it (OpenAI's "up to n + 1")."""
+        tokens, offsets, tops = [], [], []
+        for entry in entries:
+            text = self._piece(entry.token)[0]
+            tokens.append(text)
+            offsets.append(self.offset)
+            self.offset += len(text)
+            tops.append({self._piece(t)[0]: lp for t, lp in entry.top} | {text: entry.logprob})
+        return TextLogprobs(
+            tokens=tokens, token_logprobs=[e.logprob for e in entries], top_logprobs=tops, text_offset=offsets
+        )
+
+
+def logprobs_for(tokenizer: TokenizerWrapper, probs: ProbsRequest | None) -> Logprobs | None:
+    """The request's shaper, or None when it asked for no log-probabilities."""
+    return None if probs is None else Logprobs(tokenizer, probs.post_sampling)
+
+
 # --- completions ------------------------------------------------------------------------------
 
 
@@ -169,9 +240,16 @@ def usage(result: Finished) -> Usage:
 
 
 def native_completion(
-    result: Finished, settings: GenerationSettings, prompt: str, *, return_tokens: bool, streamed: bool
+    result: Finished,
+    settings: GenerationSettings,
+    prompt: str,
+    *,
+    return_tokens: bool,
+    streamed: bool,
+    logprobs: Logprobs | None = None,
 ) -> NativeCompletion:
-    """The body, or the stream's last frame (its text went out in the frames before)."""
+    """The body, or the stream's last frame (its text and probabilities went out in the frames before)."""
+    probabilities = logprobs.native(result.logprobs) if logprobs is not None and not streamed else UNSET
     return NativeCompletion(
         content="" if streamed else result.text,
         tokens=result.tokens if return_tokens else [],
@@ -185,6 +263,7 @@ def native_completion(
         stopping_word=result.stopping_word,
         tokens_cached=result.prompt_n + len(result.tokens),
         timings=result.timings,
+        completion_probabilities=probabilities,
     )
 
 
@@ -196,22 +275,32 @@ def native_body(
     return_tokens: bool,
     streamed: bool,
     response_fields: list[str] | None,
+    logprobs: Logprobs | None = None,
 ) -> NativeCompletion | dict[str, Any]:
     """The whole object, or the `response_fields` of it when the request names some."""
-    body = native_completion(result, settings, prompt, return_tokens=return_tokens, streamed=streamed)
+    body = native_completion(
+        result, settings, prompt, return_tokens=return_tokens, streamed=streamed, logprobs=logprobs
+    )
     return select_fields(msgspec.to_builtins(body), response_fields) if response_fields else body
 
 
-def native_chunk(text: str, tokens: list[int], timings: Timings | None) -> NativeChunk:
-    """A stream frame; with per-token timings (`timings` given) it also counts the tokens so far."""
+def native_chunk(
+    text: str,
+    tokens: list[int],
+    timings: Timings | None,
+    probabilities: list[CompletionProbability] | UnsetType = UNSET,
+) -> NativeChunk:
+    """A stream frame; with per-token timings (`timings` given) it also counts the tokens so far,
+    and with n_probs it carries its tokens' probabilities."""
     if timings is None:
-        return NativeChunk(content=text, tokens=tokens)
+        return NativeChunk(content=text, tokens=tokens, completion_probabilities=probabilities)
     return NativeChunk(
         content=text,
         tokens=tokens,
         tokens_predicted=timings.predicted_n,
         tokens_evaluated=timings.prompt_n,
         timings=timings,
+        completion_probabilities=probabilities,
     )
 
 
@@ -249,9 +338,10 @@ def text_completion(
     reason: str | None,
     usage: Usage | UnsetType = UNSET,
     timings: Timings | UnsetType = UNSET,
+    logprobs: TextLogprobs | None = None,
 ) -> TextCompletion:
     """The body (text and reason), an update chunk (text) or the finish chunk (reason)."""
-    choice = TextChoice(text=text or "", finish_reason=reason)
+    choice = TextChoice(text=text or "", logprobs=logprobs, finish_reason=reason)
     return TextCompletion(
         id=head.id, created=head.created, model=head.model, choices=[choice], usage=usage, timings=timings
     )
@@ -263,10 +353,11 @@ def chat_chunk(
     reason: str | None,
     usage: Usage | UnsetType = UNSET,
     timings: Timings | UnsetType = UNSET,
+    logprobs: ChatLogprobs | None = None,
 ) -> ChatCompletionChunk:
-    """An update chunk (text) or the finish chunk (reason, an empty delta)."""
+    """An update chunk (text, and its tokens' log-probabilities) or the finish chunk (reason, an empty delta)."""
     delta = ChatDelta() if text is None else ChatDelta(content=text)
-    return _chat_chunk(head, ChatChunkChoice(delta=delta, finish_reason=reason), usage, timings)
+    return _chat_chunk(head, ChatChunkChoice(delta=delta, logprobs=logprobs, finish_reason=reason), usage, timings)
 
 
 def chat_role_chunk(head: OpenAIHead) -> ChatCompletionChunk:
@@ -285,8 +376,12 @@ def _chat_chunk(
     )
 
 
-def chat_completion(head: OpenAIHead, result: Finished) -> ChatCompletion:
-    choice = ChatChoice(message=AssistantMessage(content=result.text), finish_reason=finish_reason(result))
+def chat_completion(head: OpenAIHead, result: Finished, logprobs: Logprobs | None = None) -> ChatCompletion:
+    choice = ChatChoice(
+        message=AssistantMessage(content=result.text),
+        logprobs=logprobs.chat(result.logprobs) if logprobs is not None else None,
+        finish_reason=finish_reason(result),
+    )
     return ChatCompletion(
         id=head.id,
         created=head.created,

@@ -9,6 +9,7 @@ import msgspec
 from litestar.response import Stream
 from msgspec import UNSET, UnsetType
 
+from app.sampling.logprobs import TokenLogprob
 from app.server import shaping
 from app.server.engine_view import Delta, Finished, Timings
 from app.server.errors import envelope_body
@@ -19,8 +20,10 @@ DONE = b"data: [DONE]\n\n"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 REQUEST_ID = "x-request-id"  # the request_id of this request's log events
 
-# shaping.text_completion or shaping.chat_chunk: (head, text, finish reason, usage, timings) -> chunk
-OpenAIChunk = Callable[[shaping.OpenAIHead, str | None, str | None, Usage | UnsetType, Timings | UnsetType], Any]
+# shaping.text_completion or shaping.chat_chunk: (head, text, finish reason, usage, timings, logprobs) -> chunk
+OpenAIChunk = Callable[[shaping.OpenAIHead, str | None, str | None, Usage | UnsetType, Timings | UnsetType, Any], Any]
+# shaping.Logprobs.text or .chat: a chunk's tokens' log-probabilities in the route's shape
+LogprobShape = Callable[[list[TokenLogprob]], Any]
 
 
 def frame(payload: Any) -> bytes:
@@ -42,11 +45,14 @@ async def native_frames(
     *,
     return_tokens: bool,
     response_fields: list[str] | None,
+    logprobs: shaping.Logprobs | None = None,
 ) -> AsyncIterator[bytes]:
-    """One frame per update, then the whole object (without the text already sent)."""
+    """One frame per update (with its tokens' probabilities), then the whole object (without the
+    text and probabilities already sent)."""
     async for event in submission.stream():
         if isinstance(event, Delta):
-            yield frame(shaping.native_chunk(event.text, event.tokens, event.timings))
+            probabilities = logprobs.native(event.logprobs) if logprobs is not None and event.logprobs else UNSET
+            yield frame(shaping.native_chunk(event.text, event.tokens, event.timings, probabilities))
         elif isinstance(event, Finished):
             yield frame(
                 shaping.native_body(
@@ -58,15 +64,21 @@ async def native_frames(
 
 
 async def openai_frames(
-    submission: Submission, per_token: bool, head: shaping.OpenAIHead, chunk: OpenAIChunk
+    submission: Submission,
+    per_token: bool,
+    head: shaping.OpenAIHead,
+    chunk: OpenAIChunk,
+    logprobs: LogprobShape | None = None,
 ) -> AsyncIterator[bytes]:
-    """OpenAI chunks: one per update, then the finish chunk with usage and timings, then [DONE]."""
+    """OpenAI chunks: one per update (with its tokens' log-probabilities when asked), then the
+    finish chunk with usage and timings, then [DONE]."""
     async for event in submission.stream():
         if isinstance(event, Delta):
             timings = event.timings if per_token and event.timings is not None else UNSET
-            yield frame(chunk(head, event.text, None, UNSET, timings))
+            shaped = logprobs(event.logprobs) if logprobs is not None and event.logprobs else None
+            yield frame(chunk(head, event.text, None, UNSET, timings, shaped))
         elif isinstance(event, Finished):
-            yield frame(chunk(head, None, shaping.finish_reason(event), shaping.usage(event), event.timings))
+            yield frame(chunk(head, None, shaping.finish_reason(event), shaping.usage(event), event.timings, None))
         else:
             yield error_frame(event.code, event.message, event.kind)
     yield DONE

@@ -43,14 +43,18 @@ class ChatController(Controller):
         submission, settings = start(request, engine, data, tokens, request.url.path)
         rid = submission.job.request_id
         head = shaping.openai_head("chatcmpl", rid, settings.model)
+        logprobs = shaping.logprobs_for(engine.tokenizer, submission.job.request.probs)
         if data.stream:
-            return sse(chat_frames(submission, data.timings_per_token, head), rid)
+            return sse(chat_frames(submission, data.timings_per_token, head, logprobs), rid)
         result = await submission.result()
-        return Response(shaping.chat_completion(head, result), headers={REQUEST_ID: rid})
+        return Response(shaping.chat_completion(head, result, logprobs), headers={REQUEST_ID: rid})
 
 
-async def chat_frames(submission: Submission, per_token: bool, head: shaping.OpenAIHead) -> AsyncIterator[bytes]:
+async def chat_frames(
+    submission: Submission, per_token: bool, head: shaping.OpenAIHead, logprobs: shaping.Logprobs | None
+) -> AsyncIterator[bytes]:
     """The role chunk first (no timings), then the OpenAI chunks; `timings` on the finish chunk."""
     yield frame(shaping.chat_role_chunk(head))
-    async for chunk in openai_frames(submission, per_token, head, shaping.chat_chunk):
+    shape = logprobs.chat if logprobs is not None else None
+    async for chunk in openai_frames(submission, per_token, head, shaping.chat_chunk, shape):
         yield chunk

@@ -37,11 +37,18 @@ class OpenAICompletionController(Controller):
         submission, settings = start(request, engine, data, tokens, "/v1/completions")
         rid = submission.job.request_id
         head = shaping.openai_head("cmpl", rid, settings.model)
+        logprobs = shaping.logprobs_for(engine.tokenizer, submission.job.request.probs)
         if data.stream:
-            return sse(openai_frames(submission, data.timings_per_token, head, shaping.text_completion), rid)
+            shape = logprobs.text if logprobs is not None else None
+            return sse(openai_frames(submission, data.timings_per_token, head, shaping.text_completion, shape), rid)
         result = await submission.result()
         body = shaping.text_completion(
-            head, result.text, shaping.finish_reason(result), shaping.usage(result), result.timings
+            head,
+            result.text,
+            shaping.finish_reason(result),
+            shaping.usage(result),
+            result.timings,
+            logprobs.text(result.logprobs) if logprobs is not None else None,
         )
         return Response(body, headers={REQUEST_ID: rid})
 

@@ -37,7 +37,8 @@ class NativeCompletionController(Controller):
         submission, settings = start(request, engine, data, tokens, "/completion")
         prompt = data.prompt if isinstance(data.prompt, str) else tokenizer.decode(tokens)
         rid = submission.job.request_id
-        shape = {"return_tokens": data.return_tokens, "response_fields": data.response_fields}
+        logprobs = shaping.logprobs_for(tokenizer, submission.job.request.probs)
+        shape = {"return_tokens": data.return_tokens, "response_fields": data.response_fields, "logprobs": logprobs}
         if data.stream:
             return sse(native_frames(submission, settings, prompt, **shape), rid)
         result = await submission.result()
