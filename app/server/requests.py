@@ -201,6 +201,7 @@ def stop_strings(stop: str | list[str] | None, settings: Settings) -> tuple[str,
 
 
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions `logprobs`
+MAX_N_PROBS = 1000  # candidates per token: bounds the answer (each is an object per token)
 
 
 def probs_request(request: SamplingFields) -> ProbsRequest | None:
@@ -210,8 +211,8 @@ def probs_request(request: SamplingFields) -> ProbsRequest | None:
     llama-server: `n_probs` (any route, as llama-server reads it) and `post_sampling_probs`.
     """
     top, wanted = request.n_probs, request.n_probs > 0
-    if top < 0:
-        raise ApiError(400, f"n_probs must be >= 0, got {top}")
+    if not 0 <= top <= MAX_N_PROBS:
+        raise ApiError(400, f"n_probs must be within [0, {MAX_N_PROBS}], got {top}")
     if isinstance(request, ChatRequest):
         if request.top_logprobs is not None and not request.logprobs:
             raise ApiError(400, "top_logprobs requires logprobs to be set to true")

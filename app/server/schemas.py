@@ -124,7 +124,7 @@ class ChatRequest(SamplingFields, kw_only=True):
     messages: list[ChatMessage]
     model: str | None = None
     n: int = 1
-    logprobs: bool = False
+    logprobs: bool | None = None
     top_logprobs: int | None = None  # OpenAI: 0..20, with logprobs
     stream_options: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None

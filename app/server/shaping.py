@@ -188,9 +188,13 @@ class Logprobs:
         return ChatLogprobs(content=[self._chat_entry(entry) for entry in entries])
 
     def _chat_entry(self, entry: TokenLogprob) -> ChatTokenLogprob:
-        text, raw = self._piece(entry.token)
-        top = [TopLogprob(token=t, logprob=lp, bytes=b) for (t, b), lp in ((self._piece(i), lp) for i, lp in entry.top)]
-        return ChatTokenLogprob(token=text, logprob=entry.logprob, bytes=raw, top_logprobs=top)
+        top = [self._alternative(token, logprob) for token, logprob in entry.top]
+        chosen = msgspec.structs.asdict(self._alternative(entry.token, entry.logprob))
+        return ChatTokenLogprob(**chosen, top_logprobs=top)
+
+    def _alternative(self, token: int, logprob: float) -> TopLogprob:
+        text, raw = self._piece(token)
+        return TopLogprob(token=text, logprob=logprob, bytes=raw)
 
     def text(self, entries: Sequence[TokenLogprob]) -> TextLogprobs:
         """OpenAI completions' `logprobs`; each token's alternatives include it (OpenAI's "up to n + 1")."""

@@ -132,7 +132,8 @@ def test_openai_completion_logprobs(default_server) -> None:
         ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs requires logprobs"),
         ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs must be within"),
         ("/v1/completions", {"logprobs": 6}, "logprobs must be within [0, 5]"),
-        ("/completion", {"n_probs": -1}, "n_probs must be >= 0"),
+        ("/completion", {"n_probs": -1}, "n_probs must be within [0, 1000]"),
+        ("/completion", {"n_probs": 1001}, "n_probs must be within [0, 1000]"),
         ("/completion", {"post_sampling_probs": True}, "post_sampling_probs needs n_probs"),
     ],
 )
