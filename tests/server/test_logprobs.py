@@ -124,6 +124,12 @@ def test_openai_completion_logprobs(default_server) -> None:
     assert logprobs.text_offset == [sum(map(len, logprobs.tokens[:i])) for i in range(len(logprobs.tokens))]
     for token, logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
         assert logprob <= 0.0 and top[token] == logprob and len(top) <= 3
+    chunks = list(
+        client.completions.create(model="target", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2, stream=True)
+    )
+    parts = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs is not None]
+    assert [o for part in parts for o in part.text_offset] == logprobs.text_offset  # offsets run on across chunks
+    assert [lp for part in parts for lp in part.token_logprobs] == logprobs.token_logprobs
 
 
 @pytest.mark.parametrize(
