@@ -18,6 +18,7 @@ from app.loading import LoadedModel, ModelLoadError
 from app.loading.pairing import require_pairing
 from app.loading.runner import ModelRunner
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
+from app.sampling.logprobs import ProbsRequest
 from app.sampling.rng import resolve_seed
 
 DEFAULT_CONTEXT = 4096
@@ -36,6 +37,7 @@ class RowRequest:
     n_max: int | None = None  # speculative.n_max: caps the width; 0 opts the request out
     n_min: int = 0  # speculative.n_min: fewer proposals than this are retracted unverified
     p_min: float = 0.0  # speculative.p_min: the draft model stops below this probability
+    probs: ProbsRequest | None = None  # log-probabilities to report per token (None: none, no cost)
 
 
 class LoopBuilder:
@@ -86,6 +88,7 @@ class LoopBuilder:
             tokens=list(request.prompt),
             sampler=SamplerPipeline(request.sampling, self.target.vocab_size),
             rng=RowRng(resolve_seed(request.seed)),
+            probs=request.probs,
         )
         target = ModelRunner(self.target.model, max_kv_size=self.plan.max_kv_size)
         choice = self.choose(request, governor_listener)

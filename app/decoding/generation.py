@@ -12,6 +12,7 @@ from app.decoding.loop import RoundLoop
 from app.decoding.state import RowState
 from app.decoding.timings import Timings
 from app.drafters.base import Steps
+from app.sampling.logprobs import TokenLogprob
 
 
 class StopType(StrEnum):
@@ -26,12 +27,13 @@ class Delta:
     """What one step added: decided tokens and the text that is now safe to stream.
 
     The engine streams deltas as they come, with the request's `timings` so far (base keys only)
-    when it asked for per-token timings.
+    when it asked for per-token timings, and the tokens' log-probabilities when it asked for them.
     """
 
     tokens: list[int]
     text: str
     timings: Timings | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, when the request asked
 
 
 @dataclass
@@ -81,6 +83,11 @@ class Generation:
     @property
     def text(self) -> str:
         return self._text
+
+    @property
+    def logprobs(self) -> list[TokenLogprob]:
+        """The emitted tokens' log-probabilities (empty unless the request asked)."""
+        return self.state.reported[: len(self.emitted)]
 
     @property
     def prefilled(self) -> bool:
@@ -144,12 +151,13 @@ class Generation:
                 break
         if len(kept) < len(tokens):  # the one place a stop inside a round uncounts its drafts
             self.loop.speculation.stats.clamp_last_round(len(kept))
+        logprobs = self.state.reported[len(self.emitted) : len(self.emitted) + len(kept)]
         self.emitted.extend(kept)
         if self.finished:
             self._detokenizer.finalize()
         self._text = self._detokenizer.text
         self._match_stop_strings()
-        return Delta(kept, self._release())
+        return Delta(kept, self._release(), logprobs=logprobs)
 
     def _match_stop_strings(self) -> None:
         """The earliest stop string in the text; only text new since the last step (plus the

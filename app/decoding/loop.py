@@ -89,19 +89,18 @@ class RoundLoop(Protocol):
         ...
 
 
-def first_token(state: RowState, logits: mx.array) -> int:
-    """The token after the prompt, from the last prefill chunk's logits."""
-    token, _ = state.sampler.sample(logits, state.contexts([len(state.tokens)]), state.rng)
+def sample_next(state: RowState, logits: mx.array) -> int:
+    """The token after the prompt (or after the last decided one), from that position's logits `[1, V]`."""
+    token, p = state.sampler.sample(logits, state.contexts([len(state.tokens)]), state.rng)
     state.decide([token])
+    state.report(logits, [token], p)
     return token
 
 
 def decode_one(target: ModelRunner, state: RowState) -> Steps[list[int]]:
     """One plain decode step: forward the pending token, sample the next."""
     logits = (yield Forward(target, state.tokens[target.length :]))[-1:]
-    token, _ = state.sampler.sample(logits, state.contexts([len(state.tokens)]), state.rng)
-    state.decide([token])
-    return [token]
+    return [sample_next(state, logits)]
 
 
 def positions(target: ModelRunner, state: RowState, proposals: int) -> int:
@@ -125,7 +124,7 @@ class TargetLoop:
 
     def prefill_chunk(self, state: RowState) -> int | None:
         logits = self.target.prefill_chunk(state.tokens)
-        return None if logits is None else first_token(state, logits)
+        return None if logits is None else sample_next(state, logits)
 
     def step(self, state: RowState, budget: int) -> list[int]:
         if not self._can_pipeline(state):
@@ -150,8 +149,9 @@ class TargetLoop:
         return positions(self.target, state, 0)
 
     def _can_pipeline(self, state: RowState) -> bool:
+        """Not with log-probabilities asked for: each token's row is read with the token."""
         params = state.sampler.params
-        return not state.sampler.needs_context and params.xtc_probability == 0.0
+        return not state.sampler.needs_context and params.xtc_probability == 0.0 and state.probs is None
 
     def _decide_lazily(self, state: RowState, inputs: mx.array | list[int]) -> mx.array:
         logits = self.target.forward(inputs)[-1:]
@@ -186,7 +186,7 @@ class SpeculativeLoop:
             self._prompt_features += features
             if logits is None:
                 return None
-            self._first = first_token(state, logits)
+            self._first = sample_next(state, logits)
         chunks = self._prompt_features
         if not self.proposer.prefill(state, mx.concatenate(chunks, axis=1) if chunks else None):
             return None

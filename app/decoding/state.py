@@ -5,16 +5,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from app.sampling import RowRng, SamplerPipeline, TokenHistory
+import mlx.core as mx
+
+from app.sampling import Distribution, RowRng, SamplerPipeline, TokenHistory
+from app.sampling.logprobs import ProbsRequest, TokenLogprob, token_logprobs
 
 
 @dataclass
 class RowState:
-    """Prompt plus decided tokens, the penalty history, the sampler and the row's key stream."""
+    """Prompt plus decided tokens, the penalty history, the sampler and the row's key stream;
+    with `probs`, the log-probabilities of the decided tokens in `reported` (one per token)."""
 
     tokens: list[int]
     sampler: SamplerPipeline
     rng: RowRng
+    probs: ProbsRequest | None = None
+    reported: list[TokenLogprob] = field(default_factory=list)
     history: TokenHistory = field(init=False)
 
     def __post_init__(self) -> None:
@@ -42,3 +48,13 @@ class RowState:
         self.history.rewind(len(self.tokens) + accepted)
         self.history.extend(emitted[accepted:])
         self.tokens.extend(emitted)
+
+    def report(self, logits: mx.array, decided: list[int], p: Distribution | None) -> None:
+        """After `decide` or `settle`: the log-probabilities of the tokens just decided, from the
+        target rows `logits` they were decided at (and the sampler's rows p, where built)."""
+        if self.probs is None:
+            return
+        n, start = len(decided), len(self.tokens) - len(decided)
+        rows = None if p is None else p[:n]
+        contexts = self.contexts(range(start, start + n))
+        self.reported += token_logprobs(self.probs, self.sampler, logits[:n], decided, rows, contexts)

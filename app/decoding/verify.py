@@ -78,6 +78,7 @@ def verifying(row: VerifyRow) -> Steps[Verdict]:
     verdict, p = judge(speculation.rule, state, proposal, logits[-(proposal.k + 1) :])
     target.rewind(target.length - (base + verdict.accepted))
     state.settle(verdict.tokens, verdict.accepted)
+    state.report(logits[-(proposal.k + 1) :], verdict.tokens, p)  # the target's rows, never the drafter's
     decided = features[0][:, : verdict.accepted + 1] if features else None
     row.proposer.settle(state, base, proposal, verdict, decided)
     if proposal.k:

@@ -11,6 +11,7 @@ from app.decoding.builder import RowRequest
 from app.decoding.generation import Delta, Generation
 from app.decoding.timings import Timings, make_timings
 from app.drafters.base import Steps
+from app.sampling.logprobs import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Finished:
     timings: Timings  # with the draft block when a drafter ran a verify round
     rule: str | None
     draft_kind: str | None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, when the request asked
 
 
 @dataclass(frozen=True)
@@ -99,4 +101,5 @@ class Row:
             timings=self.timings(),
             rule=str(generation.loop.speculation.rule) if generation.loop.speculation.drafting else None,
             draft_kind=generation.loop.speculation.draft_kind,
+            logprobs=generation.logprobs,
         )

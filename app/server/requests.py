@@ -13,9 +13,10 @@ from app.loading import chat_template
 from app.loading.chat_template import Limits, TemplateLimitError
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
+from app.sampling.logprobs import MAX_TOP, ProbsRequest
 from app.sampling.rng import KEY_RANGE, RANDOM, resolve_seed
 from app.server.errors import ApiError
-from app.server.schemas import ChatMessage, LogitBias, SamplingFields
+from app.server.schemas import ChatMessage, ChatRequest, LogitBias, OpenAICompletionRequest, SamplingFields
 
 # What llama-server's strtol reads whole as a token id. ASCII only: str.isdigit() also takes
 # "١٢" and "²", and int() refuses the second.
@@ -190,6 +191,42 @@ def choice_seed(seed: int | None, choice: int) -> int:
     return (resolve_seed(seed) + choice) % KEY_RANGE
 
 
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions `logprobs`
+MAX_N_PROBS = 1000  # candidates per token: bounds the answer (each is an object per token)
+# OpenAI answers echo + logprobs with the prompt tokens' log-probabilities too; this server
+# computes log-probabilities only for decided tokens, so it refuses rather than leave them out.
+NO_ECHO_LOGPROBS = (
+    "echo with logprobs is not supported: this server does not compute the prompt tokens' log-probabilities"
+)
+
+
+def probs_request(request: SamplingFields) -> ProbsRequest | None:
+    """The log-probabilities a request asks for, in its route's spelling; None: none.
+
+    OpenAI chat: `logprobs` with `top_logprobs`; OpenAI completions: `logprobs` as a count;
+    llama-server: `n_probs` (any route, as llama-server reads it) and `post_sampling_probs`.
+    """
+    top, wanted = request.n_probs, request.n_probs > 0
+    if not 0 <= top <= MAX_N_PROBS:
+        raise ApiError(400, f"n_probs must be within [0, {MAX_N_PROBS}], got {top}")
+    if isinstance(request, ChatRequest):
+        if request.top_logprobs is not None and not request.logprobs:
+            raise ApiError(400, "top_logprobs requires logprobs to be set to true")
+        if request.logprobs:
+            top, wanted = request.top_logprobs or 0, True
+            if not 0 <= top <= MAX_TOP:
+                raise ApiError(400, f"top_logprobs must be within [0, {MAX_TOP}], got {top}")
+    elif isinstance(request, OpenAICompletionRequest) and request.logprobs is not None:
+        top, wanted = request.logprobs, True
+        if not 0 <= top <= MAX_COMPLETION_LOGPROBS:
+            raise ApiError(400, f"logprobs must be within [0, {MAX_COMPLETION_LOGPROBS}], got {top}")
+    if request.post_sampling_probs and not wanted:
+        raise ApiError(400, "post_sampling_probs needs n_probs > 0 (or logprobs) to report anything")
+    if wanted and isinstance(request, OpenAICompletionRequest) and request.echo:
+        raise ApiError(400, NO_ECHO_LOGPROBS)
+    return ProbsRequest(top, request.post_sampling_probs) if wanted else None
+
+
 def row_request(
     request: SamplingFields, tokens: list[int], settings: Settings, params: SamplingParams, choice: int = 0
 ) -> RowRequest:
@@ -214,4 +251,5 @@ def row_request(
         n_max=n_max,
         n_min=max(0, request.speculative_n_min or 0),
         p_min=p_min,
+        probs=probs_request(request),
     )

@@ -193,6 +193,23 @@ class Slot(msgspec.Struct, kw_only=True):
 # --- completions ------------------------------------------------------------------------------
 
 
+class TokenProbability(msgspec.Struct, kw_only=True):
+    """llama-server's candidate: `logprob`, or `prob` with post_sampling_probs."""
+
+    id: int
+    token: str
+    bytes: list[int]
+    logprob: float | UnsetType = UNSET
+    prob: float | UnsetType = UNSET
+
+
+class CompletionProbability(TokenProbability, kw_only=True):
+    """One decided token of llama-server's `completion_probabilities`, with its top candidates."""
+
+    top_logprobs: list[TokenProbability] | UnsetType = UNSET
+    top_probs: list[TokenProbability] | UnsetType = UNSET
+
+
 class NativeCompletion(msgspec.Struct, kw_only=True):
     """llama-server's /completion body, and the last frame of its stream."""
 
@@ -212,6 +229,7 @@ class NativeCompletion(msgspec.Struct, kw_only=True):
     stopping_word: str
     tokens_cached: int
     timings: Timings
+    completion_probabilities: list[CompletionProbability] | UnsetType = UNSET  # with n_probs, unstreamed
 
 
 class NativeChunk(msgspec.Struct, kw_only=True):
@@ -225,6 +243,7 @@ class NativeChunk(msgspec.Struct, kw_only=True):
     tokens_predicted: int = 0
     tokens_evaluated: int = 0
     timings: Timings | UnsetType = UNSET
+    completion_probabilities: list[CompletionProbability] | UnsetType = UNSET  # this frame's tokens'
 
 
 class Usage(msgspec.Struct, kw_only=True):
@@ -233,10 +252,19 @@ class Usage(msgspec.Struct, kw_only=True):
     total_tokens: int
 
 
+class TextLogprobs(msgspec.Struct, kw_only=True):
+    """OpenAI's completion log-probabilities: parallel lists, one entry per token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class TextChoice(msgspec.Struct, kw_only=True):
     text: str
     index: int = 0
-    logprobs: None = None
+    logprobs: TextLogprobs | None = None
     finish_reason: str | None
 
 
@@ -263,10 +291,27 @@ class AssistantMessage(msgspec.Struct, kw_only=True):
     content: str
 
 
+class TopLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob, kw_only=True):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(msgspec.Struct, kw_only=True):
+    """OpenAI's chat log-probabilities: one entry per token of the message (or of the chunk)."""
+
+    content: list[ChatTokenLogprob]
+    refusal: None = None
+
+
 class ChatChoice(msgspec.Struct, kw_only=True):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str
 
 
@@ -288,7 +333,7 @@ class ChatDelta(msgspec.Struct, kw_only=True):
 class ChatChunkChoice(msgspec.Struct, kw_only=True):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
 
 

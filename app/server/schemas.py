@@ -90,7 +90,8 @@ class SamplingFields(WireStruct, kw_only=True):
     seed: int | None = None
     ignore_eos: bool = False
     logit_bias: LogitBias | None = None
-    n_probs: int = 0
+    n_probs: int = 0  # llama-server: the top candidates per token (completion_probabilities)
+    post_sampling_probs: bool = False  # llama-server: probabilities after the sampler chain
     cache_prompt: bool = True
     timings_per_token: bool = False
     return_tokens: bool = False
@@ -113,6 +114,7 @@ class OpenAICompletionRequest(SamplingFields, kw_only=True):
     model: str | None = None
     n: int = 1
     echo: bool = False
+    logprobs: int | None = None  # OpenAI: the top candidates per token, 0..5
     stream_options: dict[str, Any] | None = None
 
 
@@ -132,6 +134,8 @@ class ChatRequest(SamplingFields, kw_only=True):
     messages: list[ChatMessage]
     model: str | None = None
     n: int = 1
+    logprobs: bool | None = None
+    top_logprobs: int | None = None  # OpenAI: 0..20, with logprobs
     stream_options: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 

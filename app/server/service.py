@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from litestar import Request
 from litestar.types import Receive
 
+from app.decoding.builder import RowRequest
 from app.server import requests, shaping
 from app.server.engine_view import Delta, EngineView, Event, Failed, Finished, Job
 from app.server.errors import ApiError
@@ -73,7 +74,12 @@ class Submission:
 
 
 def merge(first: Delta, second: Delta) -> Delta:
-    return Delta(text=first.text + second.text, tokens=first.tokens + second.tokens, timings=second.timings)
+    return Delta(
+        text=first.text + second.text,
+        tokens=first.tokens + second.tokens,
+        timings=second.timings,
+        logprobs=first.logprobs + second.logprobs,
+    )
 
 
 def start(
@@ -123,6 +129,11 @@ class Rows:
     request_id: str  # the x-request-id; row i > 0 logs as f"{request_id}-{i}"
     submissions: list[Submission]
     settings: list[GenerationSettings]
+
+    @property
+    def row_requests(self) -> list[RowRequest]:
+        """Each row's request as validated (its seed, its log-probabilities asked), in row order."""
+        return [submission.job.request for submission in self.submissions]
 
     async def results(self) -> list[Finished]:
         waits = [asyncio.ensure_future(s.result()) for s in self.submissions]

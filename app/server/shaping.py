@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import msgspec
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 from msgspec import UNSET, UnsetType
 
 from app import __version__
 from app.decoding.builder import RowRequest
 from app.decoding.plan import LoopPlan, SamplerClass
 from app.drafters.kinds import DrafterKind
+from app.loading.token_bytes import token_bytes, token_text
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
+from app.sampling.logprobs import TokenLogprob
 from app.server.engine_view import EngineView, Finished, RowView, Timings
 from app.server.responses import (
     AssistantMessage,
@@ -25,6 +30,9 @@ from app.server.responses import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    CompletionProbability,
     DefaultGenerationSettings,
     DrafterInfo,
     DrafterSummary,
@@ -43,6 +51,9 @@ from app.server.responses import (
     SlotParams,
     TextChoice,
     TextCompletion,
+    TextLogprobs,
+    TokenProbability,
+    TopLogprob,
     Usage,
 )
 
@@ -150,6 +161,71 @@ def slot(index: int, row: RowView | None, n_ctx: int, width: int) -> Slot:
     )
 
 
+# --- log-probabilities ------------------------------------------------------------------------
+
+
+@dataclass
+class Logprobs:
+    """One row's token log-probabilities in each route's shape (app/sampling/logprobs.py
+    computes them). OpenAI completions' `text_offset` runs on from chunk to chunk of the row."""
+
+    tokenizer: TokenizerWrapper
+    post_sampling: bool
+    offset: int = 0  # characters of completion text before the next entry
+
+    def _piece(self, token: int) -> tuple[str, list[int]]:
+        raw = token_bytes(self.tokenizer, token)
+        return token_text(raw), list(raw)
+
+    def _candidate(self, token: int, logprob: float) -> TokenProbability:
+        text, raw = self._piece(token)
+        if self.post_sampling:
+            return TokenProbability(id=token, token=text, bytes=raw, prob=math.exp(logprob))
+        return TokenProbability(id=token, token=text, bytes=raw, logprob=logprob)
+
+    def native(self, entries: Sequence[TokenLogprob]) -> list[CompletionProbability]:
+        """llama-server's `completion_probabilities`: probabilities with post_sampling_probs."""
+        shaped = []
+        for entry in entries:
+            top = [self._candidate(token, logprob) for token, logprob in entry.top]
+            chosen = msgspec.structs.asdict(self._candidate(entry.token, entry.logprob))
+            listed = {"top_probs": top} if self.post_sampling else {"top_logprobs": top}
+            shaped.append(CompletionProbability(**chosen, **listed))
+        return shaped
+
+    def chat(self, entries: Sequence[TokenLogprob]) -> ChatLogprobs:
+        """OpenAI chat's `logprobs`."""
+        return ChatLogprobs(content=[self._chat_entry(entry) for entry in entries])
+
+    def _chat_entry(self, entry: TokenLogprob) -> ChatTokenLogprob:
+        top = [self._alternative(token, logprob) for token, logprob in entry.top]
+        chosen = msgspec.structs.asdict(self._alternative(entry.token, entry.logprob))
+        return ChatTokenLogprob(**chosen, top_logprobs=top)
+
+    def _alternative(self, token: int, logprob: float) -> TopLogprob:
+        text, raw = self._piece(token)
+        return TopLogprob(token=text, logprob=logprob, bytes=raw)
+
+    def text(self, entries: Sequence[TokenLogprob]) -> TextLogprobs:
+        """OpenAI completions' `logprobs`; each token's alternatives include it (OpenAI's "up to n + 1")."""
+        tokens, offsets, tops = [], [], []
+        for entry in entries:
+            text = self._piece(entry.token)[0]
+            tokens.append(text)
+            offsets.append(self.offset)
+            self.offset += len(text)
+            tops.append({self._piece(t)[0]: lp for t, lp in entry.top} | {text: entry.logprob})
+        return TextLogprobs(
+            tokens=tokens, token_logprobs=[e.logprob for e in entries], top_logprobs=tops, text_offset=offsets
+        )
+
+
+def logprobs_for(tokenizer: TokenizerWrapper, rows: Sequence[RowRequest]) -> list[Logprobs | None]:
+    """One shaper per row (each choice's `text_offset` runs on in its own text); None for a row
+    whose request asked for no log-probabilities."""
+    return [None if row.probs is None else Logprobs(tokenizer, row.probs.post_sampling) for row in rows]
+
+
 # --- completions ------------------------------------------------------------------------------
 
 
@@ -189,9 +265,18 @@ def body_timings(results: list[Finished]) -> Timings | UnsetType:
 
 
 def native_completion(
-    result: Finished, settings: GenerationSettings, prompt: str, *, return_tokens: bool, streamed: bool, index: int = 0
+    result: Finished,
+    settings: GenerationSettings,
+    prompt: str,
+    *,
+    return_tokens: bool,
+    streamed: bool,
+    index: int = 0,
+    logprobs: Logprobs | None = None,
 ) -> NativeCompletion:
-    """The body, or the stream's last frame (its text went out in the frames before); `index`: the prompt's."""
+    """The body, or the stream's last frame (its text and probabilities went out in the frames
+    before); `index`: the prompt's."""
+    probabilities = logprobs.native(result.logprobs) if logprobs is not None and not streamed else UNSET
     return NativeCompletion(
         index=index,
         content="" if streamed else result.text,
@@ -206,6 +291,7 @@ def native_completion(
         stopping_word=result.stopping_word,
         tokens_cached=result.prompt_n + len(result.tokens),
         timings=result.timings,
+        completion_probabilities=probabilities,
     )
 
 
@@ -218,16 +304,26 @@ def native_body(
     streamed: bool,
     response_fields: list[str] | None,
     index: int = 0,
+    logprobs: Logprobs | None = None,
 ) -> NativeCompletion | dict[str, Any]:
     """The whole object, or the `response_fields` of it when the request names some."""
-    body = native_completion(result, settings, prompt, return_tokens=return_tokens, streamed=streamed, index=index)
+    body = native_completion(
+        result, settings, prompt, return_tokens=return_tokens, streamed=streamed, index=index, logprobs=logprobs
+    )
     return select_fields(msgspec.to_builtins(body), response_fields) if response_fields else body
 
 
-def native_chunk(text: str, tokens: list[int], timings: Timings | None, index: int = 0) -> NativeChunk:
-    """A stream frame; with per-token timings (`timings` given) it also counts the tokens so far."""
+def native_chunk(
+    text: str,
+    tokens: list[int],
+    timings: Timings | None,
+    index: int = 0,
+    probabilities: list[CompletionProbability] | UnsetType = UNSET,
+) -> NativeChunk:
+    """A stream frame of prompt `index`; with per-token timings (`timings` given) it also counts
+    the tokens so far, and with n_probs it carries its tokens' probabilities."""
     if timings is None:
-        return NativeChunk(index=index, content=text, tokens=tokens)
+        return NativeChunk(index=index, content=text, tokens=tokens, completion_probabilities=probabilities)
     return NativeChunk(
         index=index,
         content=text,
@@ -235,6 +331,7 @@ def native_chunk(text: str, tokens: list[int], timings: Timings | None, index: i
         tokens_predicted=timings.predicted_n,
         tokens_evaluated=timings.prompt_n,
         timings=timings,
+        completion_probabilities=probabilities,
     )
 
 
@@ -273,19 +370,28 @@ def text_completion(
     reason: str | None,
     usage: Usage | UnsetType = UNSET,
     timings: Timings | UnsetType = UNSET,
+    logprobs: TextLogprobs | None = None,
 ) -> TextCompletion:
-    """An update chunk (text) or the finish chunk (reason) of choice `index`."""
-    choice = TextChoice(text=text or "", index=index, finish_reason=reason)
+    """An update chunk (text, and its tokens' log-probabilities) or the finish chunk (reason) of choice `index`."""
+    choice = TextChoice(text=text or "", index=index, logprobs=logprobs, finish_reason=reason)
     return TextCompletion(
         id=head.id, created=head.created, model=head.model, choices=[choice], usage=usage, timings=timings
     )
 
 
-def text_completion_body(head: OpenAIHead, results: list[Finished], n: int, echoes: list[str]) -> TextCompletion:
-    """The body: one choice per row, each text after its prompt's `echoes` entry ("" without echo)."""
+def text_completion_body(
+    head: OpenAIHead, results: list[Finished], n: int, echoes: list[str], logprobs: list[Logprobs | None]
+) -> TextCompletion:
+    """The body: one choice per row, each text after its prompt's `echoes` entry ("" without echo),
+    with its row's `logprobs` (never with an echo: requests.probs_request refuses the pair)."""
     choices = [
-        TextChoice(text=echo + result.text, index=index, finish_reason=finish_reason(result))
-        for index, (result, echo) in enumerate(zip(results, echoes, strict=True))
+        TextChoice(
+            text=echo + result.text,
+            index=index,
+            logprobs=shaper.text(result.logprobs) if shaper is not None else None,
+            finish_reason=finish_reason(result),
+        )
+        for index, (result, echo, shaper) in enumerate(zip(results, echoes, logprobs, strict=True))
     ]
     return TextCompletion(
         id=head.id,
@@ -304,10 +410,13 @@ def chat_chunk(
     reason: str | None,
     usage: Usage | UnsetType = UNSET,
     timings: Timings | UnsetType = UNSET,
+    logprobs: ChatLogprobs | None = None,
 ) -> ChatCompletionChunk:
-    """An update chunk (text) or the finish chunk (reason, an empty delta) of choice `index`."""
+    """An update chunk (text, and its tokens' log-probabilities) or the finish chunk (reason, an
+    empty delta) of choice `index`."""
     delta = ChatDelta() if text is None else ChatDelta(content=text)
-    return _chat_chunk(head, ChatChunkChoice(index=index, delta=delta, finish_reason=reason), usage, timings)
+    choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=reason)
+    return _chat_chunk(head, choice, usage, timings)
 
 
 def chat_role_chunk(head: OpenAIHead, index: int = 0) -> ChatCompletionChunk:
@@ -327,11 +436,16 @@ def _chat_chunk(
     )
 
 
-def chat_completion(head: OpenAIHead, results: list[Finished]) -> ChatCompletion:
-    """The body: one choice per row (the `n` choices of the one conversation)."""
+def chat_completion(head: OpenAIHead, results: list[Finished], logprobs: list[Logprobs | None]) -> ChatCompletion:
+    """The body: one choice per row (the `n` choices of the one conversation), each with its row's `logprobs`."""
     choices = [
-        ChatChoice(index=index, message=AssistantMessage(content=result.text), finish_reason=finish_reason(result))
-        for index, result in enumerate(results)
+        ChatChoice(
+            index=index,
+            message=AssistantMessage(content=result.text),
+            logprobs=shaper.chat(result.logprobs) if shaper is not None else None,
+            finish_reason=finish_reason(result),
+        )
+        for index, (result, shaper) in enumerate(zip(results, logprobs, strict=True))
     ]
     return ChatCompletion(
         id=head.id,

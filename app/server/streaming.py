@@ -9,6 +9,7 @@ import msgspec
 from litestar.response import Stream
 from msgspec import UNSET, UnsetType
 
+from app.sampling.logprobs import TokenLogprob
 from app.server import shaping
 from app.server.engine_view import Delta, Finished, Timings
 from app.server.errors import envelope_body
@@ -20,8 +21,12 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 REQUEST_ID = "x-request-id"  # the request_id of this request's log events
 
 # shaping.text_completion or shaping.chat_chunk:
-# (head, choice index, text, finish reason, usage, timings) -> chunk
-OpenAIChunk = Callable[[shaping.OpenAIHead, int, str | None, str | None, Usage | UnsetType, Timings | UnsetType], Any]
+# (head, choice index, text, finish reason, usage, timings, logprobs) -> chunk
+OpenAIChunk = Callable[
+    [shaping.OpenAIHead, int, str | None, str | None, Usage | UnsetType, Timings | UnsetType, Any], Any
+]
+# shaping.Logprobs.text or .chat of one row: a chunk's tokens' log-probabilities in the route's shape
+LogprobShape = Callable[[list[TokenLogprob]], Any]
 
 
 def frame(payload: Any) -> bytes:
@@ -42,12 +47,16 @@ async def native_frames(
     *,
     return_tokens: bool,
     response_fields: list[str] | None,
+    logprobs: list[shaping.Logprobs | None],
 ) -> AsyncIterator[bytes]:
-    """One frame per update, then each row's whole object (without the text already sent);
-    every frame carries its prompt's `index`."""
+    """One frame per update (with its tokens' probabilities), then each row's whole object
+    (without the text and probabilities already sent); every frame carries its prompt's `index`,
+    and `logprobs` has one shaper per row."""
     async for index, event in rows.stream():
         if isinstance(event, Delta):
-            yield frame(shaping.native_chunk(event.text, event.tokens, event.timings, index))
+            shaper = logprobs[index]
+            probabilities = shaper.native(event.logprobs) if shaper is not None and event.logprobs else UNSET
+            yield frame(shaping.native_chunk(event.text, event.tokens, event.timings, index, probabilities))
         elif isinstance(event, Finished):
             yield frame(
                 shaping.native_body(
@@ -65,20 +74,28 @@ async def native_frames(
 
 
 async def openai_frames(
-    rows: Rows, per_token: bool, head: shaping.OpenAIHead, chunk: OpenAIChunk, n: int
+    rows: Rows,
+    per_token: bool,
+    head: shaping.OpenAIHead,
+    chunk: OpenAIChunk,
+    n: int,
+    logprobs: list[LogprobShape | None],
 ) -> AsyncIterator[bytes]:
-    """OpenAI chunks, each for one choice (`index`): one per update, then the choice's finish chunk
-    with its timings; the last finish chunk carries the usage of all rows. Then [DONE]."""
+    """OpenAI chunks, each for one choice (`index`): one per update (with its own tokens'
+    log-probabilities when asked; `logprobs` has one shape per row), then the choice's finish
+    chunk with its timings; the last finish chunk carries the usage of all rows. Then [DONE]."""
     finished: dict[int, Finished] = {}
     async for index, event in rows.stream():
         if isinstance(event, Delta):
             timings = event.timings if per_token and event.timings is not None else UNSET
-            yield frame(chunk(head, index, event.text, None, UNSET, timings))
+            shape = logprobs[index]
+            shaped = shape(event.logprobs) if shape is not None and event.logprobs else None
+            yield frame(chunk(head, index, event.text, None, UNSET, timings, shaped))
         elif isinstance(event, Finished):
             finished[index] = event
             everyone = len(finished) == len(rows.submissions)
             usage = shaping.usage([finished[i] for i in sorted(finished)], n) if everyone else UNSET
-            yield frame(chunk(head, index, None, shaping.finish_reason(event), usage, event.timings))
+            yield frame(chunk(head, index, None, shaping.finish_reason(event), usage, event.timings, None))
         else:
             yield error_frame(event.code, event.message, event.kind)
     yield DONE

@@ -39,15 +39,19 @@ class ChatController(Controller):
         requests.check_token_ids(tokens, engine.vocab_size)
         rows = start_rows(request, engine, data, [tokens], data.n, request.url.path)
         head = shaping.openai_head("chatcmpl", rows.request_id, rows.settings[0].model)
+        logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)
         if data.stream:
-            return sse(chat_frames(rows, data.timings_per_token, head, data.n), rows.request_id)
+            return sse(chat_frames(rows, data.timings_per_token, head, data.n, logprobs), rows.request_id)
         results = await rows.results()
-        return Response(shaping.chat_completion(head, results), headers={REQUEST_ID: rows.request_id})
+        return Response(shaping.chat_completion(head, results, logprobs), headers={REQUEST_ID: rows.request_id})
 
 
-async def chat_frames(rows: Rows, per_token: bool, head: shaping.OpenAIHead, n: int) -> AsyncIterator[bytes]:
+async def chat_frames(
+    rows: Rows, per_token: bool, head: shaping.OpenAIHead, n: int, logprobs: list[shaping.Logprobs | None]
+) -> AsyncIterator[bytes]:
     """Each choice's role chunk first (no timings), then the OpenAI chunks; `timings` on each finish chunk."""
     for index in range(n):
         yield frame(shaping.chat_role_chunk(head, index))
-    async for chunk in openai_frames(rows, per_token, head, shaping.chat_chunk, n):
+    shapes = [shaper.chat if shaper is not None else None for shaper in logprobs]
+    async for chunk in openai_frames(rows, per_token, head, shaping.chat_chunk, n, shapes):
         yield chunk

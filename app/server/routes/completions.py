@@ -36,25 +36,32 @@ class OpenAICompletionController(Controller):
         """OpenAI text completion (stream: SSE chunks ending with `data: [DONE]`).
 
         `n` choices per prompt, choice index = prompt index x n + choice; `echo` puts each
-        prompt's text before its choices' text (in a stream, as each choice's first chunk).
+        prompt's text before its choices' text (in a stream, as each choice's first chunk);
+        `logprobs` gives each choice its own (never with `echo`: requests.probs_request).
         """
         prompts = await asyncio.to_thread(prompt_shapes.prompts, data.prompt, engine.tokenizer, engine.vocab_size)
         rows = start_rows(request, engine, data, [p.tokens for p in prompts], data.n, "/v1/completions")
         echoes = [prompt.text if data.echo else "" for prompt in prompts for _ in range(data.n)]
         head = shaping.openai_head("cmpl", rows.request_id, rows.settings[0].model)
+        logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)
         if data.stream:
-            return sse(echoed_frames(rows, data, head, echoes), rows.request_id)
+            return sse(echoed_frames(rows, data, head, echoes, logprobs), rows.request_id)
         results = await rows.results()
-        body = shaping.text_completion_body(head, results, data.n, echoes)
+        body = shaping.text_completion_body(head, results, data.n, echoes, logprobs)
         return Response(body, headers={REQUEST_ID: rows.request_id})
 
 
 async def echoed_frames(
-    rows: Rows, data: OpenAICompletionRequest, head: shaping.OpenAIHead, echoes: list[str]
+    rows: Rows,
+    data: OpenAICompletionRequest,
+    head: shaping.OpenAIHead,
+    echoes: list[str],
+    logprobs: list[shaping.Logprobs | None],
 ) -> AsyncIterator[bytes]:
     """With echo, each choice's prompt text first; then the OpenAI chunks."""
     for index, echo in enumerate(echoes):
         if echo:
             yield frame(shaping.text_completion(head, index, echo, None))
-    async for chunk in openai_frames(rows, data.timings_per_token, head, shaping.text_completion, data.n):
+    shapes = [shaper.text if shaper is not None else None for shaper in logprobs]
+    async for chunk in openai_frames(rows, data.timings_per_token, head, shaping.text_completion, data.n, shapes):
         yield chunk

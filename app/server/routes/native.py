@@ -42,12 +42,15 @@ class NativeCompletionController(Controller):
         prompts = await asyncio.to_thread(prompt_shapes.prompts, data.prompt, engine.tokenizer, engine.vocab_size)
         rows = start_rows(request, engine, data, [p.tokens for p in prompts], 1, "/completion")
         texts = [p.text for p in prompts]
+        logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)
         shape = {"return_tokens": data.return_tokens, "response_fields": data.response_fields}
         if data.stream:
-            return sse(native_frames(rows, texts, **shape), rows.request_id)
+            return sse(native_frames(rows, texts, logprobs=logprobs, **shape), rows.request_id)
         results = await rows.results()
         bodies = [
-            shaping.native_body(result, settings, text, streamed=False, index=index, **shape)
-            for index, (result, settings, text) in enumerate(zip(results, rows.settings, texts, strict=True))
+            shaping.native_body(result, settings, text, streamed=False, index=index, logprobs=shaper, **shape)
+            for index, (result, settings, text, shaper) in enumerate(
+                zip(results, rows.settings, texts, logprobs, strict=True)
+            )
         ]
         return Response(bodies[0] if len(bodies) == 1 else bodies, headers={REQUEST_ID: rows.request_id})
