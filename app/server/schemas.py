@@ -1,7 +1,9 @@
 """Wire types: llama-server's native request, the OpenAI completion and chat requests.
 
-Unknown fields are ignored, as llama-server ignores them. A field left out takes the profile's
-sampling default. `n_predict`, `max_tokens` and `max_completion_tokens` are one setting.
+Unknown fields are ignored, as llama-server ignores them; fields either API defines that this
+server does not honour are declared from app/server/field_policy.py's tables and refused there.
+A field left out takes the profile's sampling default. `n_predict`, `max_tokens` and
+`max_completion_tokens` are one setting.
 Every number must be finite: Litestar converts bodies leniently (strict=False), which turns the
 strings "nan" and "inf" into floats, so `WireStruct` checks every float once decoding is done.
 """
@@ -14,6 +16,8 @@ from typing import Any
 
 import msgspec
 from msgspec import UNSET, inspect
+
+from app.server import field_policy
 
 # {"id or text": bias} or [[id or text, bias], ...]; a bias is a number, or false to ban
 LogitBias = dict[str, float | bool] | list[tuple[int | str, float | bool]]
@@ -69,7 +73,12 @@ def _all_finite(value: object) -> bool:
     return True
 
 
-class SamplingFields(WireStruct, kw_only=True):
+def _unhonoured(name: str, table: dict[str, field_policy.Unhonoured], base: type[WireStruct]) -> Any:
+    """`base` plus `table`'s fields (any JSON value, absent by default), for field_policy to check."""
+    return msgspec.defstruct(name, field_policy.wire_fields(table), bases=(base,), kw_only=True)
+
+
+class SamplingFields(_unhonoured("LlamaServerFields", field_policy.LLAMA_SERVER, WireStruct), kw_only=True):
     """Fields every completion route accepts (llama-server names)."""
 
     n_predict: int | None = None
@@ -100,14 +109,16 @@ class SamplingFields(WireStruct, kw_only=True):
     speculative_p_min: float | None = msgspec.field(default=None, name="speculative.p_min")
 
 
-class CompletionRequest(SamplingFields, kw_only=True):
+class CompletionRequest(_unhonoured("NativeFields", field_policy.NATIVE, SamplingFields), kw_only=True):
     """POST /completion and /completions (native)."""
 
     prompt: PromptInput
     response_fields: list[str] | None = None
 
 
-class OpenAICompletionRequest(SamplingFields, kw_only=True):
+class OpenAICompletionRequest(
+    _unhonoured("OpenAICompletionFields", field_policy.OPENAI_COMPLETION, SamplingFields), kw_only=True
+):
     """POST /v1/completions."""
 
     prompt: PromptInput
@@ -128,7 +139,7 @@ class ChatMessage(WireStruct, kw_only=True):
     content: str | list[ContentPart] | None = None
 
 
-class ChatRequest(SamplingFields, kw_only=True):
+class ChatRequest(_unhonoured("ChatFields", field_policy.CHAT, SamplingFields), kw_only=True):
     """POST /v1/chat/completions and /chat/completions."""
 
     messages: list[ChatMessage]

@@ -11,7 +11,7 @@ from litestar import Request
 from litestar.types import Receive
 
 from app.decoding.builder import RowRequest
-from app.server import requests, shaping
+from app.server import field_policy, requests, shaping
 from app.server.engine_view import Delta, EngineView, Event, Failed, Finished, Job
 from app.server.errors import ApiError
 from app.server.prompts import check_rows
@@ -173,6 +173,7 @@ def start_rows(
     request: Request, engine: EngineView, data: SamplingFields, prompts: list[list[int]], n: int, route: str
 ) -> Rows:
     """Submit `n` rows per prompt (choice j of a prompt seeded by requests.choice_seed)."""
+    field_policy.refuse_unhonoured(data)
     check_rows(len(prompts), n, engine.settings)
     request_id = uuid.uuid4().hex[:16]
     submissions: list[Submission] = []

@@ -1,0 +1,114 @@
+"""Fields llama-server or OpenAI define and this server does not honour (app/server/field_policy.py):
+a value that asks for something answers 400 naming the field; a neutral one is served; a field
+neither API defines is ignored, as llama-server ignores it. One request per case, on the shared server.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from app.server import field_policy
+
+NATIVE = ("/completion", {"prompt": "def f():"})
+COMPLETIONS = ("/v1/completions", {"prompt": "def f():"})
+CHAT = ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
+ROUTE = (
+    dict.fromkeys(field_policy.LLAMA_SERVER, NATIVE)
+    | dict.fromkeys(field_policy.NATIVE, NATIVE)
+    | dict.fromkeys(field_policy.CHAT, CHAT)
+    | dict.fromkeys(field_policy.OPENAI_COMPLETION, COMPLETIONS)
+)
+# field: (a value asking for something, a neutral value)
+CASES = {
+    "dynatemp_range": (0.5, 0.0),
+    "top_n_sigma": (1.5, -1.0),
+    "typical_p": (0.9, 1.0),
+    "mirostat": (2, 0),
+    "dry_multiplier": (0.8, 0.0),
+    "adaptive_target": (0.5, -1.0),
+    "min_keep": (5, 0),
+    "samplers": (["temperature", "top_k"], "edskypmxt"),
+    "backend_sampling": (True, False),
+    "n_keep": (16, 0),
+    "n_discard": (8, 0),
+    "n_indent": (4, 0),
+    "n_cmpl": (2, 1),
+    "n_cache_reuse": (256, 0),
+    "id_slot": (0, -1),
+    "t_max_predict_ms": (500, 0),
+    "return_progress": (True, False),
+    "lora": ([{"id": 0, "scale": 1.0}], []),
+    "reasoning_format": ("deepseek", "none"),
+    "reasoning_budget_tokens": (64, -1),
+    "thinking_forced_open": (True, False),
+    "chat_format": (3, 0),
+    "chat_parser": ("peg", ""),
+    "speculative.type": ("ngram-simple", None),
+    "speculative.ngram_size_n": (4, None),
+    "speculative.ngram_size_m": (8, None),
+    "speculative.ngram_m_hits": (2, None),
+    "n": (2, 1),
+    "functions": ([{"name": "f", "parameters": {"type": "object"}}], None),
+    "function_call": ({"name": "f"}, "none"),
+    "audio": ({"voice": "alloy", "format": "wav"}, None),
+    "modalities": (["text", "audio"], ["text"]),
+    "prediction": ({"type": "content", "content": "x"}, None),
+    "web_search_options": ({}, None),
+    "reasoning_effort": ("high", None),
+    "verbosity": ("low", None),
+    "service_tier": ("flex", "auto"),
+    "store": (True, False),
+    "add_generation_prompt": (False, True),
+    "suffix": ("\n", ""),
+    "best_of": (3, 1),
+}
+
+
+def post(server, field: str, value: object):
+    path, body = ROUTE[field]
+    return server.client().post(path, json=body | {"max_tokens": 1, field: value})
+
+
+def test_every_listed_field_has_a_case() -> None:
+    assert set(CASES) == set(field_policy.EVERY_FIELD)
+
+
+@pytest.mark.parametrize("field", sorted(CASES))
+def test_a_value_asking_for_something_answers_400_naming_the_field(default_server, field: str) -> None:
+    response = post(default_server, field, CASES[field][0])
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].startswith(f"{field}: not supported: ")
+
+
+@pytest.mark.parametrize("field", sorted(CASES))
+def test_a_neutral_value_is_served(default_server, field: str) -> None:
+    response = post(default_server, field, CASES[field][1])
+    assert response.status_code == 200, response.text
+
+
+def test_llama_server_fields_are_refused_on_the_openai_routes_too(default_server) -> None:
+    """llama-server reads its own fields from OpenAI bodies as well (its oaicompat parsers copy them)."""
+    for path, body in (CHAT, COMPLETIONS):
+        response = default_server.client().post(path, json=body | {"max_tokens": 1, "mirostat": 2})
+        assert response.status_code == 400 and response.json()["error"]["message"].startswith("mirostat: ")
+
+
+def test_best_of_equal_to_n_is_served(default_server) -> None:
+    """OpenAI's best_of = n generates n choices and returns them all: what n alone does."""
+    path, body = COMPLETIONS
+    response = default_server.client().post(path, json=body | {"max_tokens": 1, "n": 2, "best_of": 2})
+    assert response.status_code == 200 and len(response.json()["choices"]) == 2
+
+
+def test_a_number_switch_refuses_a_boolean(default_server) -> None:
+    """`mirostat: false` is no spelling of 0: it answers 400 rather than guess."""
+    assert post(default_server, "mirostat", False).status_code == 400
+
+
+def test_a_field_neither_api_defines_is_ignored(default_server) -> None:
+    """As llama-server: an unknown field is neither honoured nor refused."""
+    path, body = NATIVE
+    response = default_server.client().post(path, json=body | {"n_predict": 1, "not_a_field": {"x": [1]}})
+    assert response.status_code == 200, response.text
