@@ -83,6 +83,7 @@ PIPELINE = (
 )
 NO_CONTEXT_SHIFT = "there is no context shift here: a row stops at its token limit and discards nothing"
 NO_PROMPT_CACHE = "rows keep no prompt cache between requests"
+TEXT_ONLY = "this server runs text-only checkpoints"
 TEMPLATE_ONLY = "the chat template's output is returned as generated; reasoning is not parsed out of it"
 
 # llama-server's own fields (params_from_json_cmpl), read on every completion route, as llama-server reads them
@@ -106,6 +107,7 @@ LLAMA_SERVER: dict[str, Unhonoured] = {
     "id_slot": Unhonoured(equal(-1), "rows are not pinned to slots and slots hold no prompt cache; send -1"),
     "t_max_predict_ms": Unhonoured(at_most(0), "generation has no time limit here; bound it with n_predict"),
     "return_progress": Unhonoured(equal(False), "prompt-processing progress is not reported; send false"),
+    "image_data": Unhonoured(empty, f"older llama-server builds' image input: {TEXT_ONLY}"),
     "lora": Unhonoured(empty, "adapters are fused offline and chosen by profile, not switched per request"),
     "reasoning_format": Unhonoured(equal("none"), f'{TEMPLATE_ONLY}; send "none"'),
     "reasoning_budget_tokens": Unhonoured(at_most(-1), f"{TEMPLATE_ONLY}, so it has no budget; send -1"),
@@ -123,7 +125,6 @@ LLAMA_SERVER: dict[str, Unhonoured] = {
 NATIVE: dict[str, Unhonoured] = {
     "n": Unhonoured(equal(1), "the native route answers one completion per prompt; send n on /v1/completions"),
 }
-TEXT_ONLY = "this server runs text-only checkpoints"
 # OpenAI chat fields, and llama-server's chat-only ones (oaicompat_chat_params_parse)
 CHAT: dict[str, Unhonoured] = {
     "functions": Unhonoured(empty, "the legacy function-calling spelling; send tools"),

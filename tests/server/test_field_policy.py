@@ -37,6 +37,7 @@ CASES = {
     "id_slot": (0, -1),
     "t_max_predict_ms": (500, 0),
     "return_progress": (True, False),
+    "image_data": ([{"data": "aGk=", "id": 1}], []),
     "lora": ([{"id": 0, "scale": 1.0}], []),
     "reasoning_format": ("deepseek", "none"),
     "reasoning_budget_tokens": (64, -1),
