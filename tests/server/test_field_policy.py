@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from app.server import field_policy
+from tests.support import ROOT
 
 NATIVE = ("/completion", {"prompt": "def f():"})
 COMPLETIONS = ("/v1/completions", {"prompt": "def f():"})
@@ -70,8 +71,11 @@ def post(server, field: str, value: object):
     return server.client().post(path, json=body | {"max_tokens": 1, field: value})
 
 
-def test_every_listed_field_has_a_case() -> None:
+def test_every_listed_field_has_a_case_and_a_row_in_the_docs() -> None:
     assert set(CASES) == set(field_policy.EVERY_FIELD)
+    docs = (ROOT / "docs" / "server.md").read_text()
+    refused = docs.split("400 unless neutral")[1].split("Structured outputs and tools")[0]
+    assert [field for field in CASES if f"`{field}`" not in refused] == []
 
 
 @pytest.mark.parametrize("field", sorted(CASES))
