@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
+from app.sampling import SamplingParams
 from app.server.errors import ApiError
 
 Neutral = Callable[[Any], bool]
@@ -60,21 +61,56 @@ def nothing(_: Any) -> bool:
     return False
 
 
-# The sampler stages this server runs, in order, in llama-server's spellings (names and the
-# letters of its `samplers` string). The stages named in OFF_STAGES are off here, so where a
-# list puts them does not matter.
+# The sampler stages this server runs, in its order (llama-server's default order of the same
+# stages), and the letters of llama-server's `samplers` string. OFF_STAGES never run here, so a
+# list may name them anywhere.
 STAGES = ("penalties", "top_k", "top_p", "min_p", "xtc", "temperature")
-STAGE_LETTERS = "ekpmxt"
-OFF_STAGES = {"dry", "top_n_sigma", "typ_p", "d", "s", "y"}
+OFF_STAGES = frozenset({"dry", "top_n_sigma", "typ_p"})
+LETTERS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p"}
+LETTERS |= {"m": "min_p", "x": "xtc", "t": "temperature"}
 
 
-def default_order(value: Any) -> bool:
-    """`samplers` naming this server's stages in its order (any stage that is off anywhere)."""
+def named_stages(value: Any) -> list[str | None] | None:
+    """The stages a `samplers` value names (a list of names or a string of letters); None: neither."""
     if isinstance(value, str):
-        return "".join(c for c in value if c not in OFF_STAGES) == STAGE_LETTERS
-    if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return tuple(s for s in value if s not in OFF_STAGES) == STAGES
-    return False
+        return [LETTERS.get(letter) for letter in value]
+    if isinstance(value, list) and all(isinstance(name, str) for name in value):
+        return list(value)
+    return None
+
+
+def in_order(value: Any) -> bool:
+    """`samplers` naming known stages, this server's each at most once and in its order."""
+    names = named_stages(value)
+    if names is None or not set(names) <= set(STAGES) | OFF_STAGES:
+        return False
+    kept = [name for name in names if name not in OFF_STAGES]
+    return kept == [stage for stage in STAGES if stage in kept]
+
+
+def refuse_skipped_stages(samplers: Any, params: SamplingParams) -> None:
+    """llama-server runs only the stages `samplers` names: one it leaves out must do nothing here.
+
+    Checked once the request's settings are known (requests.sampling); in_order checked the rest.
+    """
+    if samplers is UNSET or samplers is None:
+        return
+    named = set(named_stages(samplers) or ())
+    active = {
+        "penalties": params.has_penalties,
+        "top_k": params.top_k > 0,
+        "top_p": params.top_p < 1.0,
+        "min_p": params.min_p > 0.0,
+        "xtc": params.xtc_probability > 0.0,
+        "temperature": params.temperature != 1.0,
+    }
+    skipped = [stage for stage in STAGES if active[stage] and stage not in named]
+    if skipped:
+        raise ApiError(
+            400,
+            f"samplers: not supported: it leaves out {', '.join(skipped)}, which this request's settings "
+            "turn on; this server runs every stage its settings turn on",
+        )
 
 
 PIPELINE = (
@@ -96,7 +132,7 @@ LLAMA_SERVER: dict[str, Unhonoured] = {
     "adaptive_target": Unhonoured(at_most(0), f"adaptive-p {PIPELINE}; send -1"),
     "min_keep": Unhonoured(at_most(1), "the filters here keep at least one candidate, never more; send 0"),
     "samplers": Unhonoured(
-        default_order, f"the sampler order is fixed: {', '.join(STAGES)} (dry, top_n_sigma and typ_p are off)"
+        in_order, f"the sampler order is fixed: {', '.join(STAGES)} (dry, top_n_sigma and typ_p are off)"
     ),
     "backend_sampling": Unhonoured(equal(False), "sampling runs where the engine runs it; send false"),
     "n_keep": Unhonoured(equal(0, -1), f"{NO_CONTEXT_SHIFT}; send 0"),

@@ -15,6 +15,7 @@ from app.profiles.schema import Settings
 from app.sampling import SamplingParams
 from app.sampling.logprobs import MAX_TOP, ProbsRequest
 from app.sampling.rng import KEY_RANGE, RANDOM, resolve_seed
+from app.server import field_policy
 from app.server.errors import ApiError
 from app.server.schemas import ChatMessage, ChatRequest, LogitBias, OpenAICompletionRequest, SamplingFields
 
@@ -81,6 +82,7 @@ def sampling(request: SamplingFields, settings: Settings, tokenizer: TokenizerWr
     problems = params.problems(vocab)
     if problems:
         raise ApiError(400, "; ".join(problems))
+    field_policy.refuse_skipped_stages(request.samplers, params)
     return params
 
 

@@ -117,3 +117,14 @@ def test_a_field_neither_api_defines_is_ignored(default_server) -> None:
     path, body = NATIVE
     response = default_server.client().post(path, json=body | {"n_predict": 1, "not_a_field": {"x": [1]}})
     assert response.status_code == 200, response.text
+
+
+def test_samplers_may_leave_out_only_stages_the_request_turns_off(default_server) -> None:
+    """llama-server runs only the stages `samplers` names: leaving out penalties is neutral while
+    they are off (repeat_penalty 1), and refused once the request turns them on."""
+    path, body = NATIVE
+    ask = body | {"n_predict": 1, "samplers": ["top_k", "typ_p", "top_p", "min_p", "temperature"]}
+    assert default_server.client().post(path, json=ask).status_code == 200
+    refused = default_server.client().post(path, json=ask | {"repeat_penalty": 1.1})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"].startswith("samplers: not supported: it leaves out penalties")
