@@ -22,6 +22,7 @@ from app.drafters.base import Forward, Proposal, Proposer, Steps, run_alone
 from app.drafters.governor import Governor
 from app.drafters.kinds import DrafterKind
 from app.loading.runner import PREFILL_CHUNK, ModelRunner
+from app.sampling.grammar import Constraint
 
 
 @dataclass
@@ -91,17 +92,40 @@ class RoundLoop(Protocol):
 
 def first_token(state: RowState, logits: mx.array) -> int:
     """The token after the prompt, from the last prefill chunk's logits."""
-    token, _ = state.sampler.sample(logits, state.contexts([len(state.tokens)]), state.rng)
+    token, _ = state.sampler.sample(state.constrained(logits), state.contexts([len(state.tokens)]), state.rng)
     state.decide([token])
     return token
 
 
 def decode_one(target: ModelRunner, state: RowState) -> Steps[list[int]]:
     """One plain decode step: forward the pending token, sample the next."""
-    logits = (yield Forward(target, state.tokens[target.length :]))[-1:]
+    logits = state.constrained((yield Forward(target, state.tokens[target.length :]))[-1:])
     token, _ = state.sampler.sample(logits, state.contexts([len(state.tokens)]), state.rng)
     state.decide([token])
     return [token]
+
+
+def jump_forward(state: RowState, budget: int) -> list[int]:
+    """Decide the tokens the grammar forces (the only one its mask allows), with no forward.
+
+    Exact: such a token has probability 1 under the masked target distribution whatever the
+    sampler; only the keys a sampled step would have drawn are not drawn. Empty when nothing is
+    forced or the row is not constrained.
+    """
+    if state.constraint is None:
+        return []
+    forced = state.constraint.forced(budget)
+    state.decide(forced)
+    return forced
+
+
+def within_grammar(constraint: Constraint, proposal: Proposal) -> tuple[Proposal, mx.array]:
+    """The proposal cut at its first draft the grammar forbids, and the masks of its verify rows."""
+    walked, masks = constraint.walk(proposal.tokens.tolist())
+    if walked < proposal.k:
+        q = proposal.q[:walked] if proposal.q is not None else None
+        proposal = Proposal(tokens=proposal.tokens[:walked], q=q)
+    return proposal, masks
 
 
 def positions(target: ModelRunner, state: RowState, proposals: int) -> int:
@@ -140,6 +164,8 @@ class TargetLoop:
 
     def steps(self, state: RowState, budget: int) -> Steps[list[int]]:
         """A plain step for a batch (no pipelining); a step queued by `step` is taken first."""
+        if forced := jump_forward(state, budget):
+            return forced
         if self._ahead is None:
             return (yield from decode_one(self.target, state))
         token, self._ahead = int(self._ahead.item()), None
@@ -151,7 +177,8 @@ class TargetLoop:
 
     def _can_pipeline(self, state: RowState) -> bool:
         params = state.sampler.params
-        return not state.sampler.needs_context and params.xtc_probability == 0.0
+        # A constrained row's next mask needs this step's token on the host first.
+        return not state.sampler.needs_context and params.xtc_probability == 0.0 and state.constraint is None
 
     def _decide_lazily(self, state: RowState, inputs: mx.array | list[int]) -> mx.array:
         logits = self.target.forward(inputs)[-1:]
@@ -199,15 +226,21 @@ class SpeculativeLoop:
     def steps(self, state: RowState, budget: int) -> Steps[list[int]]:
         started = time.perf_counter()
         base = len(state.tokens)
+        if self.proposer.hook is None and (forced := jump_forward(state, budget)):
+            self.proposer.settle(state, base, Proposal.empty(), None, None)
+            return forced
         width = min(self.widths.proposals(), budget - 1)
         proposal = (yield from self.proposer.proposing(state, width)) if width > 0 else Proposal.empty()
+        masks = None
+        if state.constraint is not None:
+            proposal, masks = within_grammar(state.constraint, proposal)
         if proposal.k < self.n_min:
-            proposal = Proposal.empty()
+            proposal, masks = Proposal.empty(), masks[:1] if masks is not None else None
             if self.proposer.hook is None:
                 emitted = yield from decode_one(self.target, state)
                 self.proposer.settle(state, base, proposal, None, None)
                 return emitted
-        verdict = yield from verifying(VerifyRow(state, self.target, self.proposer, proposal, self.speculation))
+        verdict = yield from verifying(VerifyRow(state, self.target, self.proposer, proposal, self.speculation, masks))
         if proposal.k:
             self.widths.observe(len(verdict.tokens), time.perf_counter() - started)
         return verdict.tokens

@@ -27,6 +27,7 @@ from app.decoding.state import RowState
 from app.drafters.base import Forward, Proposal, Proposer, Steps
 from app.loading.runner import ModelRunner
 from app.sampling import Distribution
+from app.sampling.grammar import masked
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -47,6 +48,7 @@ class VerifyRow:
     proposer: Proposer
     proposal: Proposal
     speculation: Speculation  # the rule to judge with, and the counters to observe into
+    masks: mx.array | None = None  # the grammar's mask of each verify row [k+1, V], if constrained
 
 
 def observed(hook: FeatureHook | None) -> AbstractContextManager[list[mx.array]]:
@@ -75,7 +77,10 @@ def verifying(row: VerifyRow) -> Steps[Verdict]:
     else:
         with observed(row.proposer.hook) as features:
             logits = target.forward(inputs)
-    verdict, p = judge(speculation.rule, state, proposal, logits[-(proposal.k + 1) :])
+    logits = logits[-(proposal.k + 1) :]
+    if row.masks is not None:  # the rule judges against the masked target rows
+        logits = masked(logits, row.masks)
+    verdict, p = judge(speculation.rule, state, proposal, logits)
     target.rewind(target.length - (base + verdict.accepted))
     state.settle(verdict.tokens, verdict.accepted)
     decided = features[0][:, : verdict.accepted + 1] if features else None

@@ -13,9 +13,10 @@ from app.loading import chat_template
 from app.loading.chat_template import Limits, TemplateLimitError
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
+from app.sampling.grammar import Grammar, GrammarError
 from app.sampling.rng import resolve_seed
 from app.server.errors import ApiError
-from app.server.schemas import ChatMessage, LogitBias, PromptInput, SamplingFields
+from app.server.schemas import ChatMessage, ChatRequest, LogitBias, PromptInput, ResponseFormat, SamplingFields
 
 # What llama-server's strtol reads whole as a token id. ASCII only: str.isdigit() also takes
 # "١٢" and "²", and int() refuses the second.
@@ -130,6 +131,8 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
         raise ApiError(400, "messages must not be empty")
     plain = []
     for message in messages:
+        if message.tool_calls:
+            raise ApiError(400, "messages: tool_calls in the history are not supported (this server has no tools yet)")
         content = message.content
         if isinstance(content, list):
             if any(part.type != "text" for part in content):
@@ -139,6 +142,18 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
     return plain
 
 
+def check_tools(request: ChatRequest) -> list[dict[str, Any]] | None:
+    """The tools to show the chat template: only with tool_choice "none" (no call can be made);
+    any other tool_choice asks for calls this server cannot produce yet, so it is a 400."""
+    if not request.tools:
+        if request.tool_choice in (None, "none", "auto"):
+            return None
+        raise ApiError(400, "tool_choice: no tools were given")
+    if request.tool_choice == "none":
+        return request.tools
+    raise ApiError(400, 'tools: tool calls are not supported yet; send tool_choice "none" or leave tools out')
+
+
 def chat_prompt(
     messages: list[ChatMessage],
     tokenizer: TokenizerWrapper,
@@ -146,6 +161,7 @@ def chat_prompt(
     settings: Settings,
     *,
     tokenize: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> Any:
     """The chat template applied to the messages: token ids, or the text when `tokenize` is false.
 
@@ -155,7 +171,7 @@ def chat_prompt(
     variables = template_variables(extra, tokenizer) | {
         "messages": plain,
         "add_generation_prompt": True,
-        "tools": None,  # as transformers passes them: templates test `tools is not none`
+        "tools": tools,  # None as transformers passes it: templates test `tools is not none`
         "documents": None,
     }
     server = settings.server
@@ -192,6 +208,49 @@ def stop_strings(stop: str | list[str] | None, settings: Settings) -> tuple[str,
     return strings
 
 
+def grammar(request: SamplingFields) -> Grammar | None:
+    """The grammar the output must follow: `json_schema`, `grammar` or OpenAI's `response_format`
+    (at most one of them); a bad schema or grammar is a 400 saying why."""
+    chosen = requested_grammar(request)
+    if chosen is None:
+        return None
+    if request.ignore_eos:
+        raise ApiError(400, "ignore_eos cannot be combined with a grammar: the output ends where the grammar does")
+    kind, value = chosen
+    try:
+        if kind == "grammar":
+            return Grammar.gbnf(value)
+        return Grammar.json_object() if value is None else Grammar.json_schema(value)
+    except GrammarError as exc:
+        raise ApiError(400, str(exc)) from exc
+
+
+def requested_grammar(request: SamplingFields) -> tuple[str, Any] | None:
+    """("grammar", GBNF text) or ("json_schema", schema or None for any JSON object), or None."""
+    chosen = [("grammar", request.grammar)] if request.grammar is not None else []
+    if request.json_schema is not None:
+        chosen.append(("json_schema", request.json_schema))
+    response_format: ResponseFormat | None = getattr(request, "response_format", None)
+    if response_format is not None and response_format.type != "text":
+        chosen.append(("json_schema", response_schema(response_format)))
+    if len(chosen) > 1:
+        raise ApiError(400, "give at most one of grammar, json_schema and response_format")
+    return chosen[0] if chosen else None
+
+
+def response_schema(response_format: ResponseFormat) -> dict[str, Any] | None:
+    """The schema an OpenAI response_format asks for (None: any JSON object)."""
+    if response_format.type == "json_object":
+        return response_format.schema
+    if response_format.type == "json_schema":
+        if response_format.json_schema is None or response_format.json_schema.schema is None:
+            raise ApiError(400, "response_format json_schema needs json_schema.schema")
+        return response_format.json_schema.schema
+    raise ApiError(
+        400, f"response_format type must be one of text, json_object, json_schema, but got: {response_format.type}"
+    )
+
+
 def row_request(request: SamplingFields, tokens: list[int], settings: Settings, params: SamplingParams) -> RowRequest:
     if len(tokens) > settings.server.max_prompt_tokens:
         raise ApiError(
@@ -214,4 +273,5 @@ def row_request(request: SamplingFields, tokens: list[int], settings: Settings, 
         n_max=n_max,
         n_min=max(0, request.speculative_n_min or 0),
         p_min=p_min,
+        grammar=grammar(request),
     )

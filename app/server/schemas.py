@@ -84,9 +84,28 @@ class SamplingFields(WireStruct, kw_only=True):
     cache_prompt: bool = True
     timings_per_token: bool = False
     return_tokens: bool = False
+    json_schema: dict[str, Any] | None = None  # constrain the output to this JSON schema
+    grammar: str | None = None  # or to this GBNF grammar (root rule `root`)
     speculative_n_max: int | None = msgspec.field(default=None, name="speculative.n_max")
     speculative_n_min: int | None = msgspec.field(default=None, name="speculative.n_min")
     speculative_p_min: float | None = msgspec.field(default=None, name="speculative.p_min")
+
+
+class JsonSchemaFormat(WireStruct, kw_only=True):
+    """OpenAI's response_format.json_schema; the schema is always enforced, `strict` or not."""
+
+    name: str | None = None
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(WireStruct, kw_only=True):
+    """OpenAI's response_format: text, json_object (llama-server: optional `schema`), json_schema."""
+
+    type: str
+    json_schema: JsonSchemaFormat | None = None
+    schema: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
@@ -104,6 +123,7 @@ class OpenAICompletionRequest(SamplingFields, kw_only=True):
     n: int = 1
     echo: bool = False
     stream_options: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
 
 class ContentPart(WireStruct, kw_only=True):
@@ -114,6 +134,7 @@ class ContentPart(WireStruct, kw_only=True):
 class ChatMessage(WireStruct, kw_only=True):
     role: str
     content: str | list[ContentPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # answered 400: tool calls are not supported yet
 
 
 class ChatRequest(SamplingFields, kw_only=True):
@@ -124,6 +145,9 @@ class ChatRequest(SamplingFields, kw_only=True):
     n: int = 1
     stream_options: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None  # answered 400 unless tool_choice is "none"
+    tool_choice: str | dict[str, Any] | None = None
 
 
 class TokenizeRequest(WireStruct, kw_only=True):

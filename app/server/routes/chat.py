@@ -36,8 +36,14 @@ class ChatController(Controller):
         """Chat through the model's chat template; `timings` rides on the body or the finish chunk."""
         if data.n != 1:
             raise ApiError(400, "only n = 1 is supported")
+        tools = requests.check_tools(data)
         tokens = await asyncio.to_thread(
-            requests.chat_prompt, data.messages, engine.tokenizer, data.chat_template_kwargs, engine.settings
+            requests.chat_prompt,
+            data.messages,
+            engine.tokenizer,
+            data.chat_template_kwargs,
+            engine.settings,
+            tools=tools,
         )
         requests.check_token_ids(tokens, engine.vocab_size)
         submission, settings = start(request, engine, data, tokens, request.url.path)

@@ -1,0 +1,76 @@
+"""Structured outputs over HTTP: OpenAI response_format, native json_schema and grammar, and 400s."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+PROMPT = "Describe a person as JSON: "
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=12)
+    age: int = Field(ge=0, le=150)
+
+
+def test_openai_sdk_parse_returns_the_pydantic_object(default_server) -> None:
+    client = openai.OpenAI(base_url=f"{default_server.url}/v1", api_key="unused")
+    messages = [{"role": "user", "content": "Give me a person."}]
+    completion = client.chat.completions.parse(
+        model="target", messages=messages, response_format=Person, max_tokens=200, temperature=0
+    )
+    assert isinstance(completion.choices[0].message.parsed, Person)
+    assert completion.choices[0].finish_reason == "stop"
+
+
+def test_native_json_schema_is_the_same_with_and_without_speculation(default_server, target_only_server) -> None:
+    """T = 0: the constrained speculative answer is byte-identical to the target-only one."""
+    request = {"prompt": PROMPT, "json_schema": SCHEMA, "n_predict": 200, "temperature": 0}
+    drafted = default_server.client().post("/completion", json=request).json()
+    plain = target_only_server.client().post("/completion", json=request).json()
+    assert drafted["content"] == plain["content"]
+    assert set(json.loads(drafted["content"])) == {"name", "age"}
+
+
+def test_gbnf_grammar_and_json_object(default_server) -> None:
+    with default_server.client() as http:
+        answer = http.post("/completion", json={"prompt": PROMPT, "grammar": 'root ::= "yes" | "no"', "n_predict": 8})
+        assert answer.json()["content"] in {"yes", "no"}
+        body = {"messages": [{"role": "user", "content": "JSON please"}], "max_tokens": 200, "temperature": 0}
+        chat = http.post("/v1/chat/completions", json=body | {"response_format": {"type": "json_object"}}).json()
+        if chat["choices"][0]["finish_reason"] == "stop":
+            assert isinstance(json.loads(chat["choices"][0]["message"]["content"]), dict)
+        else:  # cut by max_tokens: still a prefix of an object
+            assert chat["choices"][0]["message"]["content"].startswith("{")
+
+
+@pytest.mark.parametrize(
+    ("route", "extra", "says"),
+    [
+        ("/completion", {"json_schema": {"type": "nope"}}, "invalid JSON schema"),
+        ("/completion", {"grammar": "root ::= missing"}, "invalid grammar"),
+        ("/completion", {"grammar": 'root ::= "a"', "json_schema": {"type": "object"}}, "at most one"),
+        ("/completion", {"grammar": 'root ::= "a"', "ignore_eos": True}, "ignore_eos"),
+        ("/v1/completions", {"response_format": {"type": "xml"}}, "response_format type"),
+        ("/v1/completions", {"response_format": {"type": "json_schema"}}, "json_schema.schema"),
+        ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool calls"),
+        ("/v1/chat/completions", {"tool_choice": "required"}, "no tools"),
+    ],
+)
+def test_what_cannot_be_honoured_is_a_400(default_server, route: str, extra: dict, says: str) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in route else {"prompt": PROMPT}
+    answer = default_server.client().post(route, json=body | {"max_tokens": 4} | extra)
+    assert answer.status_code == 400
+    assert says in answer.json()["error"]["message"]
