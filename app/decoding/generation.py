@@ -143,7 +143,8 @@ class Generation:
                 self.stop_type = StopType.LIMIT
                 break
         if len(kept) < len(tokens):  # the one place a stop inside a round uncounts its drafts
-            self.loop.speculation.stats.clamp_last_round(len(kept))
+            speculation = self.loop.speculation  # the round's tokens follow the step's forced ones
+            speculation.stats.clamp_last_round(max(0, len(kept) - speculation.last_jumped))
         self.emitted.extend(kept)
         if self.finished:
             self._detokenizer.finalize()

@@ -35,6 +35,8 @@ class Speculation:
     diagnose: bool = False  # collect the closed forms (MLXCEL_SPECULATIVE_ACCEPT_DIAG)
     governor: Governor | None = None  # prompt lookup's, whose pauses the request event reports
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
+    jumped: int = 0  # tokens the grammar forced, decided with no forward (jump-forward)
+    last_jumped: int = 0  # of them, those heading the last step's tokens
 
     @property
     def drafting(self) -> bool:
@@ -105,8 +107,9 @@ def decode_one(target: ModelRunner, state: RowState) -> Steps[list[int]]:
     return [token]
 
 
-def jump_forward(state: RowState, budget: int) -> list[int]:
-    """Decide the tokens the grammar forces (the only one its mask allows), with no forward.
+def jump_forward(state: RowState, budget: int, speculation: Speculation) -> list[int]:
+    """Decide the tokens the grammar forces (the only one its mask allows), with no forward;
+    the step goes on after them (leaving it at least one token of its budget).
 
     Exact: such a token has probability 1 under the masked target distribution whatever the
     sampler; only the keys a sampled step would have drawn are not drawn. Empty when nothing is
@@ -114,9 +117,16 @@ def jump_forward(state: RowState, budget: int) -> list[int]:
     """
     if state.constraint is None:
         return []
-    forced = state.constraint.forced(budget)
+    forced = state.constraint.forced(budget - 1)
     state.decide(forced)
+    speculation.jumped += len(forced)
+    speculation.last_jumped = len(forced)
     return forced
+
+
+def ends_here(state: RowState) -> bool:
+    """The grammar is complete and its EOS decided: the step must not go on."""
+    return state.constraint is not None and state.constraint.ended
 
 
 def within_grammar(constraint: Constraint, proposal: Proposal) -> tuple[Proposal, mx.array]:
@@ -164,10 +174,11 @@ class TargetLoop:
 
     def steps(self, state: RowState, budget: int) -> Steps[list[int]]:
         """A plain step for a batch (no pipelining); a step queued by `step` is taken first."""
-        if forced := jump_forward(state, budget):
+        forced = jump_forward(state, budget, self.speculation)
+        if ends_here(state):
             return forced
         if self._ahead is None:
-            return (yield from decode_one(self.target, state))
+            return forced + (yield from decode_one(self.target, state))
         token, self._ahead = int(self._ahead.item()), None
         state.decide([token])
         return [token]
@@ -225,10 +236,12 @@ class SpeculativeLoop:
 
     def steps(self, state: RowState, budget: int) -> Steps[list[int]]:
         started = time.perf_counter()
-        base = len(state.tokens)
-        if self.proposer.hook is None and (forced := jump_forward(state, budget)):
-            self.proposer.settle(state, base, Proposal.empty(), None, None)
+        # Block drafters read the target's rows of every decided position: no jump-forward there.
+        forced = jump_forward(state, budget, self.speculation) if self.proposer.hook is None else []
+        if ends_here(state):
+            self.proposer.settle(state, len(state.tokens), Proposal.empty(), None, None)
             return forced
+        base, budget = len(state.tokens), budget - len(forced)
         width = min(self.widths.proposals(), budget - 1)
         proposal = (yield from self.proposer.proposing(state, width)) if width > 0 else Proposal.empty()
         masks = None
@@ -239,11 +252,11 @@ class SpeculativeLoop:
             if self.proposer.hook is None:
                 emitted = yield from decode_one(self.target, state)
                 self.proposer.settle(state, base, proposal, None, None)
-                return emitted
+                return forced + emitted
         verdict = yield from verifying(VerifyRow(state, self.target, self.proposer, proposal, self.speculation, masks))
         if proposal.k:
             self.widths.observe(len(verdict.tokens), time.perf_counter() - started)
-        return verdict.tokens
+        return forced + verdict.tokens
 
     def positions(self, state: RowState) -> int:
         return positions(self.target, state, self.widths.proposals())
