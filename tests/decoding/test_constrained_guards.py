@@ -16,13 +16,12 @@ from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.plan import LoopPlan, Switches, plan_from_settings
 from app.drafters.draft_model import DraftModelDrafter
-from app.loading import LoadedModel, load_model
+from app.loading import LoadedModel
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams
 from app.sampling.grammar import Grammar
-from ops.models.tiny import build_tiny_model
-from tests.support.derived_models import constant_output
+from tests.support.derived_models import fixed_distribution_pair
 from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
 
 DIGITS = list(range(19, 27))  # the tokens "0" .. "7" of the embedded tokenizer
@@ -65,11 +64,7 @@ def builder(target: LoadedModel, drafter: LoadedModel | None, kind: str, k: int 
 
 @pytest.fixture(scope="module")
 def digit_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, LoadedModel]:
-    root = tmp_path_factory.mktemp("digits")
-    base = build_tiny_model(root / "base", tie_embeddings=False, layers=1)
-    target = constant_output(base, root / "target", dict(zip(DIGITS, P, strict=True)))
-    drafter = constant_output(base, root / "drafter", dict(zip(DIGITS, Q, strict=True)))
-    return load_model(target), load_model(drafter)
+    return fixed_distribution_pair(tmp_path_factory.mktemp("digits"), DIGITS, P, Q)
 
 
 class UnmaskedDrafter(DraftModelDrafter):
