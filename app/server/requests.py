@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -17,6 +18,7 @@ from app.sampling.grammar import Grammar, GrammarError
 from app.sampling.rng import resolve_seed
 from app.server.errors import ApiError
 from app.server.schemas import ChatMessage, ChatRequest, LogitBias, PromptInput, ResponseFormat, SamplingFields
+from app.server.tools import tool_plan
 
 # What llama-server's strtol reads whole as a token id. ASCII only: str.isdigit() also takes
 # "١٢" and "²", and int() refuses the second.
@@ -126,32 +128,38 @@ def template_variables(extra: dict[str, Any] | None, tokenizer: TokenizerWrapper
     return variables
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     if not messages:
         raise ApiError(400, "messages must not be empty")
     plain = []
     for message in messages:
-        if message.tool_calls:
-            raise ApiError(400, "messages: tool_calls in the history are not supported (this server has no tools yet)")
         content = message.content
         if isinstance(content, list):
             if any(part.type != "text" for part in content):
                 raise ApiError(400, "only text content parts are supported")
             content = "".join(part.text or "" for part in content)
-        plain.append({"role": message.role, "content": content or ""})
+        entry: dict[str, Any] = {"role": message.role, "content": content or ""}
+        if message.tool_calls:
+            entry["tool_calls"] = [history_call(call) for call in message.tool_calls]
+        if message.tool_call_id is not None:
+            entry["tool_call_id"] = message.tool_call_id
+        if message.name is not None:
+            entry["name"] = message.name
+        plain.append(entry)
     return plain
 
 
-def check_tools(request: ChatRequest) -> list[dict[str, Any]] | None:
-    """The tools to show the chat template: only with tool_choice "none" (no call can be made);
-    any other tool_choice asks for calls this server cannot produce yet, so it is a 400."""
-    if not request.tools:
-        if request.tool_choice in (None, "none", "auto"):
-            return None
-        raise ApiError(400, "tool_choice: no tools were given")
-    if request.tool_choice == "none":
-        return request.tools
-    raise ApiError(400, 'tools: tool calls are not supported yet; send tool_choice "none" or leave tools out')
+def history_call(call: dict[str, Any]) -> dict[str, Any]:
+    """An assistant's past call as chat templates read it: arguments as a mapping."""
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ApiError(400, "messages: a tool call needs function.name")
+    arguments = function.get("arguments", "{}")
+    try:
+        arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError as exc:
+        raise ApiError(400, f"messages: tool call arguments are not JSON: {exc}") from exc
+    return {**call, "type": "function", "function": {"name": function["name"], "arguments": arguments}}
 
 
 def chat_prompt(
@@ -233,8 +241,11 @@ def requested_grammar(request: SamplingFields) -> tuple[str, Any] | None:
     response_format: ResponseFormat | None = getattr(request, "response_format", None)
     if response_format is not None and response_format.type != "text":
         chosen.append(("json_schema", response_schema(response_format)))
+    plan = tool_plan(request) if isinstance(request, ChatRequest) else None
+    if plan is not None and plan.forced:  # a required or named call: decoded against its schema
+        chosen.append(("json_schema", plan.schema()))
     if len(chosen) > 1:
-        raise ApiError(400, "give at most one of grammar, json_schema and response_format")
+        raise ApiError(400, "give at most one of grammar, json_schema, response_format and a required tool call")
     return chosen[0] if chosen else None
 
 

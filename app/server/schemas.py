@@ -134,7 +134,20 @@ class ContentPart(WireStruct, kw_only=True):
 class ChatMessage(WireStruct, kw_only=True):
     role: str
     content: str | list[ContentPart] | None = None
-    tool_calls: list[dict[str, Any]] | None = None  # answered 400: tool calls are not supported yet
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls, for the template
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
+
+
+class ToolFunction(WireStruct, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; the call's arguments follow it
+
+
+class Tool(WireStruct, kw_only=True):
+    type: str = "function"
+    function: ToolFunction
 
 
 class ChatRequest(SamplingFields, kw_only=True):
@@ -146,7 +159,7 @@ class ChatRequest(SamplingFields, kw_only=True):
     stream_options: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None  # answered 400 unless tool_choice is "none"
+    tools: list[Tool] | None = None  # app/server/tools.py
     tool_choice: str | dict[str, Any] | None = None
 
 

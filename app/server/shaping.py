@@ -44,6 +44,7 @@ from app.server.responses import (
     TextCompletion,
     Usage,
 )
+from app.server.tools import ToolPlan, tool_calls
 
 BUILD_INFO = f"mlxcel {__version__} (mlx {version('mlx')}, mlx-lm {version('mlx-lm')})"
 SAMPLER_KNOBS = tuple(f for f in SamplingParams.__struct_fields__ if f != "logit_bias")
@@ -285,8 +286,13 @@ def _chat_chunk(
     )
 
 
-def chat_completion(head: OpenAIHead, result: Finished) -> ChatCompletion:
-    choice = ChatChoice(message=AssistantMessage(content=result.text), finish_reason=finish_reason(result))
+def chat_completion(head: OpenAIHead, result: Finished, plan: ToolPlan | None = None) -> ChatCompletion:
+    calls = tool_calls(plan, result.text) if plan is not None else None
+    if calls:
+        message = AssistantMessage(content=None, tool_calls=calls)
+        choice = ChatChoice(message=message, finish_reason="tool_calls")
+    else:
+        choice = ChatChoice(message=AssistantMessage(content=result.text), finish_reason=finish_reason(result))
     return ChatCompletion(
         id=head.id,
         created=head.created,

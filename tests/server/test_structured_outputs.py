@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import openai
 import pytest
 from pydantic import BaseModel, Field
+
+from app.server.schemas import ChatRequest
+from app.server.tools import tool_calls, tool_plan
 
 PROMPT = "Describe a person as JSON: "
 SCHEMA = {
@@ -18,6 +22,35 @@ SCHEMA = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 12}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}},
+                "required": ["zone"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
 
 
 class Person(BaseModel):
@@ -65,8 +98,15 @@ def test_gbnf_grammar_and_json_object(default_server) -> None:
         ("/completion", {"grammar": 'root ::= "a"', "ignore_eos": True}, "ignore_eos"),
         ("/v1/completions", {"response_format": {"type": "xml"}}, "response_format type"),
         ("/v1/completions", {"response_format": {"type": "json_schema"}}, "json_schema.schema"),
-        ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool calls"),
         ("/v1/chat/completions", {"tool_choice": "required"}, "no tools"),
+        (
+            "/v1/chat/completions",
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "name one",
+        ),
+        ("/v1/chat/completions", {"tools": TOOLS, "tool_choice": "required", "stream": True}, "streaming tool calls"),
+        ("/v1/chat/completions", {"tools": TOOLS, "tool_choice": "required", "grammar": "root ::= [a]"}, "at most one"),
+        ("/v1/chat/completions", {"tools": [{"type": "retrieval", "function": {"name": "r"}}]}, '"function"'),
     ],
 )
 def test_what_cannot_be_honoured_is_a_400(default_server, route: str, extra: dict, says: str) -> None:
@@ -74,3 +114,50 @@ def test_what_cannot_be_honoured_is_a_400(default_server, route: str, extra: dic
     answer = default_server.client().post(route, json=body | {"max_tokens": 4} | extra)
     assert answer.status_code == 400
     assert says in answer.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("choice", "names"),
+    [("required", {"get_weather", "get_time"}), ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})],
+)
+def test_required_and_named_tool_choice_answer_tool_calls(default_server, choice, names: set[str]) -> None:
+    client = openai.OpenAI(base_url=f"{default_server.url}/v1", api_key="unused")
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    completion = client.chat.completions.create(
+        model="target", messages=messages, tools=TOOLS, tool_choice=choice, max_tokens=100, temperature=0
+    )
+    choice_out = completion.choices[0]
+    assert choice_out.finish_reason == "tool_calls" and choice_out.message.content is None
+    (call,) = choice_out.message.tool_calls
+    assert call.type == "function" and call.function.name in names
+    arguments = json.loads(call.function.arguments)
+    assert set(arguments) == ({"zone"} if call.function.name == "get_time" else {"city"})
+
+
+def test_tool_choice_none_and_history_go_through_the_template(default_server) -> None:
+    history = [
+        {"role": "user", "content": "Time in UTC?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+    ]
+    with default_server.client() as http:
+        rendered = http.post("/apply-template", json={"messages": history}).json()["prompt"]
+        assert "12:00" in rendered
+        body = {"messages": history, "tools": TOOLS, "tool_choice": "none", "max_tokens": 8, "temperature": 0}
+        message = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        assert isinstance(message["content"], str) and "tool_calls" not in message
+
+
+def test_auto_reports_a_call_only_when_the_whole_output_is_one() -> None:
+    plan = tool_plan(msgspec.convert({"messages": [], "tools": TOOLS}, ChatRequest))
+    assert not plan.forced
+    (call,) = tool_calls(plan, '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>')
+    assert call.function.name == "get_time" and json.loads(call.function.arguments) == {"zone": "UTC"}
+    assert tool_calls(plan, 'It is {"name": "get_time", "arguments": {}}') is None
+    assert tool_calls(plan, '{"name": "unknown", "arguments": {}}') is None

@@ -10,7 +10,7 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from app.server import requests, shaping
+from app.server import requests, shaping, tools
 from app.server.engine_view import EngineView, require_ready
 from app.server.errors import ApiError
 from app.server.openapi import streamed_or
@@ -36,14 +36,16 @@ class ChatController(Controller):
         """Chat through the model's chat template; `timings` rides on the body or the finish chunk."""
         if data.n != 1:
             raise ApiError(400, "only n = 1 is supported")
-        tools = requests.check_tools(data)
+        plan = tools.tool_plan(data)
+        if plan is not None and plan.callable and data.stream:
+            raise ApiError(400, 'stream: streaming tool calls is not supported yet; stream false or tool_choice "none"')
         tokens = await asyncio.to_thread(
             requests.chat_prompt,
             data.messages,
             engine.tokenizer,
             data.chat_template_kwargs,
             engine.settings,
-            tools=tools,
+            tools=plan.template_tools() if plan else None,
         )
         requests.check_token_ids(tokens, engine.vocab_size)
         submission, settings = start(request, engine, data, tokens, request.url.path)
@@ -52,7 +54,7 @@ class ChatController(Controller):
         if data.stream:
             return sse(chat_frames(submission, data.timings_per_token, head), rid)
         result = await submission.result()
-        return Response(shaping.chat_completion(head, result), headers={REQUEST_ID: rid})
+        return Response(shaping.chat_completion(head, result, plan), headers={REQUEST_ID: rid})
 
 
 async def chat_frames(submission: Submission, per_token: bool, head: shaping.OpenAIHead) -> AsyncIterator[bytes]:
