@@ -18,6 +18,7 @@ from app.loading import LoadedModel, ModelLoadError
 from app.loading.pairing import require_pairing
 from app.loading.runner import ModelRunner
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
+from app.sampling.grammar import Grammar, GrammarVocabulary
 from app.sampling.logprobs import ProbsRequest
 from app.sampling.rng import resolve_seed
 
@@ -38,6 +39,7 @@ class RowRequest:
     n_min: int = 0  # speculative.n_min: fewer proposals than this are retracted unverified
     p_min: float = 0.0  # speculative.p_min: the draft model stops below this probability
     probs: ProbsRequest | None = None  # log-probabilities to report per token (None: none, no cost)
+    grammar: Grammar | None = None  # structured output: every decided token is within it
 
 
 class LoopBuilder:
@@ -54,6 +56,7 @@ class LoopBuilder:
         self.drafter = drafter
         self.plan = plan
         self.block: BlockLoops | None = None
+        self._grammar_vocabulary: GrammarVocabulary | None = None  # built on the first constrained request
         if plan.drafter_kind.is_block_loop:
             if plan.drafter_model is None:
                 raise ModelLoadError(f"drafter kind {plan.drafter_kind} needs a drafter model")
@@ -63,6 +66,15 @@ class LoopBuilder:
     @property
     def context_limit(self) -> int:
         return int(self.target.config.get("max_position_embeddings") or DEFAULT_CONTEXT)
+
+    @property
+    def grammar_vocabulary(self) -> GrammarVocabulary:
+        if self._grammar_vocabulary is None:
+            tokenizer = self.target.tokenizer
+            self._grammar_vocabulary = GrammarVocabulary(
+                tokenizer._tokenizer, self.target.vocab_size, list(tokenizer.eos_token_ids)
+            )
+        return self._grammar_vocabulary
 
     def choose(self, request: RowRequest, listener: Listener | None) -> Choice:
         """This request's drafting: the block loops', or the draft model's or prompt lookup's."""
@@ -88,6 +100,7 @@ class LoopBuilder:
             tokens=list(request.prompt),
             sampler=SamplerPipeline(request.sampling, self.target.vocab_size),
             rng=RowRng(resolve_seed(request.seed)),
+            constraint=None if request.grammar is None else self.grammar_vocabulary.constraint(request.grammar),
             probs=request.probs,
         )
         target = ModelRunner(self.target.model, max_kv_size=self.plan.max_kv_size)

@@ -150,7 +150,8 @@ class Generation:
                 self.stop_type = StopType.LIMIT
                 break
         if len(kept) < len(tokens):  # the one place a stop inside a round uncounts its drafts
-            self.loop.speculation.stats.clamp_last_round(len(kept))
+            speculation = self.loop.speculation  # the round's tokens follow the step's forced ones
+            speculation.stats.clamp_last_round(max(0, len(kept) - speculation.last_jumped))
         logprobs = self.state.reported[len(self.emitted) : len(self.emitted) + len(kept)]
         self.emitted.extend(kept)
         if self.finished:

@@ -22,6 +22,7 @@ from app.drafters.base import Forward, Proposal, Proposer, Steps, run_alone
 from app.drafters.governor import Governor
 from app.drafters.kinds import DrafterKind
 from app.loading.runner import PREFILL_CHUNK, ModelRunner
+from app.sampling.grammar import Constraint, masked
 
 
 @dataclass
@@ -34,6 +35,8 @@ class Speculation:
     diagnose: bool = False  # collect the closed forms (MLXCEL_SPECULATIVE_ACCEPT_DIAG)
     governor: Governor | None = None  # prompt lookup's, whose pauses the request event reports
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
+    jumped: int = 0  # tokens the grammar forced, decided with no forward (jump-forward)
+    last_jumped: int = 0  # of them, those heading the last step's tokens
 
     @property
     def drafting(self) -> bool:
@@ -90,10 +93,13 @@ class RoundLoop(Protocol):
 
 
 def sample_next(state: RowState, logits: mx.array) -> int:
-    """The token after the prompt (or after the last decided one), from that position's logits `[1, V]`."""
-    token, p = state.sampler.sample(logits, state.contexts([len(state.tokens)]), state.rng)
+    """The token after the prompt (or after the last decided one), from that position's logits
+    `[1, V]`, masked by the grammar where the row is constrained."""
+    mask = state.next_mask()
+    row = logits if mask is None else masked(logits, mask)
+    token, p = state.sampler.sample(row, state.contexts([len(state.tokens)]), state.rng)
     state.decide([token])
-    state.report(logits, [token], p)
+    state.report(logits, [token], p, mask)
     return token
 
 
@@ -101,6 +107,38 @@ def decode_one(target: ModelRunner, state: RowState) -> Steps[list[int]]:
     """One plain decode step: forward the pending token, sample the next."""
     logits = (yield Forward(target, state.tokens[target.length :]))[-1:]
     return [sample_next(state, logits)]
+
+
+def jump_forward(state: RowState, budget: int, speculation: Speculation) -> list[int]:
+    """Decide the tokens the grammar forces (the only one its mask allows), with no forward;
+    the step goes on after them (leaving it at least one token of its budget).
+
+    Exact: such a token has probability 1 under the masked target distribution whatever the
+    sampler; only the keys a sampled step would have drawn are not drawn. Empty when nothing is
+    forced, the row is not constrained, or it reports log-probabilities (each token's entries
+    come from the target row it was decided at, so forced tokens are then decoded as usual).
+    """
+    if state.constraint is None or state.probs is not None:
+        return []  # a jumped token has no target row to report log-probabilities from
+    forced = state.constraint.forced(budget - 1)
+    state.decide(forced)
+    speculation.jumped += len(forced)
+    speculation.last_jumped = len(forced)
+    return forced
+
+
+def ends_here(state: RowState) -> bool:
+    """The grammar is complete and its EOS decided: the step must not go on."""
+    return state.constraint is not None and state.constraint.ended
+
+
+def within_grammar(constraint: Constraint, proposal: Proposal) -> tuple[Proposal, mx.array]:
+    """The proposal cut at its first draft the grammar forbids, and the masks of its verify rows."""
+    walked, masks = constraint.walk(proposal.tokens.tolist())
+    if walked < proposal.k:
+        q = proposal.q[:walked] if proposal.q is not None else None
+        proposal = Proposal(tokens=proposal.tokens[:walked], q=q)
+    return proposal, masks
 
 
 def positions(target: ModelRunner, state: RowState, proposals: int) -> int:
@@ -139,8 +177,11 @@ class TargetLoop:
 
     def steps(self, state: RowState, budget: int) -> Steps[list[int]]:
         """A plain step for a batch (no pipelining); a step queued by `step` is taken first."""
+        forced = jump_forward(state, budget, self.speculation)
+        if ends_here(state):
+            return forced
         if self._ahead is None:
-            return (yield from decode_one(self.target, state))
+            return forced + (yield from decode_one(self.target, state))
         token, self._ahead = int(self._ahead.item()), None
         state.decide([token])
         return [token]
@@ -149,9 +190,11 @@ class TargetLoop:
         return positions(self.target, state, 0)
 
     def _can_pipeline(self, state: RowState) -> bool:
-        """Not with log-probabilities asked for: each token's row is read with the token."""
+        """Not with log-probabilities asked for (each token's row is read with the token), nor
+        for a constrained row (its next mask needs this step's token on the host first)."""
         params = state.sampler.params
-        return not state.sampler.needs_context and params.xtc_probability == 0.0 and state.probs is None
+        host_free = state.probs is None and state.constraint is None
+        return not state.sampler.needs_context and params.xtc_probability == 0.0 and host_free
 
     def _decide_lazily(self, state: RowState, inputs: mx.array | list[int]) -> mx.array:
         logits = self.target.forward(inputs)[-1:]
@@ -198,19 +241,27 @@ class SpeculativeLoop:
 
     def steps(self, state: RowState, budget: int) -> Steps[list[int]]:
         started = time.perf_counter()
-        base = len(state.tokens)
+        # Block drafters read the target's rows of every decided position: no jump-forward there.
+        forced = jump_forward(state, budget, self.speculation) if self.proposer.hook is None else []
+        if ends_here(state):
+            self.proposer.settle(state, len(state.tokens), Proposal.empty(), None, None)
+            return forced
+        base, budget = len(state.tokens), budget - len(forced)
         width = min(self.widths.proposals(), budget - 1)
         proposal = (yield from self.proposer.proposing(state, width)) if width > 0 else Proposal.empty()
+        masks = None
+        if state.constraint is not None:
+            proposal, masks = within_grammar(state.constraint, proposal)
         if proposal.k < self.n_min:
-            proposal = Proposal.empty()
+            proposal, masks = Proposal.empty(), masks[:1] if masks is not None else None
             if self.proposer.hook is None:
                 emitted = yield from decode_one(self.target, state)
                 self.proposer.settle(state, base, proposal, None, None)
-                return emitted
-        verdict = yield from verifying(VerifyRow(state, self.target, self.proposer, proposal, self.speculation))
+                return forced + emitted
+        verdict = yield from verifying(VerifyRow(state, self.target, self.proposer, proposal, self.speculation, masks))
         if proposal.k:
             self.widths.observe(len(verdict.tokens), time.perf_counter() - started)
-        return verdict.tokens
+        return forced + verdict.tokens
 
     def positions(self, state: RowState) -> int:
         return positions(self.target, state, self.widths.proposals())

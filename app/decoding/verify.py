@@ -27,6 +27,7 @@ from app.decoding.state import RowState
 from app.drafters.base import Forward, Proposal, Proposer, Steps
 from app.loading.runner import ModelRunner
 from app.sampling import Distribution
+from app.sampling.grammar import masked
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -47,6 +48,7 @@ class VerifyRow:
     proposer: Proposer
     proposal: Proposal
     speculation: Speculation  # the rule to judge with, and the counters to observe into
+    masks: mx.array | None = None  # the grammar's mask of each verify row [k+1, V], if constrained
 
 
 def observed(hook: FeatureHook | None) -> AbstractContextManager[list[mx.array]]:
@@ -75,10 +77,13 @@ def verifying(row: VerifyRow) -> Steps[Verdict]:
     else:
         with observed(row.proposer.hook) as features:
             logits = target.forward(inputs)
-    verdict, p = judge(speculation.rule, state, proposal, logits[-(proposal.k + 1) :])
+    rows = logits[-(proposal.k + 1) :]
+    # The rule judges against the masked target rows; log-probabilities read the unmasked ones.
+    logits = rows if row.masks is None else masked(rows, row.masks)
+    verdict, p = judge(speculation.rule, state, proposal, logits)
     target.rewind(target.length - (base + verdict.accepted))
     state.settle(verdict.tokens, verdict.accepted)
-    state.report(logits[-(proposal.k + 1) :], verdict.tokens, p)  # the target's rows, never the drafter's
+    state.report(rows, verdict.tokens, p, row.masks)  # the target's rows, never the drafter's
     decided = features[0][:, : verdict.accepted + 1] if features else None
     row.proposer.settle(state, base, proposal, verdict, decided)
     if proposal.k:

@@ -10,6 +10,7 @@ from app.drafters.base import Forward, Proposal, Steps, run_alone
 from app.drafters.kinds import DrafterKind
 from app.loading.runner import ModelRunner
 from app.sampling import Distribution
+from app.sampling.grammar import masked
 
 if TYPE_CHECKING:
     from app.acceptance import Verdict
@@ -62,16 +63,19 @@ class DraftModelDrafter:
     def proposing(self, state: RowState, width: int) -> Steps[Proposal]:
         """Draft step by step, each step's forward asked for (a batch serves every row's step j
         together); keys are drawn in the same order whoever serves the forwards."""
-        sampler = state.sampler
-        # Host values are only needed for penalty windows or the p_min cut; otherwise the whole
-        # chain stays lazy and is evaluated together with the verify forward.
-        needs_host = sampler.needs_context or self.p_min > 0.0
+        sampler, constraint = state.sampler, state.constraint
+        # Host values are only needed for penalty windows, the p_min cut or the grammar's next
+        # mask; otherwise the whole chain stays lazy and is evaluated with the verify forward.
+        needs_host = sampler.needs_context or self.p_min > 0.0 or constraint is not None
         base = len(state.tokens)
         logits = self._fit((yield Forward(self.runner, state.tokens[self.runner.length :], drafting=True))[-1:])
         drafts: list[mx.array] = []
         rows: list[Distribution] = []
+        followed, ended = 0, False  # drafts the grammar's matcher follows, rolled back at the end
         for i in range(width):
             contexts = state.contexts([base + i])
+            if constraint is not None:  # q is the masked drafter row, as p is the masked target's
+                logits = masked(logits, mx.array(constraint.allowed())[None, :])
             if sampler.is_greedy:
                 adjusted = sampler.adjust(logits, contexts)
                 draft = mx.argmax(adjusted, axis=-1).astype(mx.int32)
@@ -84,14 +88,21 @@ class DraftModelDrafter:
                 if q is not None and self.p_min > 0.0 and q.prob_of(draft).item() < self.p_min:
                     break
                 state.history.extend([token])
+                if constraint is not None:
+                    ended = not constraint.drafted(token)  # an EOS ends the chain
+                    followed += not ended
             else:
                 mx.async_eval(draft)  # compute this draft while the next step's graph is built
             drafts.append(draft)
             if q is not None and not sampler.is_greedy:
                 rows.append(q)
+            if ended:
+                break
             if i + 1 < width:
                 logits = self._fit((yield Forward(self.runner, draft, drafting=True))[-1:])
         state.history.rewind(base)
+        if constraint is not None:
+            constraint.rollback(followed)
         if not drafts:
             return Proposal.empty()
         return Proposal(tokens=mx.concatenate(drafts), q=Distribution.stack(rows) if rows else None)

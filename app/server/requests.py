@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -13,11 +14,20 @@ from app.loading import chat_template
 from app.loading.chat_template import Limits, TemplateLimitError
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
+from app.sampling.grammar import Grammar, GrammarError
 from app.sampling.logprobs import MAX_TOP, ProbsRequest
 from app.sampling.rng import KEY_RANGE, RANDOM, resolve_seed
 from app.server import field_policy
 from app.server.errors import ApiError
-from app.server.schemas import ChatMessage, ChatRequest, LogitBias, OpenAICompletionRequest, SamplingFields
+from app.server.schemas import (
+    ChatMessage,
+    ChatRequest,
+    LogitBias,
+    OpenAICompletionRequest,
+    ResponseFormat,
+    SamplingFields,
+)
+from app.server.tools import tool_plan
 
 # What llama-server's strtol reads whole as a token id. ASCII only: str.isdigit() also takes
 # "١٢" and "²", and int() refuses the second.
@@ -115,7 +125,7 @@ def template_variables(extra: dict[str, Any] | None, tokenizer: TokenizerWrapper
     return variables
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     if not messages:
         raise ApiError(400, "messages must not be empty")
     if len(messages) > 1 and messages[-1].role == messages[-2].role == "assistant":
@@ -128,8 +138,28 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
             if any(part.type != "text" for part in content):
                 raise ApiError(400, "only text content parts are supported")
             content = "".join(part.text or "" for part in content)
-        plain.append({"role": message.role, "content": content or ""})
+        entry: dict[str, Any] = {"role": message.role, "content": content or ""}
+        if message.tool_calls:
+            entry["tool_calls"] = [history_call(call) for call in message.tool_calls]
+        if message.tool_call_id is not None:
+            entry["tool_call_id"] = message.tool_call_id
+        if message.name is not None:
+            entry["name"] = message.name
+        plain.append(entry)
     return plain
+
+
+def history_call(call: dict[str, Any]) -> dict[str, Any]:
+    """An assistant's past call as chat templates read it: arguments as a mapping."""
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ApiError(400, "messages: a tool call needs function.name")
+    arguments = function.get("arguments", "{}")
+    try:
+        arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError as exc:
+        raise ApiError(400, f"messages: tool call arguments are not JSON: {exc}") from exc
+    return {**call, "type": "function", "function": {"name": function["name"], "arguments": arguments}}
 
 
 def chat_prompt(
@@ -139,6 +169,7 @@ def chat_prompt(
     settings: Settings,
     *,
     tokenize: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> Any:
     """The chat template applied to the messages: token ids, or the text when `tokenize` is false.
 
@@ -148,7 +179,7 @@ def chat_prompt(
     variables = template_variables(extra, tokenizer) | {
         "messages": plain,
         "add_generation_prompt": True,
-        "tools": None,  # as transformers passes them: templates test `tools is not none`
+        "tools": tools,  # None as transformers passes it: templates test `tools is not none`
         "documents": None,
     }
     server = settings.server
@@ -183,6 +214,52 @@ def stop_strings(stop: str | list[str] | None, settings: Settings) -> tuple[str,
             f"stop: a string of {longest} characters; this server accepts {limits.max_stop_len} (server.max_stop_len)",
         )
     return strings
+
+
+def grammar(request: SamplingFields) -> Grammar | None:
+    """The grammar the output must follow: `json_schema`, `grammar` or OpenAI's `response_format`
+    (at most one of them); a bad schema or grammar is a 400 saying why."""
+    chosen = requested_grammar(request)
+    if chosen is None:
+        return None
+    if request.ignore_eos:
+        raise ApiError(400, "ignore_eos cannot be combined with a grammar: the output ends where the grammar does")
+    kind, value = chosen
+    try:
+        if kind == "grammar":
+            return Grammar.gbnf(value)
+        return Grammar.json_object() if value is None else Grammar.json_schema(value)
+    except GrammarError as exc:
+        raise ApiError(400, str(exc)) from exc
+
+
+def requested_grammar(request: SamplingFields) -> tuple[str, Any] | None:
+    """("grammar", GBNF text) or ("json_schema", schema or None for any JSON object), or None."""
+    chosen = [("grammar", request.grammar)] if request.grammar is not None else []
+    if request.json_schema is not None:
+        chosen.append(("json_schema", request.json_schema))
+    response_format: ResponseFormat | None = getattr(request, "response_format", None)
+    if response_format is not None and response_format.type != "text":
+        chosen.append(("json_schema", response_schema(response_format)))
+    plan = tool_plan(request) if isinstance(request, ChatRequest) else None
+    if plan is not None and plan.forced:  # a required or named call: decoded against its schema
+        chosen.append(("json_schema", plan.schema()))
+    if len(chosen) > 1:
+        raise ApiError(400, "give at most one of grammar, json_schema, response_format and a required tool call")
+    return chosen[0] if chosen else None
+
+
+def response_schema(response_format: ResponseFormat) -> dict[str, Any] | None:
+    """The schema an OpenAI response_format asks for (None: any JSON object)."""
+    if response_format.type == "json_object":
+        return response_format.schema
+    if response_format.type == "json_schema":
+        if response_format.json_schema is None or response_format.json_schema.schema is None:
+            raise ApiError(400, "response_format json_schema needs json_schema.schema")
+        return response_format.json_schema.schema
+    raise ApiError(
+        400, f"response_format type must be one of text, json_object, json_schema, but got: {response_format.type}"
+    )
 
 
 def choice_seed(seed: int | None, choice: int) -> int:
@@ -230,8 +307,15 @@ def probs_request(request: SamplingFields) -> ProbsRequest | None:
 
 
 def row_request(
-    request: SamplingFields, tokens: list[int], settings: Settings, params: SamplingParams, choice: int = 0
+    request: SamplingFields,
+    tokens: list[int],
+    settings: Settings,
+    params: SamplingParams,
+    choice: int = 0,
+    grammar: Grammar | None = None,
 ) -> RowRequest:
+    """Row `choice` of a prompt; `grammar` is the request's (requests.grammar, built once for
+    all its rows: each row gets its own matcher over it)."""
     if len(tokens) > settings.server.max_prompt_tokens:
         raise ApiError(
             400,
@@ -254,4 +338,5 @@ def row_request(
         n_min=max(0, request.speculative_n_min or 0),
         p_min=p_min,
         probs=probs_request(request),
+        grammar=grammar,
     )

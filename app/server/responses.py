@@ -286,9 +286,21 @@ class TextCompletion(OpenAIObject, kw_only=True):
     timings: Timings | UnsetType = UNSET
 
 
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(msgspec.Struct, kw_only=True):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None when the answer is tool calls
+    tool_calls: list[ToolCall] | UnsetType = UNSET
 
 
 class TopLogprob(msgspec.Struct, kw_only=True):

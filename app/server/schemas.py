@@ -104,9 +104,28 @@ class SamplingFields(_unhonoured("LlamaServerFields", field_policy.LLAMA_SERVER,
     cache_prompt: bool = True
     timings_per_token: bool = False
     return_tokens: bool = False
+    json_schema: dict[str, Any] | None = None  # constrain the output to this JSON schema
+    grammar: str | None = None  # or to this GBNF grammar (root rule `root`)
     speculative_n_max: int | None = msgspec.field(default=None, name="speculative.n_max")
     speculative_n_min: int | None = msgspec.field(default=None, name="speculative.n_min")
     speculative_p_min: float | None = msgspec.field(default=None, name="speculative.p_min")
+
+
+class JsonSchemaFormat(WireStruct, kw_only=True):
+    """OpenAI's response_format.json_schema; the schema is always enforced, `strict` or not."""
+
+    name: str | None = None
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(WireStruct, kw_only=True):
+    """OpenAI's response_format: text, json_object (llama-server: optional `schema`), json_schema."""
+
+    type: str
+    json_schema: JsonSchemaFormat | None = None
+    schema: dict[str, Any] | None = None
 
 
 class CompletionRequest(_unhonoured("NativeFields", field_policy.NATIVE, SamplingFields), kw_only=True):
@@ -127,6 +146,7 @@ class OpenAICompletionRequest(
     echo: bool = False
     logprobs: int | None = None  # OpenAI: the top candidates per token, 0..5
     stream_options: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
 
 class ContentPart(WireStruct, kw_only=True):
@@ -137,6 +157,20 @@ class ContentPart(WireStruct, kw_only=True):
 class ChatMessage(WireStruct, kw_only=True):
     role: str
     content: str | list[ContentPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls, for the template
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
+
+
+class ToolFunction(WireStruct, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; the call's arguments follow it
+
+
+class Tool(WireStruct, kw_only=True):
+    type: str = "function"
+    function: ToolFunction
 
 
 class ChatRequest(_unhonoured("ChatFields", field_policy.CHAT, SamplingFields), kw_only=True):
@@ -149,6 +183,9 @@ class ChatRequest(_unhonoured("ChatFields", field_policy.CHAT, SamplingFields), 
     top_logprobs: int | None = None  # OpenAI: 0..20, with logprobs
     stream_options: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None  # app/server/tools.py
+    tool_choice: str | dict[str, Any] | None = None
 
 
 class TokenizeRequest(WireStruct, kw_only=True):

@@ -11,6 +11,7 @@ from litestar import Request
 from litestar.types import Receive
 
 from app.decoding.builder import RowRequest
+from app.sampling.grammar import Grammar
 from app.server import field_policy, requests, shaping
 from app.server.engine_view import Delta, EngineView, Event, Failed, Finished, Job
 from app.server.errors import ApiError
@@ -91,14 +92,16 @@ def start(
     *,
     choice: int = 0,
     request_id: str | None = None,
+    grammar: Grammar | None = None,
 ) -> tuple[Submission, GenerationSettings]:
-    """Validate the sampling fields, build the row request (choice `choice` of its prompt) and submit it.
+    """Validate the sampling fields, build the row request (choice `choice` of its prompt, under
+    the request's `grammar`) and submit it.
 
     Returns the submission and the settings the request runs with (for its answer).
     """
     settings = engine.settings
     params = requests.sampling(data, settings, engine.tokenizer, engine.vocab_size)
-    row_request = requests.row_request(data, tokens, settings, params, choice)
+    row_request = requests.row_request(data, tokens, settings, params, choice, grammar)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -172,9 +175,11 @@ class Rows:
 def start_rows(
     request: Request, engine: EngineView, data: SamplingFields, prompts: list[list[int]], n: int, route: str
 ) -> Rows:
-    """Submit `n` rows per prompt (choice j of a prompt seeded by requests.choice_seed)."""
+    """Submit `n` rows per prompt (choice j of a prompt seeded by requests.choice_seed); the
+    request's grammar is built once, and each row follows it with its own matcher."""
     field_policy.refuse_unhonoured(data)
     check_rows(len(prompts), n, engine.settings)
+    grammar = requests.grammar(data)
     request_id = uuid.uuid4().hex[:16]
     submissions: list[Submission] = []
     settings: list[GenerationSettings] = []
@@ -182,7 +187,9 @@ def start_rows(
         for tokens in prompts:
             for choice in range(n):
                 row_id = f"{request_id}-{len(submissions)}" if submissions else request_id
-                submission, row_settings = start(request, engine, data, tokens, route, choice=choice, request_id=row_id)
+                submission, row_settings = start(
+                    request, engine, data, tokens, route, choice=choice, request_id=row_id, grammar=grammar
+                )
                 submissions.append(submission)
                 settings.append(row_settings)
     except Exception:

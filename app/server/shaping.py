@@ -56,6 +56,7 @@ from app.server.responses import (
     TopLogprob,
     Usage,
 )
+from app.server.tools import ToolPlan, tool_calls
 
 BUILD_INFO = f"mlxcel {__version__} (mlx {version('mlx')}, mlx-lm {version('mlx-lm')})"
 SAMPLER_KNOBS = tuple(f for f in SamplingParams.__struct_fields__ if f != "logit_bias")
@@ -436,15 +437,23 @@ def _chat_chunk(
     )
 
 
-def chat_completion(head: OpenAIHead, results: list[Finished], logprobs: list[Logprobs | None]) -> ChatCompletion:
-    """The body: one choice per row (the `n` choices of the one conversation), each with its row's `logprobs`."""
+def chat_choice(index: int, result: Finished, logprobs: ChatLogprobs | None, plan: ToolPlan | None) -> ChatChoice:
+    """One choice: its text, or (content null, finish_reason tool_calls) the call it is."""
+    calls = tool_calls(plan, result.text) if plan is not None else None
+    if calls:
+        message = AssistantMessage(content=None, tool_calls=calls)
+        return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason="tool_calls")
+    message = AssistantMessage(content=result.text)
+    return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason=finish_reason(result))
+
+
+def chat_completion(
+    head: OpenAIHead, results: list[Finished], logprobs: list[Logprobs | None], plan: ToolPlan | None = None
+) -> ChatCompletion:
+    """The body: one choice per row (the `n` choices of the one conversation), each with its row's
+    `logprobs`; a choice whose output is a call of the `plan`'s tools answers it as `tool_calls`."""
     choices = [
-        ChatChoice(
-            index=index,
-            message=AssistantMessage(content=result.text),
-            logprobs=shaper.chat(result.logprobs) if shaper is not None else None,
-            finish_reason=finish_reason(result),
-        )
+        chat_choice(index, result, shaper.chat(result.logprobs) if shaper is not None else None, plan)
         for index, (result, shaper) in enumerate(zip(results, logprobs, strict=True))
     ]
     return ChatCompletion(

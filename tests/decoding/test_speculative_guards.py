@@ -16,7 +16,7 @@ from app.loading.runner import ModelRunner
 from app.sampling import SamplingParams
 from ops.models.tiny import build_tiny_model
 from tests.support.batched import Arrival, run_batched
-from tests.support.derived_models import anti_drafter, constant_output
+from tests.support.derived_models import anti_drafter, fixed_distribution_pair
 from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
 
 TOKENS = list(range(10, 16))
@@ -48,11 +48,7 @@ def speculative(
 
 @pytest.fixture(scope="module")
 def constant_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, LoadedModel]:
-    root = tmp_path_factory.mktemp("constant")
-    base = build_tiny_model(root / "base", tie_embeddings=False, layers=1)
-    target = constant_output(base, root / "target", dict(zip(TOKENS, P, strict=True)))
-    drafter = constant_output(base, root / "drafter", dict(zip(TOKENS, Q, strict=True)))
-    return load_model(target), load_model(drafter)
+    return fixed_distribution_pair(tmp_path_factory.mktemp("constant"), TOKENS, P, Q)
 
 
 def emitted_stream(builder: LoopBuilder, n: int, rule: Rule | None = None) -> list[int]:

@@ -177,3 +177,23 @@ def test_every_choice_of_a_prompt_list_has_its_own_logprobs(default_server) -> N
 
     with pytest.raises(openai.BadRequestError, match="echo with logprobs is not supported"):
         client.completions.create(**(ask | {"echo": True}))
+
+
+def test_logprobs_under_a_grammar(default_server, embedded_target) -> None:
+    """The default row stays the model's unmasked one for every token, forced ones included (no
+    jump-forward when log-probabilities are asked); post_sampling_probs is the masked row."""
+    schema = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"]}
+    ask = GREEDY | {"json_schema": schema, "n_predict": 20}
+    body = default_server.client().post("/completion", json=ask).json()
+    entries = body["completion_probabilities"]
+    assert body["content"] in ('{"a":"x"}', '{"a":"y"}') and [e["id"] for e in entries] == body["tokens"]
+    reference = reference_logprobs(embedded_target, embedded_target.tokenizer.encode(PROMPT), body["tokens"])
+    assert [e["logprob"] for e in entries] == pytest.approx(reference, abs=REFERENCE_TOLERANCE)
+    sampled = {"post_sampling_probs": True, "temperature": 0.7, "seed": 2, "n_probs": 5}
+    masked = default_server.client().post("/completion", json=ask | sampled).json()
+    assert masked["content"] in ('{"a":"x"}', '{"a":"y"}')
+    for entry in masked["completion_probabilities"]:
+        assert 0.0 < entry["prob"] <= 1.0
+        assert sum(t["prob"] for t in entry["top_probs"]) <= 1.0 + 1e-6
+    forced = [e for e in masked["completion_probabilities"] if e["token"] in ('{"', "{", '"a', '":"', '"}')]
+    assert forced and all(e["prob"] == pytest.approx(1.0) for e in forced)  # the mask allows only it

@@ -55,3 +55,16 @@ def constant_output(src: Path, dst: Path, probs: dict[int, float]) -> Path:
         return w
 
     return derive_model(src, dst, rebuild)
+
+
+def fixed_distribution_pair(
+    root: Path, tokens: list[int], target_probs: list[float], drafter_probs: list[float]
+) -> tuple:
+    """A target and a drafter of fixed next-token distributions over `tokens`, loaded."""
+    from app.loading import load_model
+    from ops.models.tiny import build_tiny_model
+
+    base = build_tiny_model(root / "base", tie_embeddings=False, layers=1)
+    target = constant_output(base, root / "target", dict(zip(tokens, target_probs, strict=True)))
+    drafter = constant_output(base, root / "drafter", dict(zip(tokens, drafter_probs, strict=True)))
+    return load_model(target), load_model(drafter)

@@ -10,8 +10,9 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from app.server import requests, shaping
+from app.server import requests, shaping, tools
 from app.server.engine_view import EngineView, require_ready
+from app.server.errors import ApiError
 from app.server.openapi import streamed_or
 from app.server.responses import ChatCompletion
 from app.server.schemas import ChatRequest
@@ -33,8 +34,16 @@ class ChatController(Controller):
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[ChatRequest]
     ) -> Response | Stream:
         """Chat through the model's chat template; `timings` rides on the body or the finish chunk."""
+        plan = tools.tool_plan(data)
+        if plan is not None and plan.callable and data.stream:
+            raise ApiError(400, 'stream: streaming tool calls is not supported yet; stream false or tool_choice "none"')
         tokens = await asyncio.to_thread(
-            requests.chat_prompt, data.messages, engine.tokenizer, data.chat_template_kwargs, engine.settings
+            requests.chat_prompt,
+            data.messages,
+            engine.tokenizer,
+            data.chat_template_kwargs,
+            engine.settings,
+            tools=plan.template_tools() if plan else None,
         )
         requests.check_token_ids(tokens, engine.vocab_size)
         rows = start_rows(request, engine, data, [tokens], data.n, request.url.path)
@@ -43,7 +52,8 @@ class ChatController(Controller):
         if data.stream:
             return sse(chat_frames(rows, data.timings_per_token, head, data.n, logprobs), rows.request_id)
         results = await rows.results()
-        return Response(shaping.chat_completion(head, results, logprobs), headers={REQUEST_ID: rows.request_id})
+        body = shaping.chat_completion(head, results, logprobs, plan)
+        return Response(body, headers={REQUEST_ID: rows.request_id})
 
 
 async def chat_frames(

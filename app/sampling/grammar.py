@@ -1,0 +1,176 @@
+"""Structured outputs: a grammar compiled once per request, and one matcher per row over it.
+
+The engine is llguidance (docs/structured-output.md says why, with the measurement). A `Grammar`
+is the engine's grammar text for a JSON schema, "any JSON object", or a GBNF grammar; building
+one checks it, so a bad schema or grammar is a `GrammarError` before any row exists. A
+`Constraint` is a row's matcher: it follows the row's decided tokens, gives the next-token mask,
+walks a proposal (cutting it at its first violation, with one mask per verify row) and rolls
+back what it walked, and names the token the grammar forces where it allows exactly one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import llguidance.numpy
+import mlx.core as mx
+import numpy as np
+
+# Compact JSON (no free whitespace between tokens): a model that may emit any amount of
+# whitespace inside an object can loop on it until max_tokens; llama-server's converter does
+# the same (at most one space).
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+
+
+class GrammarError(ValueError):
+    """The schema or grammar cannot be compiled; the message says why (the HTTP layer's 400)."""
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A checked grammar in llguidance's format; `source` names what it came from."""
+
+    text: str
+    source: str  # json_object | json_schema | grammar
+
+    @classmethod
+    def json_object(cls) -> Grammar:
+        """Any JSON object (OpenAI's response_format json_object)."""
+        return cls.json_schema({"type": "object"}, source="json_object")
+
+    @classmethod
+    def json_schema(cls, schema: object, source: str = "json_schema") -> Grammar:
+        if not isinstance(schema, dict):
+            raise GrammarError("the JSON schema must be an object")
+        try:
+            text = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
+        except ValueError as exc:
+            raise GrammarError(f"invalid JSON schema: {exc}") from exc
+        return cls._checked(text, source)
+
+    @classmethod
+    def gbnf(cls, text: str) -> Grammar:
+        """A llama.cpp GBNF grammar (rule `root` is the start)."""
+        try:
+            return cls._checked(llguidance.grammar_from("gbnf", text), "grammar")
+        except (ValueError, TypeError) as exc:
+            raise GrammarError(f"invalid grammar: {exc}") from exc
+
+    @classmethod
+    def _checked(cls, text: str, source: str) -> Grammar:
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text)
+        if is_error:
+            kind = "JSON schema" if source.startswith("json") else "grammar"
+            raise GrammarError(f"invalid {kind}: {messages[0]}")
+        return cls(text=text, source=source)
+
+
+class GrammarVocabulary:
+    """The target's tokenizer as the engine sees it; built once per model, shared by every row."""
+
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self.vocab_size = vocab_size
+        self.eos = frozenset(eos_token_ids)
+        self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=eos_token_ids)
+
+    def constraint(self, grammar: Grammar) -> Constraint:
+        return Constraint(llguidance.LLMatcher(self.tokenizer, grammar.text), self.vocab_size, self.eos)
+
+
+class Constraint:
+    """One row's matcher. It follows the row's decided tokens; walks are rolled back after.
+
+    EOS is never fed to the matcher: the mask allows it only where the grammar accepts, and the
+    row stops at it, so it is tracked here as the end (`ended`).
+    """
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
+        if matcher.is_error():
+            raise GrammarError(f"invalid grammar: {matcher.get_error()}")
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+        self.eos = eos_token_ids
+        self.ended = False
+        self._bits = llguidance.numpy.allocate_token_bitmask(1, vocab_size)
+
+    def allowed(self) -> np.ndarray:
+        """Bool `[V]`: the tokens the grammar allows next (EOS only where it accepts).
+
+        Past the end every token is allowed: such a row is never emitted (the row stops at its
+        EOS), and an all-forbidden row would make the sampler's row NaN.
+        """
+        if self.ended:
+            return np.ones(self.vocab_size, dtype=bool)
+        llguidance.numpy.fill_next_token_bitmask(self.matcher, self._bits, 0)
+        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
+        return bits[: self.vocab_size].astype(bool)
+
+    def consume(self, tokens: list[int]) -> None:
+        """Follow decided tokens (the masks made them valid); none follows an EOS."""
+        for token in tokens:
+            if self.ended or token in self.eos:
+                self.ended = True
+                return
+            if not self.matcher.consume_token(token):
+                raise GrammarError(f"a decided token broke the grammar: {self.matcher.get_error()}")
+
+    def drafted(self, token: int) -> bool:
+        """Follow one draft provisionally (undo with `rollback`); False at an EOS, which ends
+        the chain and is not followed."""
+        if token in self.eos:
+            return False
+        self.matcher.consume_token(token)
+        return True
+
+    def rollback(self, drafts: int) -> None:
+        self.matcher.rollback(drafts)
+
+    def walk(self, drafts: list[int]) -> tuple[int, mx.array]:
+        """How many drafts the grammar allows in a row, and the mask of each verify row `[n+1, V]`.
+
+        Row i is the mask after the first i drafts. The chain is cut at its first violation, and
+        after an EOS (nothing past it is emitted). The walk is rolled back.
+        """
+        rows, consumed = [], 0
+        for draft in drafts:
+            rows.append(self.allowed())
+            if not rows[-1][draft]:
+                break
+            if draft in self.eos:
+                rows.append(np.ones(self.vocab_size, dtype=bool))
+                break
+            self.matcher.consume_token(draft)
+            consumed += 1
+        else:
+            rows.append(self.allowed())
+        self.matcher.rollback(consumed)
+        return len(rows) - 1, mx.array(np.stack(rows))
+
+    def forced(self, limit: int) -> list[int]:
+        """Up to `limit` tokens the grammar forces in a row (each the one token its mask allows).
+
+        Each has probability 1 under the masked distribution whatever the sampler, so emitting
+        it without a target forward is exact (jump-forward). The walk is rolled back.
+        """
+        tokens: list[int] = []
+        consumed = 0
+        while len(tokens) < limit and not self.ended:
+            only = np.flatnonzero(self.allowed())
+            if len(only) != 1:
+                break
+            tokens.append(int(only[0]))
+            if tokens[-1] in self.eos:
+                break
+            self.matcher.consume_token(tokens[-1])
+            consumed += 1
+        self.matcher.rollback(consumed)
+        return tokens
+
+
+def masked(logits: mx.array, masks: mx.array) -> mx.array:
+    """Logits `[R, V]` with the tokens each row's mask `[R, V]` forbids at -inf."""
+    return mx.where(masks, logits, -mx.inf)
