@@ -1,29 +1,19 @@
-"""`mlxcel serve`: the HTTP server on a profile (the embedded default unless told otherwise)."""
+"""`mlxcel serve`: the HTTP server on a profile (the embedded default unless told otherwise).
+
+The profile and the port are checked before MLX, the engine and the HTTP app are imported
+(`app/cli/serving.py`), so a bad profile fails in well under a second.
+"""
 
 from __future__ import annotations
 
 import argparse
 import errno
-import os
-import signal
 import socket
 import sys
-import time
 
-import structlog
-import uvicorn
-
-from app import events
-from app.decoding.plan import SamplerClass
-from app.drafters.kinds import DrafterKind
-from app.engine.engine import Engine, EngineState
-from app.loading import ModelLoadError
+from app.cli.exit_codes import EXIT_CONFIG
 from app.profiles import add_profile_flags, settings_from_args
 from app.runtime.logging import configure_logging, log_stream
-
-EXIT_CONFIG = 2
-EXIT_FAILURE = 1  # the models failed to load for another reason, or the engine failed while serving
-HANDLER_GRACE_S = 5.0  # after the drain: how long responses already decided get to reach their clients
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -48,74 +38,7 @@ def port_problem(host: str, port: int) -> str | None:
     return None
 
 
-class DrainingServer(uvicorn.Server):
-    """uvicorn, with SIGTERM/SIGINT draining the engine instead of closing the listener at once.
-
-    The first signal turns the engine DRAINING: the listener stays open so new requests get a
-    503 envelope, and running rows may finish for `drain_timeout_s`; then the unfinished ones end
-    with a 503 (an error frame on streams) and uvicorn shuts down as usual, exit status 0. A
-    second signal exits at once with 128 + its number, like a process the signal killed.
-    """
-
-    def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
-        super().__init__(config)
-        self.engine = engine
-        self.drain_deadline: float | None = None
-        self._log = structlog.get_logger("mlxcel.serve")
-
-    def handle_exit(self, sig: int, frame: object) -> None:
-        if self.drain_deadline is not None or self.should_exit:
-            self._log.warning("forced_exit", signal=signal.Signals(sig).name)
-            os._exit(128 + sig)
-        timeout = self.engine.settings.server.drain_timeout_s
-        self._log.info("draining", signal=signal.Signals(sig).name, timeout_s=timeout)
-        self.engine.drain()
-        self.drain_deadline = time.monotonic() + timeout
-
-    async def on_tick(self, counter: int) -> bool:
-        if self.drain_deadline is not None and not self.should_exit:
-            if self.engine.state is not EngineState.DRAINING or self.engine.idle:
-                self.should_exit = True
-            elif time.monotonic() >= self.drain_deadline:
-                self._log.warning("drain_timed_out", rows=len(self.engine.snapshot().rows))
-                self.engine.abort("the server shut down before this request finished")
-        return await super().on_tick(counter)
-
-
-def announce(engine: Engine) -> None:
-    """The startup line and the `acceptance_rule_active` event, once the loop is built."""
-    fields = startup_fields(engine)
-    structlog.get_logger("mlxcel.serve").info("server_ready", **fields)
-    events.acceptance_rule_active(**fields)
-
-
-def startup_fields(engine: Engine) -> dict[str, object]:
-    settings, plan = engine.settings, engine.plan
-    drafter = settings.drafter
-    widths = plan.block_widths
-    lookup = plan.drafter_kind is DrafterKind.PROMPT_LOOKUP
-    return {
-        "profile": settings.profile,
-        "profile_file": settings.source,
-        "target": settings.target,
-        "drafter_kind": drafter.kind,
-        "drafter_model": drafter.model,
-        "rule": plan.rules[SamplerClass.SAMPLED],
-        "rule_at_temperature_0": plan.rules[SamplerClass.ARGMAX],
-        "width": (widths[0] if widths else plan.width) or None,
-        "adaptive_max_width": widths[1] if widths and plan.adaptive else None,
-        "governor_floor": plan.governor_floor if lookup else None,
-        "governor_policy": plan.governor_policy if lookup else None,
-        "env_overrides": dict(settings.env),
-        "host": settings.server.host,
-        "port": settings.server.port,
-    }
-
-
 def run(args: argparse.Namespace) -> int:
-    from app.server.app import create_app
-    from app.server.protocol import EnvelopeHttpToolsProtocol
-
     settings = settings_from_args(args)
     configure_logging(
         settings.logging.level, fmt=settings.logging.format, stream=log_stream(settings.logging.destination)
@@ -124,35 +47,6 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"error: {settings.source}: server.port: {problem}; choose another port (--port)", file=sys.stderr)
         return EXIT_CONFIG
-    server: uvicorn.Server | None = None
-    loaded = False
+    from app.cli.serving import serve
 
-    def on_ready(engine: Engine) -> None:
-        nonlocal loaded
-        loaded = True
-        announce(engine)
-
-    def on_failure(exc: BaseException) -> None:
-        if server is not None:
-            server.should_exit = True
-
-    engine = Engine(settings, on_failure=on_failure, on_ready=on_ready)
-    config = uvicorn.Config(
-        create_app(engine),
-        host=settings.server.host,
-        port=settings.server.port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=HANDLER_GRACE_S,
-        http=EnvelopeHttpToolsProtocol,
-    )
-    server = DrainingServer(config, engine)
-    server.run()
-    if engine.failure is None:
-        return 0
-    if loaded:
-        print(f"error: the engine failed while serving: {engine.failure!r}", file=sys.stderr)
-        return EXIT_FAILURE
-    print(f"error: cannot start: {engine.failure}", file=sys.stderr)
-    return EXIT_CONFIG if isinstance(engine.failure, ModelLoadError) else EXIT_FAILURE
+    return serve(settings)

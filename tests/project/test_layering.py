@@ -36,3 +36,14 @@ def test_mlxcel_profiles_leaves_mlx_out() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_a_bad_profile_fails_serve_before_mlx_loads() -> None:
+    """`mlxcel serve` checks the profile and the port before importing the engine (app/cli/serving.py)."""
+    code = (
+        "import sys; from app.cli import main; print(main(['serve', '--port', '-1'])); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines() == ["2", "[]"], (done.stdout, done.stderr)
+    assert "port" in done.stderr
