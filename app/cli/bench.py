@@ -8,7 +8,7 @@ import sys
 
 from app.loading.paths import REPO_ROOT
 
-SUITES = ("speculative", "server", "concurrency")
+SUITES = ("speculative", "server", "concurrency", "prompt_cache")
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

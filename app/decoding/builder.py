@@ -16,6 +16,7 @@ from app.drafters.kinds import DrafterKind
 from app.drafters.prompt_lookup import PromptLookupDrafter
 from app.loading import LoadedModel, ModelLoadError
 from app.loading.pairing import require_pairing
+from app.loading.prompt_cache import PromptCache, RowCaching
 from app.loading.runner import ModelRunner
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
 from app.sampling.grammar import Grammar, GrammarVocabulary
@@ -40,12 +41,19 @@ class RowRequest:
     p_min: float = 0.0  # speculative.p_min: the draft model stops below this probability
     probs: ProbsRequest | None = None  # log-probabilities to report per token (None: none, no cost)
     grammar: Grammar | None = None  # structured output: every decided token is within it
+    cache_prompt: bool = True  # reuse and keep prompt prefixes in the prompt cache (where it runs)
 
 
 class LoopBuilder:
     """Builds each request's loop as the plan says; it decides nothing the plan has decided."""
 
-    def __init__(self, target: LoadedModel, drafter: LoadedModel | None, plan: LoopPlan) -> None:
+    def __init__(
+        self,
+        target: LoadedModel,
+        drafter: LoadedModel | None,
+        plan: LoopPlan,
+        prompt_cache: PromptCache | None = None,
+    ) -> None:
         if plan.drafter_kind is DrafterKind.DRAFT_MODEL:
             if drafter is None:
                 raise ModelLoadError("drafter kind draft-model needs a drafter model (--draft-model)")
@@ -62,6 +70,10 @@ class LoopBuilder:
                 raise ModelLoadError(f"drafter kind {plan.drafter_kind} needs a drafter model")
             ModelRunner(target.model).require_rewindable("target")
             self.block = BlockLoops(target, plan)
+        # Block drafters read the target's hidden features of the whole prompt, which the cache
+        # does not keep, so those profiles run without it (as does a cache that is not plain KV).
+        restorable = self.block is None and ModelRunner(target.model, max_kv_size=plan.max_kv_size).can_restore
+        self.prompt_cache = prompt_cache if restorable else None
 
     @property
     def context_limit(self) -> int:
@@ -127,4 +139,16 @@ class LoopBuilder:
             ignore_eos=request.ignore_eos,
             notes=choice.notes,
             excluded_s=choice.setup_seconds,
+            caching=self._caching(request, loop),
         )
+
+    def _caching(self, request: RowRequest, loop: RoundLoop) -> RowCaching | None:
+        """The row's prefixes restored from the prompt cache (when it runs and the request wants it)."""
+        if self.prompt_cache is None or not request.cache_prompt:
+            return None
+        runners = {"target": loop.target}
+        if isinstance(loop, SpeculativeLoop) and isinstance(loop.proposer, DraftModelDrafter):
+            runners["drafter"] = loop.proposer.runner
+        caching = RowCaching(self.prompt_cache, tuple(request.prompt), runners)
+        caching.restore()
+        return caching

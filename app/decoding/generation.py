@@ -12,6 +12,7 @@ from app.decoding.loop import RoundLoop
 from app.decoding.state import RowState
 from app.decoding.timings import Timings
 from app.drafters.base import Steps
+from app.loading.prompt_cache import RowCaching
 from app.sampling.logprobs import TokenLogprob
 
 
@@ -63,6 +64,7 @@ class Generation:
     last_token_at: float = 0.0
     notes: list = field(default_factory=list)  # events the loop choice wants logged (block loops)
     excluded_s: float = 0.0  # a drafter's first load, paid by this request, kept out of its timings
+    caching: RowCaching | None = None  # the row's use of the prompt cache (None: it does not use it)
 
     def __post_init__(self) -> None:
         self.prompt_n = len(self.state.tokens)
@@ -88,6 +90,11 @@ class Generation:
     def logprobs(self) -> list[TokenLogprob]:
         """The emitted tokens' log-probabilities (empty unless the request asked)."""
         return self.state.reported[: len(self.emitted)]
+
+    @property
+    def cache_n(self) -> int:
+        """Prompt tokens restored from the prompt cache rather than prefilled."""
+        return self.caching.reused if self.caching is not None else 0
 
     @property
     def prefilled(self) -> bool:
@@ -121,6 +128,8 @@ class Generation:
         if token is None:
             return Delta([], "")
         self.prefill_finished = self.last_token_at = time.perf_counter()
+        if self.caching is not None:
+            self.caching.store()
         return self._accept([token])
 
     def step(self) -> Delta:

@@ -74,6 +74,7 @@ class RoundLoop(Protocol):
     """One row's decode: the prompt chunk by chunk, then one step (or verify round) at a time."""
 
     speculation: Speculation
+    target: ModelRunner
 
     def prefill_chunk(self, state: RowState) -> int | None:
         """Feed one chunk of the prompt; once it is all in, decide the first token and return it."""

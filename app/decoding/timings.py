@@ -12,7 +12,8 @@ class Timings(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     prompt_ms covers queue wait plus target prefill; predicted_ms runs from the end of prefill
     through the last verify round. Rates divide by prompt_n and by predicted_n - 1 (the first
-    token's time is in prompt_ms); a zero divisor gives 0.
+    token's time is in prompt_ms); a zero divisor gives 0. As llama-server counts them, cache_n
+    is the prompt tokens restored from the prompt cache and prompt_n the ones prefilled.
     """
 
     cache_n: int
@@ -42,6 +43,7 @@ def _rate(n: int, ms: float) -> tuple[float, float]:
 
 
 def make_timings(
+    cache_n: int,
     prompt_n: int,
     prompt_ms: float,
     predicted_n: int,
@@ -52,7 +54,7 @@ def make_timings(
     prompt_rate = _rate(prompt_n, prompt_ms)
     predicted_rate = _rate(predicted_n - 1, predicted_ms)
     timings = Timings(
-        cache_n=0,
+        cache_n=cache_n,
         prompt_n=prompt_n,
         prompt_ms=prompt_ms,
         prompt_per_token_ms=prompt_rate[0],

@@ -65,7 +65,7 @@ class Engine:
             settings=self.settings,
             plan=self.plan,
             model=self.host.info,
-            metrics=copy_metrics(self.reporter.metrics),
+            metrics=copy_metrics(self.reporter.metrics, self.host.prompt_cache_counters),
             rows=tuple(row_view(rows[slot]) for slot in sorted(rows)),
         )
 

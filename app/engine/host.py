@@ -18,6 +18,7 @@ from app.decoding.plan import LoopPlan, plan_from_settings
 from app.drafters.governor import Listener
 from app.drafters.kinds import DrafterKind
 from app.loading import LoadedModel, load_model
+from app.loading.prompt_cache import CacheCounters, PromptCache
 from app.profiles.schema import Settings
 
 
@@ -47,7 +48,9 @@ class ModelHost:
         drafter = None
         if self.plan.drafter_kind is DrafterKind.DRAFT_MODEL:
             drafter = load_model(settings.drafter.model, role="drafter")
-        self.builder = LoopBuilder(target, drafter, self.plan)
+        server = settings.server
+        prompt_cache = PromptCache(server.prompt_cache_mb << 20, server.prompt_cache_entries)
+        self.builder = LoopBuilder(target, drafter, self.plan, prompt_cache if server.prompt_cache_mb else None)
         self._log.info("models_loaded", target=str(target.path), seconds=round(time.perf_counter() - started, 3))
         self.info = ModelInfo(
             path=str(target.path),
@@ -61,6 +64,12 @@ class ModelHost:
     def target(self) -> LoadedModel:
         assert self.builder is not None
         return self.builder.target
+
+    @property
+    def prompt_cache_counters(self) -> CacheCounters | None:
+        """The prompt cache's counters (None until loaded, or where no cache runs)."""
+        cache = self.builder.prompt_cache if self.builder is not None else None
+        return cache.counters if cache is not None else None
 
     def build(self, request: RowRequest, governor_listener: Listener) -> Generation:
         """A request's generation; may take seconds (a block drafter's first load and probes)."""

@@ -22,6 +22,11 @@ class Metrics:
     spec_decode_num_draft_tokens_total: int = 0
     spec_decode_num_accepted_tokens_total: int = 0
     spec_accepted_per_position: list[int] = field(default_factory=list)
+    # the prompt cache's counters (app/loading/prompt_cache.py), copied in by each snapshot
+    prompt_cache_hits_total: int = 0
+    prompt_cache_misses_total: int = 0
+    prompt_cache_evictions_total: int = 0
+    prompt_cache_bytes: int = 0
 
     @property
     def prompt_tokens_seconds(self) -> float:

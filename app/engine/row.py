@@ -22,7 +22,7 @@ class Finished:
     tokens: list[int]
     stop_type: str
     stopping_word: str
-    prompt_n: int
+    prompt_n: int  # the whole prompt (timings.cache_n of them restored from the prompt cache)
     timings: Timings  # with the draft block when a drafter ran a verify round
     rule: str | None
     draft_kind: str | None
@@ -81,7 +81,8 @@ class Row:
         first = generation.prefill_finished or time.perf_counter()
         last = generation.last_token_at or first
         return make_timings(
-            prompt_n=generation.prompt_n,
+            cache_n=generation.cache_n,
+            prompt_n=generation.prompt_n - generation.cache_n,
             # a drafter's first load, paid by this request, is kept out of its timings
             prompt_ms=max(0.0, (first - self.job.created - generation.excluded_s) * 1000.0),
             predicted_n=len(generation.emitted),

@@ -11,6 +11,7 @@ from app.engine.host import ModelInfo
 from app.engine.metrics import Metrics
 from app.engine.row import Row
 from app.engine.scheduler import EngineState
+from app.loading.prompt_cache import CacheCounters
 from app.profiles.schema import Settings
 
 
@@ -28,6 +29,8 @@ class RowView:
     slot: int
     request_id: str
     request: RowRequest
+    prompt_n: int
+    cache_n: int  # of the prompt's tokens, those restored from the prompt cache
     decided: int
     finished: bool
     draft: DraftCounts | None  # None for loops that verify nothing
@@ -50,11 +53,22 @@ def row_view(row: Row) -> RowView:
         slot=row.slot,
         request_id=row.job.request_id,
         request=row.job.request,
+        prompt_n=row.generation.prompt_n,
+        cache_n=row.generation.cache_n,
         decided=len(row.generation.emitted),
         finished=row.generation.finished,
         draft=DraftCounts(stats.proposed, stats.accepted, stats.rounds) if speculation.drafting else None,
     )
 
 
-def copy_metrics(metrics: Metrics) -> Metrics:
-    return dataclasses.replace(metrics, spec_accepted_per_position=list(metrics.spec_accepted_per_position))
+def copy_metrics(metrics: Metrics, cache: CacheCounters | None) -> Metrics:
+    """A copy for HTTP, with the prompt cache's counters as they are now (zeros: no cache runs)."""
+    cache = cache or CacheCounters()
+    return dataclasses.replace(
+        metrics,
+        spec_accepted_per_position=list(metrics.spec_accepted_per_position),
+        prompt_cache_hits_total=cache.hits,
+        prompt_cache_misses_total=cache.misses,
+        prompt_cache_evictions_total=cache.evictions,
+        prompt_cache_bytes=cache.bytes,
+    )

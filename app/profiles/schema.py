@@ -76,6 +76,9 @@ class ServerSettings(Group):
     chat_template_file: str | None = None  # operator's Jinja chat template (sandboxed); default: the model's
     template_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=60.0)] = 2.0  # a render running longer: 400
     template_max_chars: Annotated[int, msgspec.Meta(ge=1024)] = 4 * 1024 * 1024  # a larger rendered prompt: 400
+    # the prompt cache (app/loading/prompt_cache.py): its budget in MiB (0 turns it off) and entries
+    prompt_cache_mb: Annotated[int, msgspec.Meta(ge=0, le=1 << 20)] = 512
+    prompt_cache_entries: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
     # browser origins CORS lets call: "*" reflects any origin (llama-server's behaviour); [] turns CORS off
     cors_origins: list[str] = msgspec.field(default_factory=lambda: ["*"])
 

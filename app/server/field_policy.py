@@ -118,7 +118,6 @@ PIPELINE = (
     "which every acceptance rule replays exactly"
 )
 NO_CONTEXT_SHIFT = "there is no context shift here: a row stops at its token limit and discards nothing"
-NO_PROMPT_CACHE = "rows keep no prompt cache between requests"
 TEXT_ONLY = "this server runs text-only checkpoints"
 TEMPLATE_ONLY = "the chat template's output is returned as generated; reasoning is not parsed out of it"
 
@@ -139,8 +138,13 @@ LLAMA_SERVER: dict[str, Unhonoured] = {
     "n_discard": Unhonoured(equal(0), f"{NO_CONTEXT_SHIFT}; send 0"),
     "n_indent": Unhonoured(at_most(0), "indentation-based stopping (infill) is not implemented; send 0"),
     "n_cmpl": Unhonoured(equal(1), "several completions per prompt: send n on /v1/completions or chat"),
-    "n_cache_reuse": Unhonoured(equal(0), f"{NO_PROMPT_CACHE}, so there is nothing to reuse; send 0"),
-    "id_slot": Unhonoured(equal(-1), "rows are not pinned to slots and slots hold no prompt cache; send -1"),
+    "n_cache_reuse": Unhonoured(
+        equal(0), "the prompt cache reuses whole prompt prefixes only, never chunks moved by KV shifting; send 0"
+    ),
+    "id_slot": Unhonoured(
+        equal(-1),
+        "rows are not pinned to slots: every row shares one prompt cache, so no slot is worth choosing; send -1",
+    ),
     "t_max_predict_ms": Unhonoured(at_most(0), "generation has no time limit here; bound it with n_predict"),
     "return_progress": Unhonoured(equal(False), "prompt-processing progress is not reported; send false"),
     "image_data": Unhonoured(empty, f"older llama-server builds' image input: {TEXT_ONLY}"),

@@ -30,6 +30,10 @@ SCALARS: tuple[tuple[str, type[Metric], str], ...] = (
     ("spec_decode_num_drafts_total", C, "Verify rounds run on drafted tokens."),
     ("spec_decode_num_draft_tokens_total", C, "Drafted tokens proposed for verification."),
     ("spec_decode_num_accepted_tokens_total", C, "Drafted tokens accepted and emitted."),
+    ("prompt_cache_hits_total", C, "Requests that restored a prompt prefix from the prompt cache."),
+    ("prompt_cache_misses_total", C, "Requests that looked in the prompt cache and found no prefix."),
+    ("prompt_cache_evictions_total", C, "Prompt cache entries dropped for its budget."),
+    ("prompt_cache_bytes", G, "Bytes the prompt cache's entries hold."),
 )
 PER_POSITION = (
     "spec_decode_num_accepted_tokens_per_pos_total",

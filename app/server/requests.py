@@ -339,4 +339,5 @@ def row_request(
         p_min=p_min,
         probs=probs_request(request),
         grammar=grammar,
+        cache_prompt=request.cache_prompt,
     )

@@ -185,6 +185,10 @@ class Slot(msgspec.Struct, kw_only=True):
     id_task: int | str  # -1 when idle, else the request id
     is_processing: bool
     n_ctx: int
+    # while processing, as llama-server names them: the prompt, its tokens prefilled, and restored from the prompt cache
+    n_prompt_tokens: int | UnsetType = UNSET
+    n_prompt_tokens_processed: int | UnsetType = UNSET
+    n_prompt_tokens_cache: int | UnsetType = UNSET
     params: SlotParams | UnsetType = UNSET
     next_token: NextToken | UnsetType = UNSET
     draft: SlotDraft | UnsetType | None = UNSET  # null: the row runs no drafter
@@ -246,10 +250,15 @@ class NativeChunk(msgspec.Struct, kw_only=True):
     completion_probabilities: list[CompletionProbability] | UnsetType = UNSET  # this frame's tokens'
 
 
+class PromptTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int  # prompt tokens restored from the prompt cache
+
+
 class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class TextLogprobs(msgspec.Struct, kw_only=True):

@@ -45,6 +45,7 @@ from app.server.responses import (
     NativeChunk,
     NativeCompletion,
     NextToken,
+    PromptTokensDetails,
     Props,
     Slot,
     SlotDraft,
@@ -156,6 +157,9 @@ def slot(index: int, row: RowView | None, n_ctx: int, width: int) -> Slot:
         id_task=row.request_id,
         is_processing=True,
         n_ctx=n_ctx,
+        n_prompt_tokens=row.prompt_n,
+        n_prompt_tokens_processed=row.prompt_n - row.cache_n,
+        n_prompt_tokens_cache=row.cache_n,
         params=params,
         next_token=NextToken(n_decoded=row.decided, has_next_token=not row.finished),
         draft=draft,
@@ -256,8 +260,14 @@ def usage(results: list[Finished], n: int = 1) -> Usage:
     Rows are in choice order, so row i is choice i % n of prompt i // n.
     """
     prompt = sum(result.prompt_n for result in results[::n])
+    cached = sum(result.timings.cache_n for result in results[::n])
     completion = sum(len(result.tokens) for result in results)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
 
 
 def body_timings(results: list[Finished]) -> Timings | UnsetType:
