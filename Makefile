@@ -25,9 +25,11 @@ $(SHIM): app/runtime/sgemm_rows.c $(STAMP)
 run: install
 	$(BIN)/mlxcel serve
 
+# The replica test runs real nginx: .ci/ensure-nginx installs Debian's package where it is missing.
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	bash .ci/ensure-nginx
 	$(BIN)/pytest
 
 bench: install

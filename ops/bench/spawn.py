@@ -23,13 +23,17 @@ def spawned_server(profile: str, log: str = "stderr") -> AbstractContextManager[
     return spawned(command, {"MLXCEL_LOGGING__DESTINATION": log}, f"log: {log}")
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @contextmanager
 def spawned(command: list[str], env: dict[str, str], hint: str = "") -> Iterator[tuple[str, subprocess.Popen]]:
     """`command --port PORT` on a free port with only `env` (and PATH) set; its URL and process
     once /health answers 200. `hint` says where to look when it never does."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     process = subprocess.Popen(
         [*command, "--port", str(port)],
         cwd=REPO_ROOT,

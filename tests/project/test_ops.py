@@ -11,17 +11,28 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from app.profiles import shipped_profiles
+from app.profiles.schema import ServerSettings
+from ops.bench.nginx import prepared
 from tests.support import ROOT
 
 DEPLOY = ROOT / "ops" / "deploy"
+DRAIN_S = ServerSettings().drain_timeout_s
 
 
-def test_systemd_unit_verifies(tmp_path: Path) -> None:
-    unit = (DEPLOY / "mlxcel@.service").read_text().replace("/opt/mlxcel", str(ROOT))
-    assert "ExecStart=/opt" not in unit and f"ExecStart={ROOT}/.venv/bin/mlxcel serve --profile %i" in unit
-    instance = tmp_path / "mlxcel@default.service"
+@pytest.mark.parametrize(
+    ("template", "instance_name", "command"),
+    [
+        ("mlxcel@.service", "default", "serve --profile %i"),  # the instance is the profile
+        ("mlxcel-replica@.service", "8081", "serve --port %i"),  # the instance is the port
+    ],
+)
+def test_systemd_unit_verifies(tmp_path: Path, template: str, instance_name: str, command: str) -> None:
+    unit = (DEPLOY / template).read_text().replace("/opt/mlxcel", str(ROOT))
+    assert "ExecStart=/opt" not in unit and f"ExecStart={ROOT}/.venv/bin/mlxcel {command}" in unit
+    instance = tmp_path / template.replace("@", f"@{instance_name}")
     instance.write_text(unit)
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed here")
@@ -56,16 +67,40 @@ def test_dockerfile_instructions_and_targets() -> None:
     assert re.search(r"^install:", (ROOT / "Makefile").read_text(), re.M)
 
 
-def test_nginx_example_fronts_two_replicas() -> None:
-    text = (DEPLOY / "nginx.conf").read_text()
-    body = re.sub(r"#.*", "", text)
-    assert body.count("{") == body.count("}")
-    upstream = re.search(r"upstream mlxcel \{(.*?)\}", body, re.S).group(1)
-    assert len(re.findall(r"^\s*server 127\.0\.0\.1:\d+", upstream, re.M)) == 2
-    assert "proxy_buffering off;" in body and "proxy_pass http://mlxcel;" in body
-    if shutil.which("nginx"):
-        result = subprocess.run(["nginx", "-t", "-c", str(DEPLOY / "nginx.conf")], capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr
+def test_nginx_recipe_balances_the_replica_units_ports(tmp_path: Path) -> None:
+    body = re.sub(r"#.*", "", (DEPLOY / "nginx.conf").read_text())
+    upstreams = dict(re.findall(r"upstream (\w+) \{(.*?)\}", body, re.S))
+    assert set(upstreams) == {"mlxcel", "mlxcel_by_prefix"}
+    for upstream in upstreams.values():
+        ports = [int(port) for port in re.findall(r"^\s*server 127\.0\.0\.1:(\d+) max_fails", upstream, re.M)]
+        # `systemctl enable --now mlxcel-replica@{8080..8082}`, from the default profile's port
+        assert ports == list(range(8080, 8083)) and "zone " in upstream
+    assert (
+        "least_conn;" in upstreams["mlxcel"] and "hash $http_x_prefix_key consistent;" in upstreams["mlxcel_by_prefix"]
+    )
+    assert "proxy_buffering off;" in body and "proxy_pass http://$mlxcel_pool;" in body
+    assert "proxy_next_upstream error timeout http_503 non_idempotent;" in body
+    prepared([f"http://127.0.0.1:{port}" for port in (9001, 9002, 9003)], tmp_path)  # runs nginx -t
+    assert (tmp_path / "nginx.conf").read_text().count("server 127.0.0.1:900") == 6
+
+
+def test_kubernetes_manifest_probes_health_and_drains() -> None:
+    service, deployment = yaml.safe_load_all((DEPLOY / "kubernetes.yaml").read_text())
+    assert (service["kind"], deployment["kind"]) == ("Service", "Deployment")
+    pod = deployment["spec"]["template"]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"] == pod["metadata"]["labels"]
+    (container,) = pod["spec"]["containers"]
+    env = {variable["name"]: variable["value"] for variable in container["env"]}
+    assert env["MLXCEL_PROFILE"] in shipped_profiles() and env["MLXCEL_SERVER__HOST"] == "0.0.0.0"
+    (port,) = container["ports"]
+    assert (
+        port["containerPort"] == int(env["MLXCEL_SERVER__PORT"])
+        and service["spec"]["ports"][0]["targetPort"] == port["name"]
+    )
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": port["name"]}
+    assert "livenessProbe" not in container  # /health is 503 while loading and draining: not a liveness signal
+    sleep, seconds = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert sleep == "sleep" and pod["spec"]["terminationGracePeriodSeconds"] > int(seconds) + DRAIN_S
 
 
 def test_console_script_is_installed() -> None:
