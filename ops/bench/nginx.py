@@ -1,9 +1,10 @@
 """ops/deploy/nginx.conf as a child process in front of replicas on loopback (the replica test and
 ops/bench/scale_out.py).
 
-The recipe runs as shipped but for its addresses: its replica ports become the given replicas'
-(it must list as many as there are), it listens on a free loopback port, and its pid, logs and
-temporary files live in a work folder. So it never touches the system's nginx service or paths.
+The recipe runs as shipped but for its addresses: its first replica ports become the given
+replicas' (recipe lines beyond them are left out), it listens on a free loopback port, and its
+pid, logs and temporary files live in a work folder. So it never touches the system's nginx
+service or paths.
 `make test` installs nginx where it is missing (.ci/ensure-nginx).
 """
 
@@ -38,13 +39,15 @@ def nginx_binary() -> str:
 
 
 def localized(recipe: str, replica_ports: list[int], listen: int, work: Path) -> str:
-    """The recipe with its replicas on `replica_ports`, listening on 127.0.0.1:`listen`, its
-    temporary files and access log under `work`."""
+    """The recipe with its first replicas moved to `replica_ports` and the rest left out,
+    listening on 127.0.0.1:`listen`, its temporary files and access log under `work`."""
     shipped = list(dict.fromkeys(REPLICA.findall(recipe)))
-    if len(shipped) != len(replica_ports):
+    if len(shipped) < len(replica_ports):
         raise ValueError(f"the recipe balances {len(shipped)} replicas, not {len(replica_ports)}")
-    moved = dict(zip(shipped, map(str, replica_ports), strict=True))
-    text = REPLICA.sub(lambda m: f"server 127.0.0.1:{moved[m.group(1)]}", recipe)
+    moved = dict(zip(shipped, map(str, replica_ports), strict=False))
+    kept = [line for line in recipe.splitlines(keepends=True) if (m := REPLICA.search(line)) is None or m[1] in moved]
+    text = "".join(kept)
+    text = REPLICA.sub(lambda m: f"server 127.0.0.1:{moved[m.group(1)]}", text)
     text = re.sub(r"^(\s*)listen \d+;", rf"\g<1>listen 127.0.0.1:{listen};", text, count=1, flags=re.M)
     paths = [f"    {directive} {work / directive};" for directive in WORK_PATHS]
     return text.replace("http {", "\n".join(["http {", f"    access_log {work / 'access.log'};", *paths]), 1)
