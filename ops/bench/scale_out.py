@@ -67,10 +67,12 @@ def render(cells: dict[tuple[str, int], Cell], profiles: dict[str, str], missing
     intro = (
         f"{machine()}. {clients} concurrent streaming `/v1/completions` clients in waves over the held-out "
         f"code prompts, {args.tokens} tokens each, T=0, EOS ignored, {args.repeats} repeats, arms "
-        "interleaved wave by wave. The replicas run on the same host as nginx and the clients. "
-        "This machine has 2 cores, shared by every arm's processes, the clients and nginx: it cannot "
-        "show the speed-up that replicas on their own hosts (or ranks on their own devices) give, where "
-        "each replica adds its own cores and memory bandwidth."
+        "interleaved wave by wave; the replicas, nginx and the clients share one host. This machine has "
+        "2 cores, shared by all of them and by other jobs: a second replica can use CPU time one replica "
+        "leaves idle between its steps, and under contention more processes take a larger share of the "
+        "CPU. Neither shows what real hosts give, where each replica brings its own cores and memory "
+        "bandwidth (or GPU), and a tensor-parallel target splits each forward over devices of its own; "
+        "on one CPU its ranks only add communication."
     )
     parts = ["## Scale-out: replicas and tensor parallelism (`ops/bench/scale_out.py`)", "", intro, ""]
     parts += [args.note, ""] if args.note else []
