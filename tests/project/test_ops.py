@@ -10,12 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
 from app.profiles import shipped_profiles
 from app.profiles.schema import ServerSettings
-from ops.bench.nginx import prepared
+from ops.bench.nginx import fronted, prepared
+from ops.bench.spawn import free_port
 from tests.support import ROOT
 
 DEPLOY = ROOT / "ops" / "deploy"
@@ -82,6 +84,16 @@ def test_nginx_recipe_balances_the_replica_units_ports(tmp_path: Path) -> None:
     assert "proxy_next_upstream error timeout http_503 non_idempotent;" in body
     prepared([f"http://127.0.0.1:{port}" for port in (9001, 9002, 9003)], tmp_path)  # runs nginx -t
     assert (tmp_path / "nginx.conf").read_text().count("server 127.0.0.1:900") == 6
+
+
+def test_nginx_without_a_live_replica_answers_the_error_envelope(tmp_path: Path) -> None:
+    nowhere = [f"http://127.0.0.1:{free_port()}" for _ in range(3)]  # nothing listens there
+    with fronted(nowhere, tmp_path) as url:
+        response = httpx.post(f"{url}/completion", json={"prompt": "x"}, timeout=10)
+    assert response.status_code == 503
+    assert response.json() == {
+        "error": {"code": 503, "message": "no replica is available", "type": "unavailable_error"}
+    }
 
 
 def test_kubernetes_manifest_probes_health_and_drains() -> None:
