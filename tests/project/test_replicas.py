@@ -60,6 +60,10 @@ def requests_served(before: dict[str, float], after: dict[str, float]) -> int:
     return round(sum(after[name] - before[name] for name in looked))
 
 
+def rows_running(replica: RunningServer) -> int:
+    return sum(slot["is_processing"] for slot in httpx.get(f"{replica.url}/slots", timeout=10).json())
+
+
 def complete(client: httpx.Client, prompt: str, tokens: int = TOKENS, **headers: str) -> dict:
     body = {"prompt": prompt, "n_predict": tokens, "ignore_eos": True, "temperature": 0}
     response = client.post("/completion", json=body, headers=headers)
@@ -108,10 +112,13 @@ def test_killed_replica_loses_no_completed_request(
     with balancer.stream("POST", "/completion", json=body) as stream, ThreadPoolExecutor(6) as pool:
         lines = stream.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))
-        victim = next(r for r in replicas if any(s["is_processing"] for s in httpx.get(f"{r.url}/slots").json()))
-        # requests in flight while the replica dies: some of them were sent to it
+        victim = next(replica for replica in replicas if rows_running(replica))
+        # requests in flight while the replica dies: wait until one of them runs on it
         during = [pool.submit(complete, balancer, f"def during{i}(x):", 64) for i in range(6)]
-        time.sleep(0.2)
+        deadline = time.monotonic() + 10
+        while rows_running(victim) < 2:
+            assert time.monotonic() < deadline, "no request reached the replica to kill"
+            time.sleep(0.02)
         victim.process.kill()
         with pytest.raises(httpx.RemoteProtocolError):  # a cut stream, never a hang (reads time out at 30 s)
             for _ in lines:
@@ -119,5 +126,5 @@ def test_killed_replica_loses_no_completed_request(
         results = [future.result() for future in during]
     after = [complete(balancer, f"def after{i}(x):") for i in range(6)]
     assert len(results) == 6 and len(after) == 6  # every one answered 200 with all its tokens
-    # and at least one of them had been sent to the victim: nginx sent it again elsewhere
+    # the one that ran on the victim was sent again to another replica
     assert "while reading response header from upstream" in (nginx_dir / "error.log").read_text()
