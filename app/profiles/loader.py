@@ -261,6 +261,11 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
             f"{origin('server.api_key', sources, path)}: empty API key; set a key, or leave server.api_key "
             "unset to serve without authentication"
         )
+    if settings.server.admin_reload and api_key is None:
+        raise ProfileError(
+            f"{origin('server.admin_reload', sources, path)}: needs server.api_key (the key guards POST "
+            "/admin/reload, or anyone who reaches the port could reload); set a key, or reload with SIGHUP"
+        )
     for entry in settings.server.cors_origins:
         if not CORS_ORIGIN.fullmatch(entry):
             raise ProfileError(
