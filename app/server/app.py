@@ -77,7 +77,7 @@ def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) 
     finish_handlers(CONTROLLERS)
     app = Litestar(
         route_handlers=CONTROLLERS,
-        dependencies={"engine": Provide(provide_engine, sync_to_thread=False)},
+        dependencies={"engine": Provide(provide_engine)},  # a generator: held until the handler returns
         exception_handlers=HANDLERS,
         guards=[require_api_key],
         lifespan=[engine_lifespan(engines)],

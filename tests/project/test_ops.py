@@ -14,6 +14,7 @@ import pytest
 
 from app.profiles import shipped_profiles
 from tests.support import ROOT
+from tests.support.server import clean_env, free_port
 
 DEPLOY = ROOT / "ops" / "deploy"
 
@@ -54,6 +55,19 @@ def test_dockerfile_instructions_and_targets() -> None:
     assert json.loads(entrypoint.removeprefix("ENTRYPOINT")) == ["/opt/mlxcel/.venv/bin/mlxcel", "serve"]
     assert "make install" in " ".join(lines)
     assert re.search(r"^install:", (ROOT / "Makefile").read_text(), re.M)
+
+
+def test_docker_healthcheck_asks_the_configured_port(target_only_server) -> None:
+    """The HEALTHCHECK command, run as Docker would (the venv's python, the container's env), passes
+    on the port the profile and environment name, and fails on another."""
+    line = next(line for line in (DEPLOY / "Dockerfile").read_text().splitlines() if line.startswith("HEALTHCHECK"))
+    command = json.loads(line.split(" CMD ", 1)[1])
+    assert command[0] == "/opt/mlxcel/.venv/bin/python"
+    port = target_only_server.url.rsplit(":", 1)[1]
+    for env_port, healthy in ((port, True), (str(free_port()), False)):
+        env = clean_env(MLXCEL_PROFILE="target-only", MLXCEL_SERVER__PORT=env_port)
+        result = subprocess.run([sys.executable, *command[1:]], env=env, cwd=ROOT, capture_output=True, timeout=60)
+        assert (result.returncode == 0) == healthy, result.stderr
 
 
 def test_nginx_example_fronts_two_replicas() -> None:

@@ -9,7 +9,7 @@ from litestar import Controller, post
 from litestar.datastructures import State
 
 from app.server import shaping
-from app.server.engine_view import EngineView, ReloadRefusedError
+from app.server.engine_view import EngineView, ReloadRefusedError, require_ready
 from app.server.errors import ApiError
 from app.server.openapi import error
 from app.server.responses import Reloaded
@@ -22,6 +22,7 @@ class AdminController(Controller):
         "/admin/reload",
         name="admin-reload",
         status_code=200,
+        guards=[require_ready],
         responses={
             403: error("server.admin_reload is off in the serving profile"),
             409: error("refused: the old profile goes on serving; the message is the one-line reason"),
