@@ -31,4 +31,4 @@ test: install
 	$(BIN)/pytest
 
 bench: install
-	$(BIN)/mlxcel bench
+	$(BIN)/mlxcel bench --write

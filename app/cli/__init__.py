@@ -33,7 +33,10 @@ def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    named = argv[:1] if argv[:1] and argv[0] in COMMANDS else COMMANDS  # help and usage errors list them all
+    if argv[:1] == ["--version"]:  # answered before any subcommand module (and MLX) is imported
+        named: Sequence[str] = ()
+    else:  # help and usage errors list them all
+        named = argv[:1] if argv[:1] and argv[0] in COMMANDS else COMMANDS
     args = build_parser(named).parse_args(argv)
     try:
         return args.handler(args)
