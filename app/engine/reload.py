@@ -125,6 +125,9 @@ class Reloader:
         if engine.state is not EngineState.READY:
             engine.stop()
             raise ReloadRefusedError(f"the new profile's models did not load: {engine.failure}")
+        if current.state is not EngineState.READY:  # a SIGTERM's drain began while it loaded
+            engine.stop()
+            raise ReloadRefusedError(f"the server is {current.state}; the new engine was not swapped in")
         engine.on_failure = self.on_failure
         return engine
 

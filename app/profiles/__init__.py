@@ -65,6 +65,7 @@ __all__ = [
     "Settings",
     "add_profile_flags",
     "check_models",
+    "origin",
     "resolve",
     "resolve_args",
     "settings_from_args",
