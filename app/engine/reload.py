@@ -39,7 +39,7 @@ RESTART_ONLY = (
     "logging.format",
     "logging.destination",
 )
-RELEASE_POLL_S = 0.05
+POLL_S = 0.05  # how often a reload looks at the engine it waits on (loading, or finishing its requests)
 
 
 class ReloadRefusedError(Exception):
@@ -121,7 +121,7 @@ class Reloader:
             raise ReloadRefusedError(str(exc)) from exc
         engine.start()
         while engine.state is EngineState.LOADING:
-            time.sleep(RELEASE_POLL_S)
+            time.sleep(POLL_S)
         if engine.state is not EngineState.READY:
             engine.stop()
             raise ReloadRefusedError(f"the new profile's models did not load: {engine.failure}")
@@ -135,5 +135,5 @@ class Reloader:
         """Wait for the replaced engine's requests to end, then stop it (its memory goes with it)."""
         while replaced in self.engines.engines:  # another reload's thread may be the one that stops it
             self.engines.release_finished()
-            time.sleep(RELEASE_POLL_S)
+            time.sleep(POLL_S)
         self._log.info("engine_released", profile=replaced.settings.profile)
