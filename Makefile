@@ -33,4 +33,4 @@ test: install
 	$(BIN)/pytest
 
 bench: install
-	$(BIN)/mlxcel bench
+	$(BIN)/mlxcel bench --write

@@ -58,7 +58,7 @@ def governor_changed(event: str, *, request_id: str, decided: int, ema: float, f
     structlog.get_logger(LOGGER).info(event, request_id=request_id, decided=decided, ema=round(ema, 4), floor=floor)
 
 
-def loop_note(event: str, *, request_id: str, **fields: object) -> None:
+def loop_note(event: str, *, request_id: str | None, **fields: object) -> None:
     """How a block-loop request was served: `drafter_loaded`, `exactness_probe`,
     `exactness_probe_overridden` (warning) or `block_loop_declined` (warning)."""
     log = structlog.get_logger(LOGGER)

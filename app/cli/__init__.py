@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
+from app import __version__
 from app.loading import ModelLoadError
 from app.profiles import ProfileError
 
@@ -21,6 +24,7 @@ COMMANDS = ("generate", "serve", "profiles", "bench")  # each is the module app.
 
 def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlxcel", description="Speculative decoding on MLX.")
+    parser.add_argument("--version", action="version", version=f"mlxcel {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in commands:
         importlib.import_module(f"app.cli.{name}").add_parser(subparsers)
@@ -29,10 +33,18 @@ def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    named = argv[:1] if argv[:1] and argv[0] in COMMANDS else COMMANDS  # help and usage errors list them all
+    if argv[:1] == ["--version"]:  # answered before any subcommand module (and MLX) is imported
+        named: Sequence[str] = ()
+    else:  # help and usage errors list them all
+        named = argv[:1] if argv[:1] and argv[0] in COMMANDS else COMMANDS
     args = build_parser(named).parse_args(argv)
     try:
         return args.handler(args)
     except (ModelLoadError, ProfileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader left (`mlxcel profiles show | head -1`): end quietly, as a process SIGPIPE
+        # killed would; stdout goes to /dev/null so the flush at exit cannot raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE

@@ -1,4 +1,6 @@
-"""`mlxcel bench`: run the benchmarks in ops/bench and update docs/benchmarks.md."""
+"""`mlxcel bench`: run the benchmarks in ops/bench; with --write, update docs/benchmarks.md.
+
+Each suite prints its table on stdout and, when stderr is a terminal, its progress there."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ SUITES = ("speculative", "server", "concurrency", "prompt_cache")
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("bench", help="run ops/bench benchmarks (writes docs/benchmarks.md)")
-    p.add_argument("suite", nargs="?", choices=[*SUITES, "all"], default="all")
-    p.add_argument("options", nargs=argparse.REMAINDER, help="passed to the suite (e.g. --tokens 64 --no-write)")
+    p = commands.add_parser("bench", help="run ops/bench benchmarks (docs/benchmarks.md only with --write)")
+    p.add_argument("suite", nargs="?", choices=[*SUITES, "all"], default="all", help="which benchmark (default: all)")
+    p.add_argument("--write", action="store_true", help="write each suite's section of docs/benchmarks.md")
+    p.add_argument("options", nargs=argparse.REMAINDER, help="passed to the suite (e.g. --tokens 64 --repeats 1)")
     p.set_defaults(handler=run)
 
 
@@ -24,5 +27,5 @@ def run(args: argparse.Namespace) -> int:
         return 2
     sys.path.insert(0, str(REPO_ROOT))
     for suite in SUITES if args.suite == "all" else (args.suite,):
-        importlib.import_module(f"ops.bench.{suite}").main(args.options)
+        importlib.import_module(f"ops.bench.{suite}").main([*args.options, *(["--write"] if args.write else [])])
     return 0

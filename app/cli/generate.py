@@ -30,25 +30,31 @@ DEFAULT_WIDTH = {DrafterKind.DRAFT_MODEL: 4, DrafterKind.PROMPT_LOOKUP: PROMPT_L
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("generate", help="generate text from one prompt")
     p.add_argument("-m", "--model", default=str(EMBEDDED_TARGET), help="target model directory")
-    p.add_argument("-p", "--prompt", required=True)
+    p.add_argument("-p", "--prompt", required=True, help="the prompt (a user message unless --no-chat-template)")
     p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (-1: until EOS)")
-    p.add_argument("--temp", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--repeat-last-n", type=int, default=64)
-    p.add_argument("--presence-penalty", type=float, default=0.0)
-    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--temp", type=float, default=0.8, help="temperature (0: greedy)")
+    p.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus: keep the smallest set with this mass")
+    p.add_argument("--min-p", type=float, default=0.05, help="drop tokens below this fraction of the top one")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="penalise recent tokens (1.0: off)")
+    p.add_argument("--repeat-last-n", type=int, default=64, help="how many recent tokens the penalties see")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="subtracted once from each recent token")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="subtracted per occurrence of a token")
     p.add_argument("--seed", type=int, default=-1, help="-1: a random seed; any other integer is taken modulo 2**64")
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     p.add_argument("--max-kv-size", type=int, default=None, help="rotating KV cache of this many rows")
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--draft-model", help="drafter model directory (the classic speculative generator)")
     spec.add_argument("--prompt-lookup", action="store_true", help="draft from n-gram lookups in the context")
-    spec.add_argument("--draft-kind", choices=[k.value for k in DrafterKind if k is not DrafterKind.NONE])
+    spec.add_argument(
+        "--draft-kind",
+        choices=[k.value for k in DrafterKind if k is not DrafterKind.NONE],
+        help="drafter kind (default: read from the drafter's config.json)",
+    )
     spec.add_argument("--num-draft-tokens", type=int, default=None, help="draft width k (4; prompt lookup 7)")
-    spec.add_argument("--governor-policy", choices=["gated", "graded"], default="gated")
+    spec.add_argument(
+        "--governor-policy", choices=["gated", "graded"], default="gated", help="prompt lookup: when to pause drafting"
+    )
     spec.add_argument(
         "--no-governor-adaptive", action="store_true", help="prompt lookup: always propose the full block"
     )

@@ -9,6 +9,8 @@ import msgspec
 from app.profiles import ProfileError, check_models, resolve, shipped_profiles
 from app.profiles.loader import leaves, profile_path
 
+MASKED = "********"
+
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("profiles", help="list, show or check deployment profiles")
@@ -43,6 +45,8 @@ def show_profile(args: argparse.Namespace) -> int:
     print(f"# profile {settings.profile} ({settings.source})")
     values = leaves(msgspec.to_builtins(settings))
     width = max(len(k) for k in values)
+    if values["server.api_key"] is not None:
+        values["server.api_key"] = MASKED  # a secret: show that one is set and where, never the key
     for key, value in values.items():
         if key in ("profile", "source"):
             continue

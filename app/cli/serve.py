@@ -10,9 +10,10 @@ import argparse
 import errno
 import socket
 import sys
+from pathlib import Path
 
 from app.cli.exit_codes import EXIT_CONFIG
-from app.profiles import add_profile_flags, settings_from_args
+from app.profiles import add_profile_flags, origin, resolve_args, settings_from_args
 from app.runtime.logging import configure_logging, log_stream
 
 
@@ -22,8 +23,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def port_problem(host: str, port: int) -> str | None:
-    """Why the listener cannot bind, checked before any model loads (None when it can)."""
+def listen_problem(host: str, port: int) -> tuple[str, str] | None:
+    """Why the listener cannot bind, checked before any model loads: (the key at fault, why), or None."""
     if port == 0:
         return None
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -31,22 +32,29 @@ def port_problem(host: str, port: int) -> str | None:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
+        except socket.gaierror as exc:
+            return "server.host", f"cannot listen on {host!r}: {exc.strerror}"
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                return f"port {port} on {host} is already in use (another server or profile holds it)"
-            return f"cannot listen on {host}:{port}: {exc.strerror}"
+                return "server.port", f"port {port} on {host} is already in use (another server or profile holds it)"
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return "server.host", f"{host} is not an address of this machine"
+            return "server.port", f"cannot listen on {host}:{port}: {exc.strerror}"
     return None
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
+    resolved = resolve_args(args)
+    settings = resolved.settings
     configure_logging(
         settings.logging.level, fmt=settings.logging.format, stream=log_stream(settings.logging.destination)
     )
-    problem = port_problem(settings.server.host, settings.server.port)
+    problem = listen_problem(settings.server.host, settings.server.port)
     if problem:
-        print(f"error: {settings.source}: server.port: {problem}; choose another port (--port)", file=sys.stderr)
+        key, reason = problem
+        fix = "choose another address (--host)" if key == "server.host" else "choose another port (--port)"
+        print(f"error: {origin(key, resolved.sources, Path(settings.source))}: {reason}; {fix}", file=sys.stderr)
         return EXIT_CONFIG
     from app.cli.serving import serve
 
-    return serve(settings)
+    return serve(settings, lambda: settings_from_args(args))

@@ -1,5 +1,5 @@
 """What `mlxcel serve` runs once its profile and port are checked: the engine, the Litestar app
-under uvicorn, draining on SIGTERM/SIGINT, and the startup line."""
+under uvicorn, draining on SIGTERM/SIGINT, hot reload on SIGHUP, and the startup line."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 import structlog
 import uvicorn
@@ -16,6 +17,8 @@ from app.cli.exit_codes import EXIT_CONFIG, EXIT_FAILURE
 from app.decoding.plan import SamplerClass
 from app.drafters.kinds import DrafterKind
 from app.engine.engine import Engine, EngineState
+from app.engine.reload import Reloader
+from app.engine.switch import EngineSwitch
 from app.loading import ModelLoadError
 from app.profiles.schema import Settings
 from app.server.app import create_app
@@ -33,9 +36,9 @@ class DrainingServer(uvicorn.Server):
     second signal exits at once with 128 + its number, like a process the signal killed.
     """
 
-    def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
+    def __init__(self, config: uvicorn.Config, engines: EngineSwitch) -> None:
         super().__init__(config)
-        self.engine = engine
+        self.engines = engines  # the serving engine, and any a reload replaced that still finish requests
         self.drain_deadline: float | None = None
         self._log = structlog.get_logger("mlxcel.serve")
 
@@ -43,18 +46,18 @@ class DrainingServer(uvicorn.Server):
         if self.drain_deadline is not None or self.should_exit:
             self._log.warning("forced_exit", signal=signal.Signals(sig).name)
             os._exit(128 + sig)
-        timeout = self.engine.settings.server.drain_timeout_s
+        timeout = self.engines.current.settings.server.drain_timeout_s
         self._log.info("draining", signal=signal.Signals(sig).name, timeout_s=timeout)
-        self.engine.drain()
+        self.engines.drain()
         self.drain_deadline = time.monotonic() + timeout
 
     async def on_tick(self, counter: int) -> bool:
         if self.drain_deadline is not None and not self.should_exit:
-            if self.engine.state is not EngineState.DRAINING or self.engine.idle:
+            if self.engines.current.state is not EngineState.DRAINING or self.engines.idle:
                 self.should_exit = True
             elif time.monotonic() >= self.drain_deadline:
-                self._log.warning("drain_timed_out", rows=len(self.engine.snapshot().rows))
-                self.engine.abort("the server shut down before this request finished")
+                self._log.warning("drain_timed_out", rows=self.engines.running_rows)
+                self.engines.abort("the server shut down before this request finished")
         return await super().on_tick(counter)
 
 
@@ -88,8 +91,11 @@ def startup_fields(engine: Engine) -> dict[str, object]:
     }
 
 
-def serve(settings: Settings) -> int:
-    """Load the models behind the HTTP app and serve until drained; the process's exit status."""
+def serve(settings: Settings, resolve: Callable[[], Settings]) -> int:
+    """Load the models behind the HTTP app and serve until drained; the process's exit status.
+
+    `resolve` reads the profile again from the same file, environment and flags: SIGHUP (and
+    POST /admin/reload where the profile allows it) swaps in an engine built from it."""
     server: uvicorn.Server | None = None
     loaded = False
 
@@ -102,9 +108,11 @@ def serve(settings: Settings) -> int:
         if server is not None:
             server.should_exit = True
 
-    engine = Engine(settings, on_failure=on_failure, on_ready=on_ready)
+    engines = EngineSwitch(Engine(settings, on_failure=on_failure, on_ready=on_ready))
+    engines.on_swap.append(lambda engine: events.acceptance_rule_active(**startup_fields(engine)))
+    reloader = Reloader(engines, resolve, on_failure)
     config = uvicorn.Config(
-        create_app(engine),
+        create_app(engines, reloader),
         host=settings.server.host,
         port=settings.server.port,
         log_level="warning",
@@ -113,12 +121,15 @@ def serve(settings: Settings) -> int:
         timeout_graceful_shutdown=HANDLER_GRACE_S,
         http=EnvelopeHttpToolsProtocol,
     )
-    server = DrainingServer(config, engine)
+    server = DrainingServer(config, engines)
+    if hasattr(signal, "SIGHUP"):  # not on Windows
+        signal.signal(signal.SIGHUP, lambda *_: reloader.reload_in_background("SIGHUP"))
     server.run()
-    if engine.failure is None:
+    failure = next((engine.failure for engine in engines.engines if engine.failure is not None), None)
+    if failure is None:
         return 0
     if loaded:
-        print(f"error: the engine failed while serving: {engine.failure!r}", file=sys.stderr)
+        print(f"error: the engine failed while serving: {failure!r}", file=sys.stderr)
         return EXIT_FAILURE
-    print(f"error: cannot start: {engine.failure}", file=sys.stderr)
-    return EXIT_CONFIG if isinstance(engine.failure, ModelLoadError) else EXIT_FAILURE
+    print(f"error: cannot start: {failure}", file=sys.stderr)
+    return EXIT_CONFIG if isinstance(failure, ModelLoadError) else EXIT_FAILURE

@@ -85,12 +85,23 @@ class BlockLoops:
             return verdict
         return None
 
-    def choose(self, sampling: SamplingParams, n_max: int | None) -> Choice:
-        started = time.perf_counter()
+    def _loaded(self) -> list[Note]:
+        """Load the drafter if it is not yet; the `drafter_loaded` note when this call loaded it."""
         load_seconds = self._load()
-        notes = [Note("drafter_loaded", {"path": str(self.bound.path), "seconds": round(load_seconds, 3)})] if (
+        return [Note("drafter_loaded", {"path": str(self.bound.path), "seconds": round(load_seconds, 3)})] if (
             load_seconds
         ) else []  # fmt: skip
+
+    def prepare(self) -> list[Note]:
+        """Load the drafter and probe every width now rather than on the first request (a reload
+        does this before its engine takes over); the probes' verdicts are kept for the requests."""
+        notes = self._loaded()
+        self._gate(notes)
+        return notes
+
+    def choose(self, sampling: SamplingParams, n_max: int | None) -> Choice:
+        started = time.perf_counter()
+        notes = self._loaded()
         if self.plan.rule(sampling) is None:  # the plan declines this sampler class (DSpark samples nothing)
             reason = "the DSpark drafter is greedy-only; this request samples (temperature > 0, top_k != 1)"
             notes.append(Note("block_loop_declined", {"reason": reason}))

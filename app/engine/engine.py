@@ -36,8 +36,11 @@ class Engine:
         settings: Settings,
         on_failure: Callable[[BaseException], None] | None = None,
         on_ready: Callable[[Engine], None] | None = None,
+        prepare_drafter: bool = False,
     ) -> None:
         self.settings = settings
+        # a reload's engine: load a block drafter and run its exactness probes before turning READY
+        self.prepare_drafter = prepare_drafter
         self.host = ModelHost(settings)
         self.plan = self.host.plan
         self.reporter = Reporter(settings.profile)
@@ -101,6 +104,8 @@ class Engine:
 
     def _load(self) -> None:
         self.host.load()
+        if self.prepare_drafter:
+            self.reporter.prepared(self.host.prepare())
 
     # --- the worker thread -----------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import structlog
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from app.decoding.block_builder import Note
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.plan import LoopPlan, plan_from_settings
@@ -59,6 +60,11 @@ class ModelHost:
             tokenizer=target.tokenizer,
         )
         return self.info
+
+    def prepare(self) -> list[Note]:
+        """A block drafter's load and exactness probes, run now (see BlockLoops.prepare); what they noted."""
+        assert self.builder is not None
+        return self.builder.block.prepare() if self.builder.block is not None else []
 
     @property
     def target(self) -> LoadedModel:

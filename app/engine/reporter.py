@@ -11,6 +11,7 @@ from collections.abc import Callable
 import structlog
 
 from app import events
+from app.decoding.block_builder import Note
 from app.decoding.generation import Generation
 from app.drafters.governor import Governor, Listener
 from app.engine.metrics import Metrics
@@ -40,6 +41,11 @@ class Reporter:
         """How the request's loop was chosen (block loops: drafter loaded, probes, declines)."""
         for note in generation.notes:
             events.loop_note(note.event, request_id=job.request_id, **note.fields)
+
+    def prepared(self, notes: list[Note]) -> None:
+        """What preparing a block drafter before any request noted (no request id: none asked)."""
+        for note in notes:
+            events.loop_note(note.event, request_id=None, **note.fields)
 
     def drafter_unavailable(self, job: Job, reason: str) -> None:
         self._log.warning("drafter_unavailable", request_id=job.request_id, reason=reason)

@@ -111,8 +111,12 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        """No request is queued, being admitted or running (`abort`'s failures delivered)."""
-        return not self.rows and not self._queue and self._admitting is None and self._abort is None
+        """No request is queued, being admitted or running (`abort`'s failures delivered).
+
+        Read under the lock: a job moves from the queue to `_admitting` inside it, and a reload
+        stops a replaced engine once it reads idle, which must never strand that job."""
+        with self._wake:
+            return not self.rows and not self._queue and self._admitting is None and self._abort is None
 
     # --- the engine thread -----------------------------------------------------------------
 

@@ -12,31 +12,51 @@ from app.drafters.kinds import DETECTED, DrafterKind
 from app.loading import ModelLoadError, read_checkpoint
 from app.profiles.checks import check_models
 from app.profiles.loader import ProfileError, Resolved, add_profile_flags, flags_of, origin, resolve, shipped_profiles
-from app.profiles.schema import Settings
+from app.profiles.schema import DrafterSettings, Settings
+
+RANK = {"default": 0, "file": 1, "env": 2, "flag": 3}  # how much authority each source of a key has
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    """The profile named by --profile (or MLXCEL_PROFILE), with env and flag overrides, checked.
+    return resolve_args(args).settings
 
-    A drafter model named with more authority than the kind (a flag over a profile file, say)
-    gets the kind its config.json describes; a kind given alongside it wins (`check_models`
-    refuses one that cannot drive the checkpoint).
-    """
+
+def resolve_args(args: argparse.Namespace) -> Resolved:
+    """The profile named by --profile (or MLXCEL_PROFILE), with env and flag overrides, its
+    drafter settled (`settle_drafter`), checked."""
     resolved = resolve(args.profile, flags_of(args))
     settings = resolved.settings
-    drafter = settings.drafter
-    rank = {"default": 0, "file": 1, "env": 2, "flag": 3}
-    if drafter.model and rank[resolved.sources["drafter.model"]] > rank[resolved.sources["drafter.kind"]]:
-        try:
-            detected = str(DETECTED[read_checkpoint(drafter.model).kind])
-        except ModelLoadError as exc:
-            raise ProfileError(f"{origin('drafter.model', resolved.sources, Path(settings.source))}: {exc}") from exc
-        print(f"Resolved drafter kind: {detected} (auto-detected from {drafter.model}/config.json)", file=sys.stderr)
-        settings = msgspec.structs.replace(settings, drafter=msgspec.structs.replace(drafter, kind=detected))
-    elif drafter.model and not DrafterKind(drafter.kind).needs_model:
-        print(f"warning: drafter.kind = {drafter.kind} ignores drafter.model ({drafter.model})", file=sys.stderr)
+    settings = msgspec.structs.replace(settings, drafter=settle_drafter(settings, resolved.sources))
     check_models(settings, resolved.sources)
-    return settings
+    return Resolved(settings, resolved.sources)
+
+
+def settle_drafter(settings: Settings, sources: dict[str, str]) -> DrafterSettings:
+    """The drafter the settings mean, each drafter key weighed against the keys set with more authority.
+
+    - A drafter key set with less authority than the target is dropped: a drafter belongs to the
+      target it was paired with, so `-m DIR` alone serves DIR without the profile's drafter.
+    - A drafter model set with more authority than the kind (`--draft-model` over a profile file)
+      gets the kind its config.json describes; a kind given alongside it wins (`check_models`
+      refuses one that cannot drive the checkpoint).
+    - A model under a kind that needs none is dropped silently when the kind outranks it
+      (`--draft-kind none` over a profile's drafter), and warned about when set together.
+    """
+    drafter = settings.drafter
+    rank = {key: RANK[sources[key]] for key in ("target", "drafter.kind", "drafter.model")}
+    kind = drafter.kind if rank["drafter.kind"] >= rank["target"] else "none"
+    model = drafter.model if rank["drafter.model"] >= rank["target"] else None
+    if model and rank["drafter.model"] > rank["drafter.kind"]:
+        try:
+            kind = str(DETECTED[read_checkpoint(model).kind])
+        except ModelLoadError as exc:
+            raise ProfileError(f"{origin('drafter.model', sources, Path(settings.source))}: {exc}") from exc
+        print(f"Resolved drafter kind: {kind} (auto-detected from {model}/config.json)", file=sys.stderr)
+    elif model and not DrafterKind(kind).needs_model:
+        if rank["drafter.model"] >= rank["drafter.kind"]:
+            print(f"warning: drafter.kind = {kind} ignores drafter.model ({model})", file=sys.stderr)
+        model = None
+    return msgspec.structs.replace(drafter, kind=kind, model=model)
 
 
 __all__ = [
@@ -45,7 +65,9 @@ __all__ = [
     "Settings",
     "add_profile_flags",
     "check_models",
+    "origin",
     "resolve",
+    "resolve_args",
     "settings_from_args",
     "shipped_profiles",
 ]

@@ -261,6 +261,11 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
             f"{origin('server.api_key', sources, path)}: empty API key; set a key, or leave server.api_key "
             "unset to serve without authentication"
         )
+    if settings.server.admin_reload and api_key is None:
+        raise ProfileError(
+            f"{origin('server.admin_reload', sources, path)}: needs server.api_key (the key guards POST "
+            "/admin/reload, or anyone who reaches the port could reload); set a key, or reload with SIGHUP"
+        )
     for entry in settings.server.cors_origins:
         if not CORS_ORIGIN.fullmatch(entry):
             raise ProfileError(
@@ -315,9 +320,13 @@ def resolve(name_or_path: str | None = None, flags: dict[str, Any] | None = None
 
 def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="profile name (profiles/NAME.toml) or path; env MLXCEL_PROFILE")
-    parser.add_argument("-m", "--model", help="target model directory (overrides the profile)")
-    parser.add_argument("--draft-model", help="drafter model directory")
-    parser.add_argument("--draft-kind", choices=get_args(DrafterKindName))
+    parser.add_argument(
+        "-m", "--model", help="target model directory (target); without a drafter flag, served with no drafter"
+    )
+    parser.add_argument("--draft-model", help="drafter model directory (drafter.model; its kind read from config.json)")
+    parser.add_argument(
+        "--draft-kind", choices=get_args(DrafterKindName), help="drafter kind (drafter.kind; none: no drafter)"
+    )
     parser.add_argument("--draft-max", type=int, help="draft width k (drafter.num_draft_tokens)")
     parser.add_argument("--host", help="listen address (server.host)")
     parser.add_argument("--port", type=int, help="listen port (server.port)")

@@ -81,6 +81,8 @@ class ServerSettings(Group):
     prompt_cache_entries: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
     # browser origins CORS lets call: "*" reflects any origin (llama-server's behaviour); [] turns CORS off
     cors_origins: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    # POST /admin/reload (hot profile reload); needs api_key, which guards it. SIGHUP reloads regardless.
+    admin_reload: bool = False
 
 
 class LoggingSettings(Group):

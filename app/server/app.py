@@ -9,9 +9,10 @@ from litestar.handlers import HTTPRouteHandler
 
 from app.server.auth import require_api_key
 from app.server.body import StrictJsonRequest
-from app.server.engine_view import Engine, EngineView, engine_lifespan, provide_engine
+from app.server.engine_view import Engine, EngineSwitch, Reloader, engine_lifespan, provide_engine
 from app.server.errors import HANDLERS
 from app.server.openapi import error_responses, openapi_config
+from app.server.routes.admin import AdminController
 from app.server.routes.chat import ChatController
 from app.server.routes.completions import OpenAICompletionController
 from app.server.routes.introspection import IntrospectionController
@@ -27,6 +28,7 @@ CONTROLLERS: list[type[Controller]] = [
     OpenAICompletionController,
     ChatController,
     UnsupportedController,
+    AdminController,
 ]
 
 
@@ -66,21 +68,30 @@ def finish_handlers(controllers: list[type[Controller]]) -> None:
             handler.responses = error_responses(handler, guards) | (handler.responses or {})
 
 
-def create_app(engine: Engine) -> Litestar:
+def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) -> Litestar:
     """The app takes its engine as an argument: the listener comes up at once while the engine
-    loads models on its own thread, answering 503 until they are ready."""
+    loads models on its own thread, answering 503 until they are ready. With a `reloader` (on
+    the same EngineSwitch), POST /admin/reload can swap in a new engine when the profile allows it."""
+    engines = engine if isinstance(engine, EngineSwitch) else EngineSwitch(engine)
+    settings = engines.current.settings
     finish_handlers(CONTROLLERS)
     app = Litestar(
         route_handlers=CONTROLLERS,
-        dependencies={"engine": Provide(provide_engine, sync_to_thread=False)},
+        dependencies={"engine": Provide(provide_engine)},  # a generator: held until the handler returns
         exception_handlers=HANDLERS,
         guards=[require_api_key],
-        lifespan=[engine_lifespan(engine)],
+        lifespan=[engine_lifespan(engines)],
         openapi_config=openapi_config(),
         request_class=StrictJsonRequest,
-        request_max_body_size=engine.settings.server.max_body_bytes,
-        cors_config=cors(engine.settings.server.cors_origins),
+        request_max_body_size=settings.server.max_body_bytes,
+        cors_config=cors(settings.server.cors_origins),
     )
-    app.state.engine = EngineView(engine)
-    app.state.settings = engine.settings
+    app.state.engines = engines
+    app.state.reloader = reloader
+    app.state.settings = settings  # the live profile's: the API key and JSON depth follow a reload
+
+    def follow(new: Engine) -> None:
+        app.state.settings = new.settings
+
+    engines.on_swap.append(follow)
     return app

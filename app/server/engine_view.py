@@ -2,11 +2,15 @@
 
 Only this module imports app.engine, so a change to the engine's internals (how rows, the loaded
 target or the event types are held) is absorbed here and no route changes with it.
+
+The app serves whichever engine `app.state.engines` (an EngineSwitch) holds as current: a hot
+reload swaps it. Each request's handler gets a view of the engine current when it began, held
+until the handler returns, so a request never spans two engines.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from litestar import Litestar
@@ -21,20 +25,25 @@ from app.decoding.timings import Timings
 from app.engine.engine import Engine, EngineState, UnavailableError, unavailable_message
 from app.engine.host import ModelInfo
 from app.engine.metrics import Metrics
+from app.engine.reload import Reloader, ReloadRefusedError
 from app.engine.row import Event, Failed, Finished, Job
 from app.engine.snapshot import RowView
+from app.engine.switch import EngineSwitch
 from app.profiles.schema import Settings
 from app.server.errors import ApiError
 
 __all__ = [
     "Delta",
     "Engine",
+    "EngineSwitch",
     "EngineView",
     "Event",
     "Failed",
     "Finished",
     "Job",
     "Metrics",
+    "ReloadRefusedError",
+    "Reloader",
     "RowView",
     "Timings",
     "engine_lifespan",
@@ -97,27 +106,29 @@ class EngineView:
             raise ApiError(503, str(exc)) from exc
 
 
-def provide_engine(state: State) -> EngineView:
-    """The `engine` dependency of every handler that asks for one."""
-    return state.engine
+def provide_engine(state: State) -> Iterator[EngineView]:
+    """The `engine` dependency of every handler that asks for one: the current engine, held
+    until the handler returns (its rows are submitted by then, and keep the engine running)."""
+    with state.engines.hold() as engine:
+        yield EngineView(engine)
 
 
 def require_ready(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     """Guard: 503 in llama-server's envelope while the engine loads, drains or after it failed."""
-    reason = connection.app.state.engine.unavailable
+    reason = EngineView(connection.app.state.engines.current).unavailable
     if reason is not None:
         raise ApiError(503, reason)
 
 
-def engine_lifespan(engine: Engine) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
-    """The engine's thread runs while the app does."""
+def engine_lifespan(engines: EngineSwitch) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
+    """The engine's thread runs while the app does (and a reload's, until they are replaced)."""
 
     @asynccontextmanager
     async def run(_: Litestar) -> AsyncIterator[None]:
-        engine.start()
+        engines.start()
         try:
             yield
         finally:
-            engine.stop()
+            engines.stop()
 
     return run

@@ -167,6 +167,13 @@ class Props(msgspec.Struct, kw_only=True):
     mlxcel: DrafterInfo
 
 
+class Reloaded(msgspec.Struct, kw_only=True):
+    """POST /admin/reload's answer: the profile now serving new requests (as /props's `mlxcel`)."""
+
+    status: Literal["reloaded"] = "reloaded"
+    mlxcel: DrafterInfo
+
+
 class NextToken(msgspec.Struct, kw_only=True):
     n_decoded: int
     has_next_token: bool

@@ -47,6 +47,7 @@ from app.server.responses import (
     NextToken,
     PromptTokensDetails,
     Props,
+    Reloaded,
     Slot,
     SlotDraft,
     SlotParams,
@@ -108,6 +109,10 @@ def drafter_info(settings: Settings, plan: LoopPlan) -> DrafterInfo:
         governor=settings.governor if plan.drafter_kind is DrafterKind.PROMPT_LOOKUP else None,
         env_overrides=dict(settings.env),
     )
+
+
+def reloaded(engine: EngineView) -> Reloaded:
+    return Reloaded(mlxcel=drafter_info(engine.settings, engine.plan))
 
 
 def props(engine: EngineView) -> Props:

@@ -8,6 +8,7 @@ import app  # first: it routes MLX's matrix products to OpenBLAS before mlx.core
 # isort: on
 import platform
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,10 +16,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import mlx.core as mx
+from tqdm import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 BENCHMARKS_MD = REPO_ROOT / "docs" / "benchmarks.md"
+WRITE_HELP = "also write this benchmark's section of docs/benchmarks.md (default: print it only)"
 
 
 @dataclass
@@ -69,6 +72,12 @@ def machine() -> str:
         f"{datetime.now(UTC):%Y-%m-%d}, {platform.system()} {platform.machine()}, {cpu}, "
         f"MLX {mx.__version__} ({mx.default_device()}), BLAS: {app.BLAS}"
     )
+
+
+def progress(total: int, what: str) -> tqdm:
+    """A progress bar on stderr, drawn only when stderr is a terminal (tqdm's disable=None), so
+    piped or logged runs print the tables alone."""
+    return tqdm(total=total, desc=what, unit="run", file=sys.stderr, disable=None, leave=False)
 
 
 def write_section(name: str, body: str) -> None:

@@ -12,13 +12,13 @@ included), time to first token, and inter-token latency: the gap before a frame 
 tokens it carries (a speculative round of 3 tokens after 30 ms counts as three 10 ms gaps).
 
     python -m ops.bench.concurrency [--clients 1,2,4,8,16] [--tokens 64] [--repeats 2]
-        [--profiles target-only,default,prompt-lookup,mtp] [--no-mlx-lm] [--note TEXT] [--no-write]
+        [--profiles target-only,default,prompt-lookup,mtp] [--no-mlx-lm] [--note TEXT] [--write]
 """
 
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import machine, table, write_section  # first: sets up MLX's BLAS
+from ops.bench.common import WRITE_HELP, machine, progress, table, write_section  # first: sets up MLX's BLAS
 
 # isort: on
 import argparse
@@ -143,15 +143,18 @@ def measure(urls: dict[str, str], clients: list[int], n: int, repeats: int) -> d
         wave(urls[arm], [request_body(p, WARMUP_TOKENS, arm) for p in waves_of(max(clients), 0)[0]])
     cells = {(arm, c): Cell() for arm in arms for c in clients}
     turn = 0
-    for repeat in range(repeats):
-        for c in clients:
-            for prompts in waves_of(c, repeat):
-                turn += 1
-                for arm in arms[turn % len(arms) :] + arms[: turn % len(arms)]:
-                    streams, seconds = wave(urls[arm], [request_body(p, n, arm) for p in prompts])
-                    cells[arm, c].seconds += seconds
-                    for stream in streams:
-                        record(cells[arm, c], stream, n)
+    waves = sum(len(waves_of(c, repeat)) for repeat in range(repeats) for c in clients) * len(arms)
+    with progress(waves, "waves") as bar:
+        for repeat in range(repeats):
+            for c in clients:
+                for prompts in waves_of(c, repeat):
+                    turn += 1
+                    for arm in arms[turn % len(arms) :] + arms[: turn % len(arms)]:
+                        streams, seconds = wave(urls[arm], [request_body(p, n, arm) for p in prompts])
+                        cells[arm, c].seconds += seconds
+                        for stream in streams:
+                            record(cells[arm, c], stream, n)
+                        bar.update()
     return cells
 
 
@@ -220,7 +223,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profiles", type=lambda text: text.split(","), default=PROFILES)
     parser.add_argument("--no-mlx-lm", action="store_true", help=f"leave {MLX_LM} out")
     parser.add_argument("--note", default="", help="a line for the section (e.g. the machine's state)")
-    parser.add_argument("--no-write", action="store_true", help="print the table only")
+    parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     return parser.parse_args(argv)
 
 
@@ -233,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
         cells = measure(urls, args.clients, args.tokens, args.repeats)
     body = render(cells, args.tokens, args.repeats, args.note)
     print(body)
-    if not args.no_write:
+    if args.write:
         write_section("concurrency", body)
 
 

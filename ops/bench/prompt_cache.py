@@ -10,13 +10,13 @@
 Prompts are token ids (built with /tokenize), so every turn extends the last one exactly. Each
 conversation and document is fresh (no earlier run's entries hit), and the arms alternate.
 
-    python -m ops.bench.prompt_cache [--profiles default target-only] [--repeats 3] [--no-write]
+    python -m ops.bench.prompt_cache [--profiles default target-only] [--repeats 3] [--write]
 """
 
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import machine, table, write_section  # first: sets up MLX's BLAS
+from ops.bench.common import WRITE_HELP, machine, progress, table, write_section  # first: sets up MLX's BLAS
 
 # isort: on
 import argparse
@@ -102,9 +102,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profiles", nargs="+", default=["default", "target-only"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=32, help="generated per question (repeated-prefix set)")
-    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     args = parser.parse_args(argv)
     chat_rows, document_rows = [], []
+    bar = progress(len(args.profiles) * args.repeats, "repeats")
     for profile in args.profiles:
         with spawned_server(profile) as (url, _):
             ttft: dict[bool, list[float]] = {True: [], False: []}
@@ -115,12 +116,14 @@ def main(argv: list[str] | None = None) -> None:
                 for clients, arms in runs.items():
                     for cache in (True, False) if repeat % 2 == 0 else (False, True):
                         arms[cache].append(repeated_document(url, repeat, cache, args.tokens, clients))
+                bar.update()
         on, off = statistics.median(ttft[True]) * 1000, statistics.median(ttft[False]) * 1000
         chat_rows.append([profile, f"{off:.0f}", f"{on:.0f}", f"{off / on:.1f}x"])
         for clients, arms in runs.items():
             document_rows.append(
                 [profile, "one at a time" if clients == 1 else f"{clients} at once", *throughput(arms)]
             )
+    bar.close()
     body = "\n".join(
         [
             "## Prompt cache (`ops/bench/prompt_cache.py`)",
@@ -153,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
     )
     print(body)
-    if not args.no_write:
+    if args.write:
         write_section("prompt-cache", body)
 
 

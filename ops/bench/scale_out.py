@@ -14,7 +14,7 @@ The waves are ops/bench/concurrency.py's: the held-out code prompts as streaming
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import machine, table, write_section  # first: sets up MLX's BLAS
+from ops.bench.common import WRITE_HELP, machine, table, write_section  # first: sets up MLX's BLAS
 
 # isort: on
 import argparse
@@ -88,7 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=64, help="tokens per request")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--note", default="", help="a line for the section (e.g. the machine's state)")
-    parser.add_argument("--write", action="store_true", help="write the table to docs/benchmarks.md")
+    parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     return parser.parse_args(argv)
 
 

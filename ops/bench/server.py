@@ -5,13 +5,13 @@ streams the same requests through them (SSE, httpx), interleaved with the same r
 in this process. Rates are client-side: tokens over the wall time from sending the request to
 the last frame (prefill included), EOS ignored.
 
-    python -m ops.bench.server [--tokens 128] [--repeats 2] [--no-write]
+    python -m ops.bench.server [--tokens 128] [--repeats 2] [--write]
 """
 
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import Arm, machine, table, write_section  # first: sets up MLX's BLAS
+from ops.bench.common import WRITE_HELP, Arm, machine, progress, table, write_section  # first: sets up MLX's BLAS
 
 # isort: on
 import argparse
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     args = parser.parse_args(argv)
     n = args.tokens
     target, drafter = load_model(EMBEDDED_TARGET), load_model(EMBEDDED_DRAFTER, role="drafter")
@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
                                           "server prompt lookup (copy-heavy)")}  # fmt: skip
     # One server at a time next to this process for the in-process comparison (every server holds
     # its own copy of the weights, and this machine's caches are shared); both for the lookup one.
+    bar = progress(args.repeats * 2 * (2 * len(HELD_OUT_CODE) + len(COPY_HEAVY)), "requests")
     for profile, builder, label in (("default", classic, "classic"), ("target-only", plain, "target-only")):
         with spawned_server(profile) as (url, _):
             for repeat in range(args.repeats):
@@ -86,11 +87,14 @@ def main(argv: list[str] | None = None) -> None:
                     ]
                     for arm, run in pairs if (i + repeat) % 2 == 0 else pairs[::-1]:
                         add(arm, run())
+                        bar.update()
     with spawned_server("target-only") as (plain_url, _), spawned_server("prompt-lookup") as (lookup_url, _):
         for _ in range(args.repeats):
             for prompt in COPY_HEAVY:
                 add(arms["server target-only (copy-heavy)"], stream_over_http(plain_url, prompt, n))
                 add(arms["server prompt lookup (copy-heavy)"], stream_over_http(lookup_url, prompt, n))
+                bar.update(2)
+    bar.close()
     rate = {name: arm.tokens_per_second for name, arm in arms.items()}
     rows = [
         ["default profile (draft model, k=4), held-out code", f"{rate['in-process classic']:.1f}",
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
     )
     print(body)
-    if not args.no_write:
+    if args.write:
         write_section("server", body)
 
 

@@ -4,13 +4,22 @@ Arms run interleaved prompt by prompt (the machine is shared and noisy), each fo
 number of tokens with EOS ignored, timed wall-clock including prefill. mlx-lm's loops run on the
 same loaded model objects, so the comparison isolates the round loop.
 
-    python -m ops.bench.speculative [--tokens 128] [--repeats 2] [--k 4] [--no-write]
+    python -m ops.bench.speculative [--tokens 128] [--repeats 2] [--k 4] [--write]
 """
 
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import REPO_ROOT, Arm, machine, table, timed, write_section  # first: sets up MLX's BLAS
+from ops.bench.common import (
+    WRITE_HELP,
+    REPO_ROOT,
+    Arm,
+    machine,
+    progress,
+    table,
+    timed,
+    write_section,
+)  # first: sets up MLX's BLAS
 
 # isort: on
 import argparse
@@ -76,11 +85,13 @@ def run_set(arms: dict[str, object], prompts: list[list[int]], repeats: int) -> 
     names = list(arms)
     for name in names:  # untimed: the GPU compiles its kernels on first use
         arms[name](prompts[0][:8], 0)()
-    for r in range(repeats):
-        for i, prompt in enumerate(prompts):
-            order = names[(i + r) % len(names) :] + names[: (i + r) % len(names)]
-            for name in order:
-                timed(results[name], arms[name](prompt, 1000 * r + i))
+    with progress(repeats * len(prompts) * len(names), ", ".join(names)) as bar:
+        for r in range(repeats):
+            for i, prompt in enumerate(prompts):
+                order = names[(i + r) % len(names) :] + names[: (i + r) % len(names)]
+                for name in order:
+                    timed(results[name], arms[name](prompt, 1000 * r + i))
+                    bar.update()
     return results
 
 
@@ -109,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     args = parser.parse_args(argv)
     n, k = args.tokens, args.k
 
@@ -236,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
     )
     print(body)
-    if not args.no_write:
+    if args.write:
         write_section("speculative-gpu" if on_gpu() else "speculative", body)
 
 

@@ -5,13 +5,13 @@ Arms run interleaved prompt by prompt at T = 0; each request runs until its docu
 (EOS, allowed only there) or --tokens. Tokens per second are wall-clock, prefill included; the
 speculative arms' outputs are checked equal to the target-only arm's (exactness at T = 0).
 
-    python -m ops.bench.structured [--tokens 256] [--repeats 2] [--no-write]
+    python -m ops.bench.structured [--tokens 256] [--repeats 2] [--write]
 """
 
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import Arm, machine, table, timed, write_section  # first: sets up MLX's BLAS
+from ops.bench.common import WRITE_HELP, Arm, machine, table, timed, write_section  # first: sets up MLX's BLAS
 
 # isort: on
 import argparse
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     args = parser.parse_args(argv)
     target, drafter = load_model(EMBEDDED_TARGET), load_model(EMBEDDED_DRAFTER, role="drafter")
     plain = LoopBuilder(target, None, LoopPlan())
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
     )
     print(body)
-    if not args.no_write:
+    if args.write:
         write_section("structured-output", body)
 
 

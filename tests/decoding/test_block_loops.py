@@ -136,6 +136,15 @@ def test_a_failing_ceiling_keeps_the_declared_width(embedded_target, monkeypatch
     assert builder.block.controller.phase is Phase.SETTLED and builder.block.controller.width() == 4
 
 
+def test_prepare_loads_and_probes_before_any_request(embedded_target) -> None:
+    """What a reload's engine does before it takes over: the first request then pays nothing."""
+    builder = block_builder(embedded_target)
+    prepared = [note.event for note in builder.block.prepare()]
+    assert prepared[0] == "drafter_loaded" and "exactness_probe" in prepared
+    generation = builder.build(RowRequest(embedded_target.tokenizer.encode(CODE), GREEDY, max_tokens=4))
+    assert generation.loop.speculation.draft_kind == "mtp" and generation.notes == []
+
+
 # --- the adaptive width controller, on a scripted clock ---------------------------------------
 
 

@@ -135,7 +135,7 @@ def test_two_profiles_on_one_port(tmp_path: Path) -> None:
         taken = running.url.rsplit(":", 1)[1]
         second = mlxcel("serve", "--profile", str(b), "--port", taken)
         assert second.returncode == 2
-        assert f"{b}: server.port: port {taken} on 127.0.0.1 is already in use" in second.stderr
+        assert f"flag --port: port {taken} on 127.0.0.1 is already in use" in second.stderr  # the flag set it
 
 
 @pytest.mark.slow

@@ -14,8 +14,8 @@ def test_help_and_options(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         parse_args(["--help"])
     assert exited.value.code == 0 and "--clients" in capsys.readouterr().out
-    args = parse_args(["--clients", "8,1,2", "--tokens", "16", "--profiles", "default", "--no-mlx-lm", "--no-write"])
-    assert (args.clients, args.tokens, args.profiles, args.no_mlx_lm, args.no_write) == (
+    args = parse_args(["--clients", "8,1,2", "--tokens", "16", "--profiles", "default", "--no-mlx-lm", "--write"])
+    assert (args.clients, args.tokens, args.profiles, args.no_mlx_lm, args.write) == (
         [1, 2, 8],
         16,
         ["default"],

@@ -19,6 +19,7 @@ from app.profiles.schema import ServerSettings
 from ops.bench.nginx import fronted, prepared
 from ops.bench.spawn import free_port
 from tests.support import ROOT
+from tests.support.server import clean_env
 
 DEPLOY = ROOT / "ops" / "deploy"
 DRAIN_S = ServerSettings().drain_timeout_s
@@ -113,6 +114,19 @@ def test_kubernetes_manifest_probes_health_and_drains() -> None:
     assert "livenessProbe" not in container  # /health is 503 while loading and draining: not a liveness signal
     sleep, seconds = container["lifecycle"]["preStop"]["exec"]["command"]
     assert sleep == "sleep" and pod["spec"]["terminationGracePeriodSeconds"] > int(seconds) + DRAIN_S
+
+
+def test_docker_healthcheck_asks_the_configured_port(target_only_server) -> None:
+    """The HEALTHCHECK command, run as Docker would (the venv's python, the container's env), passes
+    on the port the profile and environment name, and fails on another."""
+    line = next(line for line in (DEPLOY / "Dockerfile").read_text().splitlines() if line.startswith("HEALTHCHECK"))
+    command = json.loads(line.split(" CMD ", 1)[1])
+    assert command[0] == "/opt/mlxcel/.venv/bin/python"
+    port = target_only_server.url.rsplit(":", 1)[1]
+    for env_port, healthy in ((port, True), (str(free_port()), False)):
+        env = clean_env(MLXCEL_PROFILE="target-only", MLXCEL_SERVER__PORT=env_port)
+        result = subprocess.run([sys.executable, *command[1:]], env=env, cwd=ROOT, capture_output=True, timeout=60)
+        assert (result.returncode == 0) == healthy, result.stderr
 
 
 def test_console_script_is_installed() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,14 +15,10 @@ from typing import Any
 
 import httpx
 
+from ops.bench.spawn import free_port
+
 STARTUP_S = 90
 API_KEY = "s3cret"  # the conftest's keyed_server
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

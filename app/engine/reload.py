@@ -1,0 +1,139 @@
+"""Hot profile reload: a new engine built from the profile, beside the serving one, then swapped in.
+
+The profile is resolved again from the same sources (file, environment, flags: `resolve` is the
+command line's own resolution). The new engine loads its models, and a block drafter's exactness
+probes run, while the old engine goes on serving; only a READY engine is swapped in. New
+requests then go to it, and the old one finishes its requests and is stopped (EngineSwitch).
+
+Anything that goes wrong leaves the old engine serving and refuses the reload with one line
+(`ReloadRefusedError`): the profile's own error (naming the file and key, environment variable or
+flag, as at startup), a key that only a restart can change, or models that do not load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import NoReturn
+
+import msgspec
+import structlog
+
+from app.engine.engine import Engine
+from app.engine.scheduler import EngineState
+from app.engine.switch import EngineSwitch
+from app.loading import ModelLoadError
+from app.profiles.loader import ProfileError, leaves
+from app.profiles.schema import Settings
+
+# Keys bound when the process started: the listener, the HTTP app's body limit and CORS layer,
+# and logging. A reload that changes one is refused, naming it.
+RESTART_ONLY = (
+    "server.host",
+    "server.port",
+    "server.max_body_bytes",
+    "server.cors_origins",
+    "logging.level",
+    "logging.format",
+    "logging.destination",
+)
+POLL_S = 0.05  # how often a reload looks at the engine it waits on (loading, or finishing its requests)
+
+
+class ReloadRefusedError(Exception):
+    """The reload did not happen; the old engine goes on serving. The message is one line."""
+
+
+def restart_only_changes(old: Settings, new: Settings) -> list[str]:
+    """`key: old -> new` for each restart-only key the new profile changes."""
+    before, after = leaves(msgspec.to_builtins(old)), leaves(msgspec.to_builtins(new))
+    return [f"{key}: {before[key]!r} -> {after[key]!r}" for key in RESTART_ONLY if before[key] != after[key]]
+
+
+class Reloader:
+    def __init__(
+        self,
+        engines: EngineSwitch,
+        resolve: Callable[[], Settings],
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.engines = engines
+        self.resolve = resolve
+        self.on_failure = on_failure  # the serving engine's: given to the new one once it serves
+        self._busy = threading.Lock()
+        self._log = structlog.get_logger("mlxcel.reload")
+
+    def reload(self, trigger: str) -> Engine:
+        """Swap in an engine built from the profile as it reads now; ReloadRefusedError if not."""
+        self._log.info("reload_requested", trigger=trigger)
+        started = time.perf_counter()
+        if not self._busy.acquire(blocking=False):
+            self._refuse(trigger, "a reload is already running; wait for it to finish")
+        try:
+            try:
+                engine = self._build()
+            except ReloadRefusedError as exc:
+                self._refuse(trigger, str(exc))
+            replaced = self.engines.swap(engine)
+        finally:
+            self._busy.release()
+        settings = engine.settings
+        self._log.info(
+            "reload_succeeded",
+            trigger=trigger,
+            profile=settings.profile,
+            profile_file=settings.source,
+            drafter_kind=settings.drafter.kind,
+            seconds=round(time.perf_counter() - started, 3),
+        )
+        threading.Thread(target=self._release, args=(replaced,), name="mlxcel-release", daemon=True).start()
+        return engine
+
+    def reload_in_background(self, trigger: str) -> None:
+        """For a signal handler, which must return at once; the outcome is in the log."""
+
+        def run() -> None:
+            with contextlib.suppress(ReloadRefusedError):  # logged as reload_refused
+                self.reload(trigger)
+
+        threading.Thread(target=run, name="mlxcel-reload", daemon=True).start()
+
+    def _refuse(self, trigger: str, reason: str) -> NoReturn:
+        self._log.warning("reload_refused", trigger=trigger, reason=reason)
+        raise ReloadRefusedError(reason)
+
+    def _build(self) -> Engine:
+        current = self.engines.current
+        if current.state is not EngineState.READY:
+            raise ReloadRefusedError(f"the server is {current.state}; reload once it serves")
+        try:
+            settings = self.resolve()
+        except (ProfileError, ModelLoadError) as exc:
+            raise ReloadRefusedError(str(exc)) from exc
+        changed = restart_only_changes(current.settings, settings)
+        if changed:
+            raise ReloadRefusedError(f"{'; '.join(changed)}: only a restart changes these; nothing was reloaded")
+        try:
+            engine = Engine(settings, prepare_drafter=True)
+        except (ProfileError, ModelLoadError) as exc:
+            raise ReloadRefusedError(str(exc)) from exc
+        engine.start()
+        while engine.state is EngineState.LOADING:
+            time.sleep(POLL_S)
+        if engine.state is not EngineState.READY:
+            engine.stop()
+            raise ReloadRefusedError(f"the new profile's models did not load: {engine.failure}")
+        if current.state is not EngineState.READY:  # a SIGTERM's drain began while it loaded
+            engine.stop()
+            raise ReloadRefusedError(f"the server is {current.state}; the new engine was not swapped in")
+        engine.on_failure = self.on_failure
+        return engine
+
+    def _release(self, replaced: Engine) -> None:
+        """Wait for the replaced engine's requests to end, then stop it (its memory goes with it)."""
+        while replaced in self.engines.engines:  # another reload's thread may be the one that stops it
+            self.engines.release_finished()
+            time.sleep(POLL_S)
+        self._log.info("engine_released", profile=replaced.settings.profile)
