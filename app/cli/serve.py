@@ -13,6 +13,7 @@ import sys
 
 from app.cli.exit_codes import EXIT_CONFIG
 from app.profiles import add_profile_flags, settings_from_args
+from app.profiles.loader import flags_of, resolve
 from app.runtime.logging import configure_logging, log_stream
 
 
@@ -39,10 +40,11 @@ def port_problem(host: str, port: int) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Logging first (a profile's [logging] needs no model check), so that resolving the drafter
+    # below reports into the configured stream.
+    log = resolve(args.profile, flags_of(args)).settings.logging
+    configure_logging(log.level, fmt=log.format, stream=log_stream(log.destination))
     settings = settings_from_args(args)
-    configure_logging(
-        settings.logging.level, fmt=settings.logging.format, stream=log_stream(settings.logging.destination)
-    )
     problem = port_problem(settings.server.host, settings.server.port)
     if problem:
         print(f"error: {settings.source}: server.port: {problem}; choose another port (--port)", file=sys.stderr)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import msgspec
+import structlog
 
 from app.drafters.kinds import DETECTED, DrafterKind
 from app.loading import ModelLoadError, read_checkpoint
@@ -25,16 +25,17 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     resolved = resolve(args.profile, flags_of(args))
     settings = resolved.settings
     drafter = settings.drafter
+    log = structlog.get_logger("mlxcel.profiles")
     rank = {"default": 0, "file": 1, "env": 2, "flag": 3}
     if drafter.model and rank[resolved.sources["drafter.model"]] > rank[resolved.sources["drafter.kind"]]:
         try:
             detected = str(DETECTED[read_checkpoint(drafter.model).kind])
         except ModelLoadError as exc:
             raise ProfileError(f"{origin('drafter.model', resolved.sources, Path(settings.source))}: {exc}") from exc
-        print(f"Resolved drafter kind: {detected} (auto-detected from {drafter.model}/config.json)", file=sys.stderr)
+        log.info("drafter_kind_resolved", kind=detected, explicit=False, model=drafter.model)
         settings = msgspec.structs.replace(settings, drafter=msgspec.structs.replace(drafter, kind=detected))
     elif drafter.model and not DrafterKind(drafter.kind).needs_model:
-        print(f"warning: drafter.kind = {drafter.kind} ignores drafter.model ({drafter.model})", file=sys.stderr)
+        log.warning("drafter_model_ignored", kind=drafter.kind, model=drafter.model)
     check_models(settings, resolved.sources)
     return settings
 

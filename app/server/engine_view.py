@@ -21,7 +21,7 @@ from app.decoding.timings import Timings
 from app.engine.engine import Engine, EngineState, UnavailableError, unavailable_message
 from app.engine.host import ModelInfo
 from app.engine.metrics import Metrics
-from app.engine.row import Event, Failed, Finished, Job
+from app.engine.row import Event, Failed, Finished, Job, Started
 from app.engine.snapshot import RowView
 from app.profiles.schema import Settings
 from app.server.errors import ApiError
@@ -36,6 +36,7 @@ __all__ = [
     "Job",
     "Metrics",
     "RowView",
+    "Started",
     "Timings",
     "engine_lifespan",
     "provide_engine",
