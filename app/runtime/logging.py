@@ -54,8 +54,9 @@ def log_stream(destination: str) -> TextIO:
 HANDLER_NAME = "mlxcel"  # the one root handler configure_logging installs (and replaces on a second call)
 # Libraries that log through the standard library, and the least level each reaches the stream at:
 # uvicorn's INFO lines (startup banner, one access line per request) are replaced by our own
-# `listening` and `http_request` events, so only its warnings and errors pass.
-LIBRARY_LEVELS = {"uvicorn": logging.WARNING, "uvicorn.error": logging.WARNING, "uvicorn.access": logging.WARNING}
+# `listening` and `http_request` events, so only its warnings and errors pass (its loggers are
+# all children of "uvicorn").
+LIBRARY_LEVELS = {"uvicorn": logging.WARNING}
 
 
 def configure_logging(level: str | None, *, fmt: str = "json", stream: TextIO | None = None) -> None:

@@ -189,6 +189,11 @@ OPENAI_COMPLETION: dict[str, Unhonoured] = {
     ),
 }
 EVERY_FIELD = LLAMA_SERVER | NATIVE | CHAT | OPENAI_COMPLETION
+# This server's own request fields, which neither API defines: honoured on every completion route
+# (typed on schemas.SamplingFields, so a wrong type answers 400), never refused, never ignored.
+OWN: dict[str, str] = {
+    "speculative_diagnostics": "true: the request's speculative detail in timings.speculative (docs/operations.md)",
+}
 
 
 def wire_fields(table: dict[str, Unhonoured]) -> list[tuple[str, Any, Any]]:
