@@ -60,7 +60,6 @@ def count_tokens(prompt_n: int, predicted_n: int) -> None:
 class AccessLog:
     def __init__(self, app: Litestar) -> None:
         self.app = app
-        self.profile = app.state.settings.profile
         self.metrics: HttpMetrics = app.state.http_metrics
         self._log = structlog.get_logger("mlxcel.http")
 
@@ -96,7 +95,7 @@ class AccessLog:
                 duration_ms=round(seconds * 1000.0, 3),
                 prompt_n=usage.prompt_n,
                 predicted_n=usage.predicted_n,
-                profile=self.profile,
+                profile=self.app.state.settings.profile,
             )
 
 
