@@ -21,6 +21,7 @@ class AcceptanceStats:
     positions_tested: int = 0
     accepted: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    accepted_lengths: list[int] = field(default_factory=list)  # [k]: rounds that accepted k drafts
     sum_min_total: float = 0.0
     sum_prod_total: float = 0.0
     diagnosed_positions: int = 0
@@ -36,6 +37,12 @@ class AcceptanceStats:
             self.accepted_per_position.extend([0] * (proposed - len(self.accepted_per_position)))
         for i in range(verdict.accepted):
             self.accepted_per_position[i] += 1
+        self._count_length(verdict.accepted, 1)
+
+    def _count_length(self, accepted: int, rounds: int) -> None:
+        if len(self.accepted_lengths) <= accepted:
+            self.accepted_lengths.extend([0] * (accepted + 1 - len(self.accepted_lengths)))
+        self.accepted_lengths[accepted] += rounds
 
     def observe_closed_forms(self, sum_min: list[float], sum_prod: list[float]) -> None:
         """Add sum_x min(p, q) and sum_x p q of the positions a round actually tested."""
@@ -49,6 +56,9 @@ class AcceptanceStats:
         for i in range(self._last_accepted - excess, self._last_accepted):
             self.accepted_per_position[i] -= 1
         self.accepted -= excess
+        if excess:  # the round moves to the shorter length it kept
+            self._count_length(self._last_accepted, -1)
+            self._count_length(self._last_accepted - excess, 1)
         self._last_accepted -= excess
 
     @property

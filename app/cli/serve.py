@@ -14,6 +14,7 @@ from pathlib import Path
 
 from app.cli.exit_codes import EXIT_CONFIG
 from app.profiles import add_profile_flags, origin, resolve_args, settings_from_args
+from app.profiles.loader import flags_of, resolve
 from app.runtime.logging import configure_logging, log_stream
 
 
@@ -44,11 +45,12 @@ def listen_problem(host: str, port: int) -> tuple[str, str] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Logging first (a profile's [logging] needs no model check), so that settling the drafter
+    # below reports into the configured stream.
+    log = resolve(args.profile, flags_of(args)).settings.logging
+    configure_logging(log.level, fmt=log.format, stream=log_stream(log.destination))
     resolved = resolve_args(args)
     settings = resolved.settings
-    configure_logging(
-        settings.logging.level, fmt=settings.logging.format, stream=log_stream(settings.logging.destination)
-    )
     problem = listen_problem(settings.server.host, settings.server.port)
     if problem:
         key, reason = problem

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from app.engine.reload import Reloader
 from app.engine.switch import EngineSwitch
 from app.loading import ModelLoadError
 from app.profiles.schema import Settings
+from app.server.access import with_access_log
 from app.server.app import create_app
 from app.server.protocol import EnvelopeHttpToolsProtocol
 
@@ -61,14 +63,15 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def announce(engine: Engine) -> None:
+def announce(engine: Engine, address: tuple[str, int]) -> None:
     """The startup line and the `acceptance_rule_active` event, once the loop is built."""
-    fields = startup_fields(engine)
+    fields = startup_fields(engine, address)
     structlog.get_logger("mlxcel.serve").info("server_ready", **fields)
     events.acceptance_rule_active(**fields)
 
 
-def startup_fields(engine: Engine) -> dict[str, object]:
+def startup_fields(engine: Engine, address: tuple[str, int]) -> dict[str, object]:
+    """The loop this server built, and the address it listens on (the bound port, also for port 0)."""
     settings, plan = engine.settings, engine.plan
     drafter = settings.drafter
     widths = plan.block_widths
@@ -86,9 +89,19 @@ def startup_fields(engine: Engine) -> dict[str, object]:
         "governor_floor": plan.governor_floor if lookup else None,
         "governor_policy": plan.governor_policy if lookup else None,
         "env_overrides": dict(settings.env),
-        "host": settings.server.host,
-        "port": settings.server.port,
+        "host": address[0],
+        "port": address[1],
     }
+
+
+def listen(config: uvicorn.Config) -> socket.socket:
+    """Bind the listener before the engine starts, so every line can name the real port (the
+    kernel picks one for port 0), and say where: `listening` with the URL."""
+    sock = config.bind_socket()
+    host, port = sock.getsockname()[:2]
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    structlog.get_logger("mlxcel.serve").info("listening", url=url, host=host, port=port)
+    return sock
 
 
 def serve(settings: Settings, resolve: Callable[[], Settings]) -> int:
@@ -102,29 +115,31 @@ def serve(settings: Settings, resolve: Callable[[], Settings]) -> int:
     def on_ready(engine: Engine) -> None:
         nonlocal loaded
         loaded = True
-        announce(engine)
+        announce(engine, address)
 
     def on_failure(exc: BaseException) -> None:
         if server is not None:
             server.should_exit = True
 
     engines = EngineSwitch(Engine(settings, on_failure=on_failure, on_ready=on_ready))
-    engines.on_swap.append(lambda engine: events.acceptance_rule_active(**startup_fields(engine)))
+    engines.on_swap.append(lambda engine: events.acceptance_rule_active(**startup_fields(engine, address)))
     reloader = Reloader(engines, resolve, on_failure)
     config = uvicorn.Config(
-        create_app(engines, reloader),
+        with_access_log(create_app(engines, reloader)),
         host=settings.server.host,
         port=settings.server.port,
-        log_level="warning",
-        access_log=False,
+        log_config=None,  # uvicorn's records go to the root handler app/runtime/logging.py installs
+        access_log=False,  # the access event is ours (app/server/access.py)
         lifespan="on",
         timeout_graceful_shutdown=HANDLER_GRACE_S,
         http=EnvelopeHttpToolsProtocol,
     )
+    sock = listen(config)
+    address = sock.getsockname()[:2]
     server = DrainingServer(config, engines)
     if hasattr(signal, "SIGHUP"):  # not on Windows
         signal.signal(signal.SIGHUP, lambda *_: reloader.reload_in_background("SIGHUP"))
-    server.run()
+    server.run(sockets=[sock])
     failure = next((engine.failure for engine in engines.engines if engine.failure is not None), None)
     if failure is None:
         return 0

@@ -17,6 +17,7 @@ import mlx.core as mx
 from app.acceptance import AcceptanceStats, Rule, describe
 from app.decoding.adaptive import Widths
 from app.decoding.state import RowState
+from app.decoding.timings import SpeculativeDiagnostics
 from app.decoding.verify import VerifyRow, observed, verifying
 from app.drafters.base import Forward, Proposal, Proposer, Steps, run_alone
 from app.drafters.governor import Governor
@@ -43,6 +44,11 @@ class Speculation:
         return self.rule is not None
 
     @property
+    def rule_name(self) -> str | None:
+        """The rule's identifier as responses, headers and events name it (None: no drafter)."""
+        return str(self.rule) if self.rule is not None else None
+
+    @property
     def ran(self) -> bool:
         """At least one round was verified."""
         return self.drafting and self.stats.rounds > 0
@@ -50,6 +56,30 @@ class Speculation:
     @property
     def description(self) -> str:
         return describe(self.rule, one_hot_proposals=self.one_hot_proposals)
+
+    def biased(self, greedy: bool) -> bool:
+        """A rule that is exact only for argmax (argmax-against-argmax) served a sampling request:
+        the stream followed the target's greedy path, not its distribution."""
+        return self.rule is not None and not self.rule.lossless and not greedy
+
+    def diagnostics(self, greedy: bool) -> SpeculativeDiagnostics | None:
+        """What this row's rounds did, for a request that asked; None where no drafter runs."""
+        if self.rule is None:
+            return None
+        stats = self.stats
+        return SpeculativeDiagnostics(
+            rule=str(self.rule),
+            biased=self.biased(greedy),
+            rounds=stats.rounds,
+            proposed=stats.proposed,
+            positions_tested=stats.positions_tested,
+            accepted=stats.accepted,
+            per_position_acceptance=stats.per_position_acceptance,
+            accepted_per_position=list(stats.accepted_per_position),
+            accepted_lengths=list(stats.accepted_lengths),
+            closed_form_sum_min=stats.closed_form_sum_min if self.diagnose else None,
+            closed_form_sum_prod=stats.closed_form_sum_prod if self.diagnose else None,
+        )
 
     @property
     def governor_pauses(self) -> int:

@@ -7,6 +7,27 @@ import msgspec
 from app.acceptance import AcceptanceStats
 
 
+class SpeculativeDiagnostics(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One request's speculative detail, in its `timings.speculative` when it asks
+    (`speculative_diagnostics: true`): the rule its loop ran and what its verify rounds did.
+
+    The counters are AcceptanceStats' (app/acceptance/stats.py); the closed forms appear only
+    while MLXCEL_SPECULATIVE_ACCEPT_DIAG is on, the switch that makes the loop compute them.
+    """
+
+    rule: str
+    biased: bool  # the stream followed the target's argmax although the request sampled
+    rounds: int
+    proposed: int
+    positions_tested: int
+    accepted: int
+    per_position_acceptance: float  # accepted / positions_tested
+    accepted_per_position: list[int]  # [i]: drafts accepted at draft position i
+    accepted_lengths: list[int]  # [k]: rounds that accepted k drafts
+    closed_form_sum_min: float | None = None
+    closed_form_sum_prod: float | None = None
+
+
 class Timings(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Base keys in llama-server's order; the draft block only when a drafter ran a verify round.
 
@@ -29,10 +50,13 @@ class Timings(msgspec.Struct, kw_only=True, omit_defaults=True):
     draft_n_accepted: int | None = None
     draft_rounds: int | None = None
     draft_kind: str | None = None
+    speculative: SpeculativeDiagnostics | None = None  # only for a request that asked
 
     def base(self) -> Timings:
         """The nine base keys only (per-token frames never carry the draft block)."""
-        return msgspec.structs.replace(self, draft_n=None, draft_n_accepted=None, draft_rounds=None, draft_kind=None)
+        return msgspec.structs.replace(
+            self, draft_n=None, draft_n_accepted=None, draft_rounds=None, draft_kind=None, speculative=None
+        )
 
 
 def _rate(n: int, ms: float) -> tuple[float, float]:

@@ -45,10 +45,10 @@ class ModelHost:
         """Load the target (and a classic drafter); block drafters load on their first request."""
         settings = self.settings
         started = time.perf_counter()
-        target = load_model(settings.target)
+        target = self._load_one(settings.target, "target")
         drafter = None
         if self.plan.drafter_kind is DrafterKind.DRAFT_MODEL:
-            drafter = load_model(settings.drafter.model, role="drafter")
+            drafter = self._load_one(settings.drafter.model, "drafter")
         server = settings.server
         prompt_cache = PromptCache(server.prompt_cache_mb << 20, server.prompt_cache_entries)
         self.builder = LoopBuilder(target, drafter, self.plan, prompt_cache if server.prompt_cache_mb else None)
@@ -65,6 +65,14 @@ class ModelHost:
         """A block drafter's load and exactness probes, run now (see BlockLoops.prepare); what they noted."""
         assert self.builder is not None
         return self.builder.block.prepare() if self.builder.block is not None else []
+
+    def _load_one(self, path: str, role: str) -> LoadedModel:
+        """One checkpoint, with `model_loading` before and `model_loaded` after (load progress)."""
+        self._log.info("model_loading", role=role, path=path)
+        started = time.perf_counter()
+        model = load_model(path, role=role)
+        self._log.info("model_loaded", role=role, path=str(model.path), seconds=round(time.perf_counter() - started, 3))
+        return model
 
     @property
     def target(self) -> LoadedModel:

@@ -54,20 +54,23 @@ class Reporter:
         self._log.info("request_cancelled", request_id=job.request_id, decided=decided)
 
     def finished(self, row: Row, result: Finished) -> None:
-        """Count the result; after a verify round, emit `speculative_request`."""
-        speculation = row.generation.loop.speculation
+        """Count the result and its latencies; after a verify round, emit `speculative_request`."""
+        job, generation = row.job, row.generation
+        speculation = generation.loop.speculation
         self.metrics.observe(result, speculation.stats)
+        first = generation.prefill_finished  # the first token is decided as the prefill ends
+        last = generation.last_token_at or first
+        self.metrics.latencies.observe(job.created, job.admitted, first, last, len(generation.emitted))
         if not speculation.ran:
             return
-        generation = row.generation
         events.speculative_request(
-            request_id=row.job.request_id,
-            route=row.job.route,
+            request_id=job.request_id,
+            route=job.route,
             rule=str(speculation.rule),
             draft_kind=str(speculation.draft_kind),
             stats=speculation.stats,
             predicted_n=len(generation.emitted),
-            biased=not speculation.rule.lossless and not generation.state.sampler.is_greedy,
+            biased=speculation.biased(generation.state.sampler.is_greedy),
             governor_pauses=speculation.governor_pauses,
             governor_resumes=speculation.governor_resumes,
             profile=self.profile,

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from app.decoding.builder import RowRequest
 from app.decoding.generation import Delta, Generation
 from app.decoding.timings import Timings, make_timings
@@ -27,6 +29,15 @@ class Finished:
     rule: str | None
     draft_kind: str | None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, when the request asked
+    biased: bool = False  # Speculation.biased: the stream followed the target's argmax at T > 0
+
+
+@dataclass(frozen=True)
+class Started:
+    """A streaming row was built: the rule its loop runs (None: no drafter), which the response's
+    headers name before its first frame."""
+
+    rule: str | None
 
 
 @dataclass(frozen=True)
@@ -36,7 +47,7 @@ class Failed:
     kind: str = "server_error"
 
 
-Event = Delta | Finished | Failed
+Event = Started | Delta | Finished | Failed
 Sink = Callable[[Event], None]
 
 
@@ -50,7 +61,9 @@ class Job:
     sink: Sink
     stream: bool = False
     per_token_timings: bool = False
+    diagnostics: bool = False  # its Finished timings carry `speculative` (SpeculativeDiagnostics)
     created: float = field(default_factory=time.perf_counter)
+    admitted: float = 0.0  # when the engine began building its row (queue wait = admitted - created)
     cancelled: bool = False
 
 
@@ -93,14 +106,20 @@ class Row:
 
     def finished(self) -> Finished:
         generation = self.generation
+        speculation = generation.loop.speculation
+        greedy = generation.state.sampler.is_greedy
+        timings = self.timings()
+        if self.job.diagnostics:
+            timings = msgspec.structs.replace(timings, speculative=speculation.diagnostics(greedy))
         return Finished(
             text=generation.text,
             tokens=list(generation.emitted),
             stop_type=str(generation.stop_type),
             stopping_word=generation.stopping_word,
             prompt_n=generation.prompt_n,
-            timings=self.timings(),
-            rule=str(generation.loop.speculation.rule) if generation.loop.speculation.drafting else None,
-            draft_kind=generation.loop.speculation.draft_kind,
+            timings=timings,
+            rule=speculation.rule_name,
+            draft_kind=speculation.draft_kind,
             logprobs=generation.logprobs,
+            biased=speculation.biased(greedy),
         )

@@ -17,6 +17,7 @@ must not keep it, or any route, waiting. Everything else runs on the engine thre
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from enum import StrEnum
@@ -29,7 +30,7 @@ from app.decoding.block_builder import DrafterUnavailableError
 from app.decoding.generation import Delta
 from app.engine.host import ModelHost
 from app.engine.reporter import Reporter
-from app.engine.row import Event, Failed, Job, Row
+from app.engine.row import Event, Failed, Job, Row, Started
 from app.profiles.schema import ServerSettings
 from app.runtime.logging import internal_error_message, log_internal_error
 
@@ -179,6 +180,7 @@ class Scheduler:
             return None
 
     def _build(self, job: Job, slot: int) -> Row | None:
+        job.admitted = time.perf_counter()
         try:
             listener = self.reporter.governor_listener(job, partial(self._decided, job))
             generation = self.host.build(job.request, listener)
@@ -190,6 +192,8 @@ class Scheduler:
         except Exception as exc:
             self._fail_row(job, exc, "admit")
             return None
+        if job.stream:  # its response headers wait for the rule (non-streamed: Finished.rule)
+            self._deliver(job, Started(generation.loop.speculation.rule_name))
         return Row(job, generation, slot)
 
     def _decided(self, job: Job) -> int:

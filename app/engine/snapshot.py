@@ -67,6 +67,7 @@ def copy_metrics(metrics: Metrics, cache: CacheCounters | None) -> Metrics:
     return dataclasses.replace(
         metrics,
         spec_accepted_per_position=list(metrics.spec_accepted_per_position),
+        spec_accepted_lengths=list(metrics.spec_accepted_lengths),
         prompt_cache_hits_total=cache.hits,
         prompt_cache_misses_total=cache.misses,
         prompt_cache_evictions_total=cache.evictions,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import msgspec
+import structlog
 
 from app.drafters.kinds import DETECTED, DrafterKind
 from app.loading import ModelLoadError, read_checkpoint
@@ -43,6 +43,7 @@ def settle_drafter(settings: Settings, sources: dict[str, str]) -> DrafterSettin
       (`--draft-kind none` over a profile's drafter), and warned about when set together.
     """
     drafter = settings.drafter
+    log = structlog.get_logger("mlxcel.profiles")
     rank = {key: RANK[sources[key]] for key in ("target", "drafter.kind", "drafter.model")}
     kind = drafter.kind if rank["drafter.kind"] >= rank["target"] else "none"
     model = drafter.model if rank["drafter.model"] >= rank["target"] else None
@@ -51,10 +52,10 @@ def settle_drafter(settings: Settings, sources: dict[str, str]) -> DrafterSettin
             kind = str(DETECTED[read_checkpoint(model).kind])
         except ModelLoadError as exc:
             raise ProfileError(f"{origin('drafter.model', sources, Path(settings.source))}: {exc}") from exc
-        print(f"Resolved drafter kind: {kind} (auto-detected from {model}/config.json)", file=sys.stderr)
+        log.info("drafter_kind_resolved", kind=kind, explicit=False, model=model)
     elif model and not DrafterKind(kind).needs_model:
         if rank["drafter.model"] >= rank["drafter.kind"]:
-            print(f"warning: drafter.kind = {kind} ignores drafter.model ({model})", file=sys.stderr)
+            log.warning("drafter_model_ignored", kind=kind, model=model)
         model = None
     return msgspec.structs.replace(drafter, kind=kind, model=model)
 

@@ -14,8 +14,9 @@ import structlog
 
 
 def _json(_logger: object, _method: str, event: dict) -> str:
-    """One JSON object per line (msgspec is several times faster than json.dumps here)."""
-    return msgspec.json.encode(event).decode()
+    """One JSON object per line (msgspec is several times faster than json.dumps here); a value
+    JSON has no form for is written as its str()."""
+    return msgspec.json.encode(event, enc_hook=str).decode()
 
 
 STANDARD_STREAMS = ("stdout", "stderr")
@@ -50,12 +51,25 @@ def log_stream(destination: str) -> TextIO:
     return Path(destination).expanduser().open("a", buffering=1)  # lives as long as the process
 
 
+HANDLER_NAME = "mlxcel"  # the one root handler configure_logging installs (and replaces on a second call)
+# Libraries that log through the standard library, and the least level each reaches the stream at:
+# uvicorn's INFO lines (startup banner, one access line per request) are replaced by our own
+# `listening` and `http_request` events, so only its warnings and errors pass (its loggers are
+# all children of "uvicorn").
+LIBRARY_LEVELS = {"uvicorn": logging.WARNING}
+
+
 def configure_logging(level: str | None, *, fmt: str = "json", stream: TextIO | None = None) -> None:
-    """Install structlog at `level` writing to `stream` (stderr by default); None silences it.
+    """Send structlog's events and the standard library's records (uvicorn, Litestar, warnings) to
+    `stream` (stderr by default) at `level`, through one handler: every line is one JSON object,
+    or, with `fmt = "console"` on a terminal, one human line. None silences it.
 
     Silencing matters: unconfigured structlog prints to stdout, and offline commands promise
     unchanged output when MLXCEL_LOG is unset.
     """
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if h.name == HANDLER_NAME]:
+        root.removeHandler(handler)
     if level is None:
         structlog.configure(
             processors=[],
@@ -67,24 +81,44 @@ def configure_logging(level: str | None, *, fmt: str = "json", stream: TextIO | 
     level_no = logging.getLevelNamesMapping().get(level.upper())
     if level_no is None:
         raise ValueError(f"unknown log level {level!r} (use debug, info, warning, error)")
-    # `log.exception` puts the traceback into the JSON line's "exception"; the console renderer
-    # formats tracebacks itself.
-    renderers = (
-        [structlog.processors.format_exc_info, _json]
-        if fmt == "json"
-        else [structlog.dev.ConsoleRenderer(colors=False)]
+    stream = stream or sys.stderr
+    # Both kinds of record get the same keys before rendering: structlog's through its own chain,
+    # the standard library's through foreign_pre_chain (their message becomes `event`).
+    stamp = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    handler = logging.StreamHandler(stream)
+    handler.name = HANDLER_NAME
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[*stamp, structlog.stdlib.add_logger_name],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderers(fmt, stream)],
+        )
     )
+    root.addHandler(handler)
+    root.setLevel(level_no)
+    for name, least in LIBRARY_LEVELS.items():
+        logging.getLogger(name).setLevel(max(least, level_no))
+    logging.captureWarnings(True)  # Python warnings become `py.warnings` events, not stderr text
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            *renderers,
-        ],
+        processors=[*stamp, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         wrapper_class=structlog.make_filtering_bound_logger(level_no),
-        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
+        logger_factory=structlog.stdlib.LoggerFactory(),
         cache_logger_on_first_use=False,
     )
+
+
+def renderers(fmt: str, stream: TextIO) -> list[structlog.typing.Processor]:
+    """JSON lines, unless the profile asks for the console format and a person reads the stream.
+
+    `log.exception` puts the traceback into the JSON line's "exception"; the console renderer
+    formats tracebacks itself.
+    """
+    if fmt == "console" and stream.isatty():
+        return [structlog.dev.ConsoleRenderer(colors=True)]
+    return [structlog.processors.format_exc_info, _json]
 
 
 def log_internal_error(logger: Any, event: str, exc: BaseException, **fields: Any) -> str:

@@ -7,10 +7,12 @@ from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 from litestar.handlers import HTTPRouteHandler
 
+from app.server.access import REQUEST_ID_HEADER
 from app.server.auth import require_api_key
 from app.server.body import StrictJsonRequest
 from app.server.engine_view import Engine, EngineSwitch, Reloader, engine_lifespan, provide_engine
 from app.server.errors import HANDLERS
+from app.server.metrics import HttpMetrics
 from app.server.openapi import error_responses, openapi_config
 from app.server.routes.admin import AdminController
 from app.server.routes.chat import ChatController
@@ -19,7 +21,7 @@ from app.server.routes.introspection import IntrospectionController
 from app.server.routes.native import NativeCompletionController
 from app.server.routes.tokens import TokensController
 from app.server.routes.unsupported import UnsupportedController
-from app.server.streaming import REQUEST_ID
+from app.server.shaping import RULE_HEADER
 
 CONTROLLERS: list[type[Controller]] = [
     IntrospectionController,
@@ -35,7 +37,7 @@ CONTROLLERS: list[type[Controller]] = [
 def cors(origins: list[str]) -> CORSConfig | None:
     """llama-server's CORS: the caller's origin reflected (never the literal "*", which browsers
     refuse beside credentials), credentials allowed, GET and POST, any header; browsers may read
-    the request id. `server.cors_origins` narrows the origins; an empty list turns CORS off.
+    the request id and the acceptance rule. `server.cors_origins` narrows the origins; an empty list turns CORS off.
 
     Litestar answers "*" when "*" is among allow_origins, so "*" becomes a match-all regex,
     which makes it reflect the origin instead.
@@ -48,7 +50,7 @@ def cors(origins: list[str]) -> CORSConfig | None:
         allow_credentials=True,
         allow_methods=["GET", "POST"],
         allow_headers=["*"],
-        expose_headers=[REQUEST_ID],
+        expose_headers=[REQUEST_ID_HEADER, RULE_HEADER],
     )
 
 
@@ -85,10 +87,12 @@ def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) 
         request_class=StrictJsonRequest,
         request_max_body_size=settings.server.max_body_bytes,
         cors_config=cors(settings.server.cors_origins),
+        logging_config=None,  # Litestar's records reach the root handler of app/runtime/logging.py as they are
     )
     app.state.engines = engines
     app.state.reloader = reloader
     app.state.settings = settings  # the live profile's: the API key and JSON depth follow a reload
+    app.state.http_metrics = HttpMetrics()  # counted by the access log, read by /metrics; outlives reloads
 
     def follow(new: Engine) -> None:
         app.state.settings = new.settings

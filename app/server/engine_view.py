@@ -26,7 +26,7 @@ from app.engine.engine import Engine, EngineState, UnavailableError, unavailable
 from app.engine.host import ModelInfo
 from app.engine.metrics import Metrics
 from app.engine.reload import Reloader, ReloadRefusedError
-from app.engine.row import Event, Failed, Finished, Job
+from app.engine.row import Event, Failed, Finished, Job, Started
 from app.engine.snapshot import RowView
 from app.engine.switch import EngineSwitch
 from app.profiles.schema import Settings
@@ -45,6 +45,7 @@ __all__ = [
     "ReloadRefusedError",
     "Reloader",
     "RowView",
+    "Started",
     "Timings",
     "engine_lifespan",
     "provide_engine",

@@ -7,7 +7,7 @@ null, `mirostat: 0`, `typical_p: 1`), passes; any other answers 400 naming the f
 A field that only tunes a stage whose switch is listed here (`mirostat_tau`, `dry_base`,
 `dynatemp_exponent`, ...) asks for nothing while its switch is off, and the switch answers 400
 otherwise, so it is not listed. Fields neither API defines are ignored, as llama-server ignores
-them. docs/server.md lists every field's state.
+them, but for this server's own (OWN), which it honours. docs/server.md lists every field's state.
 """
 
 from __future__ import annotations
@@ -189,6 +189,11 @@ OPENAI_COMPLETION: dict[str, Unhonoured] = {
     ),
 }
 EVERY_FIELD = LLAMA_SERVER | NATIVE | CHAT | OPENAI_COMPLETION
+# This server's own request fields, which neither API defines: honoured on every completion route
+# (typed on schemas.SamplingFields, so a wrong type answers 400), never refused, never ignored.
+OWN: dict[str, str] = {
+    "speculative_diagnostics": "true: the request's speculative detail in timings.speculative (docs/operations.md)",
+}
 
 
 def wire_fields(table: dict[str, Unhonoured]) -> list[tuple[str, Any, Any]]:

@@ -1,16 +1,20 @@
-"""/metrics: the engine's counters in Prometheus text, under llama-server's metric names.
+"""/metrics: the engine's counters under llama-server's metric names, the latency and
+accepted-length histograms, requests by route and status, and the process's own metrics.
 
-prometheus_client writes the exposition format; the table below names each metric once.
+prometheus_client writes the exposition format (counters as exact integers below 2^53, never
+rounded); the table below names each llama-server metric once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from app.server.engine_view import Metrics
+
+disable_created_metrics()  # no `_created` series beside each counter and histogram: llama-server has none
 
 PREFIX = "llamacpp:"
 CONTENT_TYPE = "text/plain; version=0.0.4"
@@ -41,6 +45,28 @@ PER_POSITION = (
 )
 
 
+ACCEPTED_LENGTH = (
+    "mlxcel_spec_decode_accepted_length",
+    "Drafted tokens accepted per verify round (le: at most that many; the bonus token not counted).",
+)
+UNMATCHED = "unmatched"  # the route label of a path no route serves (keeps the label set bounded)
+
+
+class HttpMetrics:
+    """Requests by route and status, counted by the access log (app/server/access.py)."""
+
+    def __init__(self) -> None:
+        self.requests = Counter(
+            "mlxcel_http_requests",
+            "HTTP requests answered, by route (its path template) and status.",
+            ["route", "status"],
+            registry=None,
+        )
+
+    def observe(self, route: str | None, status: int) -> None:
+        self.requests.labels(route or UNMATCHED, str(status)).inc()
+
+
 class EngineCollector:
     """A prometheus_client collector reading one Metrics object at scrape time."""
 
@@ -56,9 +82,26 @@ class EngineCollector:
         for position, count in enumerate(m.spec_accepted_per_position):
             per_position.add_metric([str(position)], count)
         yield per_position
+        yield accepted_length(m.spec_accepted_lengths)
+        for histogram in vars(m.latencies).values():
+            yield from histogram.collect()
 
 
-def exposition(metrics: Metrics) -> bytes:
+def accepted_length(counts: list[int]) -> HistogramMetricFamily:
+    """The per-round accepted lengths (exact counts by length) as a cumulative histogram."""
+    name, help_text = ACCEPTED_LENGTH
+    buckets, running = [], 0
+    for length, count in enumerate(counts):
+        running += count
+        buckets.append((str(length), running))
+    buckets.append(("+Inf", running))
+    total = sum(length * count for length, count in enumerate(counts))
+    return HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=total)
+
+
+def exposition(metrics: Metrics, http: HttpMetrics) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(metrics))
+    registry.register(http.requests)
+    ProcessCollector(registry=registry)  # process_cpu_seconds_total, memory, open fds (Linux)
     return generate_latest(registry)

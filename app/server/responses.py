@@ -241,6 +241,7 @@ class NativeCompletion(msgspec.Struct, kw_only=True):
     tokens_cached: int
     timings: Timings
     completion_probabilities: list[CompletionProbability] | UnsetType = UNSET  # with n_probs, unstreamed
+    speculative_biased: bool | UnsetType = UNSET  # a drafter ran: did the stream follow the argmax at T > 0?
 
 
 class NativeChunk(msgspec.Struct, kw_only=True):
@@ -300,6 +301,7 @@ class TextCompletion(OpenAIObject, kw_only=True):
     choices: list[TextChoice]
     usage: Usage | UnsetType = UNSET
     timings: Timings | UnsetType = UNSET
+    speculative_biased: bool | UnsetType = UNSET  # a drafter ran: did the stream follow the argmax at T > 0?
 
 
 class FunctionCall(msgspec.Struct, kw_only=True):
@@ -348,6 +350,7 @@ class ChatCompletion(OpenAIObject, kw_only=True):
     choices: list[ChatChoice]
     usage: Usage
     timings: Timings | UnsetType = UNSET  # left out when the body holds several rows (n > 1)
+    speculative_biased: bool | UnsetType = UNSET  # a drafter ran: did the stream follow the argmax at T > 0?
 
 
 class ChatDelta(msgspec.Struct, kw_only=True):
@@ -370,3 +373,4 @@ class ChatCompletionChunk(OpenAIObject, kw_only=True):
     choices: list[ChatChunkChoice]
     usage: Usage | UnsetType = UNSET
     timings: Timings | UnsetType = UNSET
+    speculative_biased: bool | UnsetType = UNSET  # a drafter ran: did the stream follow the argmax at T > 0?

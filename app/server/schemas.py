@@ -104,6 +104,7 @@ class SamplingFields(_unhonoured("LlamaServerFields", field_policy.LLAMA_SERVER,
     cache_prompt: bool = True
     timings_per_token: bool = False
     return_tokens: bool = False
+    speculative_diagnostics: bool = False  # this server's own: timings.speculative (docs/server.md)
     json_schema: dict[str, Any] | None = None  # constrain the output to this JSON schema
     grammar: str | None = None  # or to this GBNF grammar (root rule `root`)
     speculative_n_max: int | None = msgspec.field(default=None, name="speculative.n_max")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -12,8 +11,8 @@ from litestar.types import Receive
 
 from app.decoding.builder import RowRequest
 from app.sampling.grammar import Grammar
-from app.server import field_policy, requests, shaping
-from app.server.engine_view import Delta, EngineView, Event, Failed, Finished, Job
+from app.server import access, field_policy, requests, shaping
+from app.server.engine_view import Delta, EngineView, Event, Failed, Finished, Job, Started
 from app.server.errors import ApiError
 from app.server.prompts import check_rows
 from app.server.responses import GenerationSettings
@@ -39,10 +38,25 @@ class Submission:
                 if isinstance(event, Failed):
                     raise ApiError(event.code, event.message, event.kind)
                 if isinstance(event, Finished):
+                    counted(event)
                     return event
         finally:
             watcher.cancel()
             self.job.cancelled = True  # no-op once finished; stops the row if the client went away
+
+    async def started(self) -> Started:
+        """A stream's first event: its row was built (the rule it runs is known), or it failed
+        before its first token (answered with its own status, not a 200 stream)."""
+        watcher = asyncio.create_task(self._watch_disconnect())
+        try:
+            event = await self.events.get()
+        finally:
+            watcher.cancel()
+        if isinstance(event, Failed):
+            self.job.cancelled = True
+            raise ApiError(event.code, event.message, event.kind)
+        assert isinstance(event, Started), event  # the engine sends a stream's Started first
+        return event
 
     async def _watch_disconnect(self) -> None:
         """The body is read by now, so the only message left to receive is `http.disconnect`."""
@@ -67,11 +81,18 @@ class Submission:
                         event = following
                         break
                     event = merge(event, following)
+                if isinstance(event, Finished):
+                    counted(event)
                 yield event
                 if isinstance(event, Finished | Failed):
                     return
         finally:
             self.job.cancelled = True
+
+
+def counted(result: Finished) -> None:
+    """The row's tokens, for its request's access event."""
+    access.count_tokens(result.prompt_n, result.timings.predicted_n)
 
 
 def merge(first: Delta, second: Delta) -> Delta:
@@ -110,11 +131,12 @@ def start(
 
     job = Job(
         request=row_request,
-        request_id=request_id or uuid.uuid4().hex[:16],
+        request_id=request_id or access.request_id(),
         route=route,
         sink=sink,
         stream=data.stream,
         per_token_timings=data.stream and data.timings_per_token,
+        diagnostics=data.speculative_diagnostics,
     )
     engine.submit(job)
     model = shaping.model_alias(settings)
@@ -137,6 +159,15 @@ class Rows:
     def row_requests(self) -> list[RowRequest]:
         """Each row's request as validated (its seed, its log-probabilities asked), in row order."""
         return [submission.job.request for submission in self.submissions]
+
+    async def started(self) -> list[str | None]:
+        """Every row of a stream built: the rule each runs, in row order (a failure cancels them all)."""
+        try:
+            return [(await submission.started()).rule for submission in self.submissions]
+        except BaseException:
+            for submission in self.submissions:
+                submission.job.cancelled = True
+            raise
 
     async def results(self) -> list[Finished]:
         waits = [asyncio.ensure_future(s.result()) for s in self.submissions]
@@ -180,7 +211,7 @@ def start_rows(
     field_policy.refuse_unhonoured(data)
     check_rows(len(prompts), n, engine.settings)
     grammar = requests.grammar(data)
-    request_id = uuid.uuid4().hex[:16]
+    request_id = access.request_id()
     submissions: list[Submission] = []
     settings: list[GenerationSettings] = []
     try:

@@ -255,6 +255,22 @@ def generation_settings(request: RowRequest, model: str, width: int) -> Generati
     )
 
 
+RULE_HEADER = "x-mlxcel-acceptance-rule"
+
+
+def rule_header(rules: list[str | None]) -> dict[str, str]:
+    """The acceptance rule the request's rows ran, as their loops reported it (`none`: no
+    drafter); rows that ran different rules are each named once, in row order."""
+    return {RULE_HEADER: ", ".join(dict.fromkeys(rule or "none" for rule in rules))}
+
+
+def speculative_biased(results: list[Finished]) -> bool | UnsetType:
+    """Whether a row's stream followed the target's argmax although the request sampled
+    (argmax-against-argmax at T > 0); absent where no drafter ran."""
+    drafted = [result for result in results if result.rule is not None]
+    return any(result.biased for result in drafted) if drafted else UNSET
+
+
 def finish_reason(result: Finished) -> str:
     return "length" if result.stop_type == "limit" else "stop"
 
@@ -308,6 +324,7 @@ def native_completion(
         tokens_cached=result.prompt_n + len(result.tokens),
         timings=result.timings,
         completion_probabilities=probabilities,
+        speculative_biased=speculative_biased([result]),
     )
 
 
@@ -416,6 +433,7 @@ def text_completion_body(
         choices=choices,
         usage=usage(results, n),
         timings=body_timings(results),
+        speculative_biased=speculative_biased(results),
     )
 
 
@@ -478,4 +496,5 @@ def chat_completion(
         choices=choices,
         usage=usage(results, len(results)),
         timings=body_timings(results),
+        speculative_biased=speculative_biased(results),
     )

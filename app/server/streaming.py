@@ -18,7 +18,6 @@ from app.server.service import Rows
 
 DONE = b"data: [DONE]\n\n"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-REQUEST_ID = "x-request-id"  # the request_id of this request's log events
 
 # shaping.text_completion or shaping.chat_chunk:
 # (head, choice index, text, finish reason, usage, timings, logprobs) -> chunk
@@ -33,8 +32,10 @@ def frame(payload: Any) -> bytes:
     return b"data: " + msgspec.json.encode(payload) + b"\n\n"
 
 
-def sse(frames: AsyncIterator[bytes], request_id: str) -> Stream:
-    return Stream(frames, media_type="text/event-stream", headers={**HEADERS, REQUEST_ID: request_id})
+async def sse(rows: Rows, frames: AsyncIterator[bytes]) -> Stream:
+    """The stream, once every row is built: its headers name the rule the rows run."""
+    rules = await rows.started()
+    return Stream(frames, media_type="text/event-stream", headers={**HEADERS, **shaping.rule_header(rules)})
 
 
 def error_frame(code: int, message: str, kind: str) -> bytes:
@@ -95,7 +96,8 @@ async def openai_frames(
             finished[index] = event
             everyone = len(finished) == len(rows.submissions)
             usage = shaping.usage([finished[i] for i in sorted(finished)], n) if everyone else UNSET
-            yield frame(chunk(head, index, None, shaping.finish_reason(event), usage, event.timings, None))
+            last = chunk(head, index, None, shaping.finish_reason(event), usage, event.timings, None)
+            yield frame(msgspec.structs.replace(last, speculative_biased=shaping.speculative_biased([event])))
         else:
             yield error_frame(event.code, event.message, event.kind)
     yield DONE

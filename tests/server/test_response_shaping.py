@@ -10,7 +10,7 @@ import pytest
 from app.decoding.builder import RowRequest
 from app.sampling import SamplingParams
 from app.server.engine_view import Delta, Event, Failed, Finished, Job, Metrics, Timings
-from app.server.metrics import exposition
+from app.server.metrics import HttpMetrics, exposition
 from app.server.service import Submission, merge
 from tests.support.server import sse_frames
 
@@ -140,7 +140,7 @@ def test_merge_keeps_the_later_timings() -> None:
 def test_metrics_exposition_keeps_llama_server_names_types_and_labels() -> None:
     metrics = Metrics(prompt_tokens_total=12, prompt_seconds_total=0.5, spec_accepted_per_position=[7, 3])
     metrics.prompt_cache_bytes = 4096
-    lines = exposition(metrics).decode().splitlines()
+    lines = exposition(metrics, HttpMetrics()).decode().splitlines()
     assert "# TYPE llamacpp:prompt_tokens_total counter" in lines
     assert "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed." in lines
     assert "# TYPE llamacpp:prompt_tokens_seconds gauge" in lines
@@ -150,6 +150,6 @@ def test_metrics_exposition_keeps_llama_server_names_types_and_labels() -> None:
     assert float(samples["llamacpp:predicted_tokens_seconds"]) == 0  # no time yet: 0, not a division error
     per_position = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
     assert [float(samples[f'{per_position}{{position="{i}"}}']) for i in (0, 1)] == [7, 3]
-    types = [line.split()[2:] for line in lines if line.startswith("# TYPE")]
+    types = [line.split()[2:] for line in lines if line.startswith("# TYPE llamacpp:")]
     assert "# TYPE llamacpp:prompt_cache_bytes gauge" in lines and float(samples["llamacpp:prompt_cache_bytes"]) == 4096
     assert len(types) == 16 and all(kind in (["counter"], ["gauge"]) for _, *kind in types)

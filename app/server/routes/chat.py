@@ -17,7 +17,7 @@ from app.server.openapi import streamed_or
 from app.server.responses import ChatCompletion
 from app.server.schemas import ChatRequest
 from app.server.service import Rows, start_rows
-from app.server.streaming import REQUEST_ID, frame, openai_frames, sse
+from app.server.streaming import frame, openai_frames, sse
 
 
 class ChatController(Controller):
@@ -50,10 +50,10 @@ class ChatController(Controller):
         head = shaping.openai_head("chatcmpl", rows.request_id, rows.settings[0].model)
         logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)
         if data.stream:
-            return sse(chat_frames(rows, data.timings_per_token, head, data.n, logprobs), rows.request_id)
+            return await sse(rows, chat_frames(rows, data.timings_per_token, head, data.n, logprobs))
         results = await rows.results()
         body = shaping.chat_completion(head, results, logprobs, plan)
-        return Response(body, headers={REQUEST_ID: rows.request_id})
+        return Response(body, headers=shaping.rule_header([r.rule for r in results]))
 
 
 async def chat_frames(

@@ -17,7 +17,7 @@ from app.server.openapi import streamed_or
 from app.server.responses import TextCompletion
 from app.server.schemas import OpenAICompletionRequest
 from app.server.service import Rows, start_rows
-from app.server.streaming import REQUEST_ID, frame, openai_frames, sse
+from app.server.streaming import frame, openai_frames, sse
 
 
 class OpenAICompletionController(Controller):
@@ -45,10 +45,10 @@ class OpenAICompletionController(Controller):
         head = shaping.openai_head("cmpl", rows.request_id, rows.settings[0].model)
         logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)
         if data.stream:
-            return sse(echoed_frames(rows, data, head, echoes, logprobs), rows.request_id)
+            return await sse(rows, echoed_frames(rows, data, head, echoes, logprobs))
         results = await rows.results()
         body = shaping.text_completion_body(head, results, data.n, echoes, logprobs)
-        return Response(body, headers={REQUEST_ID: rows.request_id})
+        return Response(body, headers=shaping.rule_header([r.rule for r in results]))
 
 
 async def echoed_frames(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from litestar import Controller, get, post
+from litestar import Controller, Request, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 
@@ -58,6 +58,7 @@ class IntrospectionController(Controller):
         return shaping.slots(engine)
 
     @get("/metrics", name="metrics", guards=[require_ready], media_type=CONTENT_TYPE)
-    async def metrics(self, engine: NamedDependency[EngineView]) -> bytes:
-        """Prometheus text with llama-server's metric names and the speculative counters."""
-        return exposition(engine.metrics)
+    async def metrics(self, request: Request, engine: NamedDependency[EngineView]) -> bytes:
+        """Prometheus text: llama-server's metric names, the speculative counters, latency
+        histograms, requests by route and status, process metrics (docs/operations.md)."""
+        return exposition(engine.metrics, request.app.state.http_metrics)

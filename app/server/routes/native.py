@@ -16,7 +16,7 @@ from app.server.openapi import streamed_or
 from app.server.responses import NativeCompletion
 from app.server.schemas import CompletionRequest
 from app.server.service import start_rows
-from app.server.streaming import REQUEST_ID, native_frames, sse
+from app.server.streaming import native_frames, sse
 
 
 class NativeCompletionController(Controller):
@@ -45,7 +45,7 @@ class NativeCompletionController(Controller):
         logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)
         shape = {"return_tokens": data.return_tokens, "response_fields": data.response_fields}
         if data.stream:
-            return sse(native_frames(rows, texts, logprobs=logprobs, **shape), rows.request_id)
+            return await sse(rows, native_frames(rows, texts, logprobs=logprobs, **shape))
         results = await rows.results()
         bodies = [
             shaping.native_body(result, settings, text, streamed=False, index=index, logprobs=shaper, **shape)
@@ -53,4 +53,5 @@ class NativeCompletionController(Controller):
                 zip(results, rows.settings, texts, logprobs, strict=True)
             )
         ]
-        return Response(bodies[0] if len(bodies) == 1 else bodies, headers={REQUEST_ID: rows.request_id})
+        headers = shaping.rule_header([result.rule for result in results])
+        return Response(bodies[0] if len(bodies) == 1 else bodies, headers=headers)

@@ -1,0 +1,109 @@
+"""The request id and the access event: one `http_request` line per HTTP request, every route,
+every status (4xx and the readiness 503s included).
+
+Two ASGI layers around the Litestar app, outside its routing so that a path no route matches is
+logged too: asgi-correlation-id takes the client's `X-Request-ID` (or makes one) and echoes it on
+the response; `AccessLog` times the request, notes its status and the tokens its rows counted,
+and writes the event. Handlers reach the ids and counts through context variables, which the
+tasks a request starts inherit.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import structlog
+from asgi_correlation_id import CorrelationIdMiddleware, correlation_id
+from litestar import Litestar
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.server.metrics import HttpMetrics
+
+REQUEST_ID_HEADER = "x-request-id"
+# A client's id is kept when it is short visible ASCII (a UUID, a trace id, "job-42/3"); any other
+# value is replaced by a fresh id, with a warning naming the new one.
+CLIENT_ID = re.compile(r"[\x21-\x7e]{1,128}")
+
+
+def request_id() -> str:
+    """This request's id: the client's X-Request-ID when it gave a usable one."""
+    return correlation_id.get() or new_request_id()
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass
+class Usage:
+    """Tokens the request's rows counted, summed over its rows."""
+
+    prompt_n: int = 0
+    predicted_n: int = 0
+
+
+_usage: ContextVar[Usage | None] = ContextVar("mlxcel_request_usage", default=None)
+
+
+def count_tokens(prompt_n: int, predicted_n: int) -> None:
+    """A row of this request finished: its prompt and emitted tokens go into the access event."""
+    usage = _usage.get()
+    if usage is not None:
+        usage.prompt_n += prompt_n
+        usage.predicted_n += predicted_n
+
+
+class AccessLog:
+    def __init__(self, app: Litestar) -> None:
+        self.app = app
+        self.metrics: HttpMetrics = app.state.http_metrics
+        self._log = structlog.get_logger("mlxcel.http")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        usage = Usage()
+        token = _usage.set(usage)
+        status = 500  # what uvicorn answers when the app raised before starting a response
+
+        async def noting_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, noting_status)
+        finally:
+            _usage.reset(token)
+            seconds = time.perf_counter() - started
+            route = scope.get("path_template") or None  # None: no route matched the path
+            self.metrics.observe(route, status)
+            self._log.info(
+                "http_request",
+                request_id=correlation_id.get(),
+                method=scope["method"],
+                path=scope["path"],
+                route=route,
+                status=status,
+                duration_ms=round(seconds * 1000.0, 3),
+                prompt_n=usage.prompt_n,
+                predicted_n=usage.predicted_n,
+                profile=self.app.state.settings.profile,
+            )
+
+
+def with_access_log(app: Litestar) -> ASGIApp:
+    """The app as uvicorn serves it: request ids outermost, then the access event."""
+    return CorrelationIdMiddleware(  # type: ignore[return-value]
+        AccessLog(app),  # type: ignore[arg-type]
+        header_name=REQUEST_ID_HEADER,
+        generator=new_request_id,
+        validator=CLIENT_ID.fullmatch,
+    )
