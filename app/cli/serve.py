@@ -1,7 +1,8 @@
 """`mlxcel serve`: the HTTP server on a profile (the embedded default unless told otherwise).
 
 The profile and the port are checked before MLX, the engine and the HTTP app are imported
-(`app/cli/serving.py`), so a bad profile fails in well under a second.
+(`app/cli/serving.py`), so a bad profile fails in well under a second. A tensor-parallel profile
+runs its ranks under mlx.launch (`app/cli/tensor_launch.py`); rank 0 serves.
 """
 
 from __future__ import annotations
@@ -43,10 +44,21 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(
         settings.logging.level, fmt=settings.logging.format, stream=log_stream(settings.logging.destination)
     )
+    rank = None
+    if settings.target.parallel == "tensor":
+        from app.cli import tensor_launch
+
+        rank = tensor_launch.launched_rank()
+        if rank is not None and rank > 0:
+            return tensor_launch.follow_rank(settings)  # followers never open the port
     problem = port_problem(settings.server.host, settings.server.port)
     if problem:
         print(f"error: {settings.source}: server.port: {problem}; choose another port (--port)", file=sys.stderr)
         return EXIT_CONFIG
+    if settings.target.parallel == "tensor":
+        if rank is None:
+            return tensor_launch.supervise(settings, sys.argv[1:])
+        tensor_launch.restore_stop_signals()
     from app.cli.serving import serve
 
     return serve(settings)

@@ -73,7 +73,7 @@ def startup_fields(engine: Engine) -> dict[str, object]:
     return {
         "profile": settings.profile,
         "profile_file": settings.source,
-        "target": settings.target,
+        "target": settings.target.model,
         "drafter_kind": drafter.kind,
         "drafter_model": drafter.model,
         "rule": plan.rules[SamplerClass.SAMPLED],
@@ -114,7 +114,10 @@ def serve(settings: Settings) -> int:
         http=EnvelopeHttpToolsProtocol,
     )
     server = DrainingServer(config, engine)
-    server.run()
+    try:
+        server.run()
+    finally:
+        engine.host.stop_followers()
     if engine.failure is None:
         return 0
     if loaded:

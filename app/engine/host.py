@@ -18,6 +18,7 @@ from app.decoding.plan import LoopPlan, plan_from_settings
 from app.drafters.governor import Listener
 from app.drafters.kinds import DrafterKind
 from app.loading import LoadedModel, load_model
+from app.loading.lockstep import Lockstep
 from app.loading.prompt_cache import CacheCounters, PromptCache
 from app.profiles.schema import Settings
 
@@ -38,13 +39,14 @@ class ModelHost:
         self.plan: LoopPlan = plan_from_settings(settings)  # decided once: the rules, widths and switches
         self.builder: LoopBuilder | None = None
         self.info: ModelInfo | None = None
+        self.lockstep: Lockstep | None = None  # rank 0's orders to the followers of a tensor-parallel target
         self._log = structlog.get_logger("mlxcel.engine")
 
     def load(self) -> ModelInfo:
         """Load the target (and a classic drafter); block drafters load on their first request."""
         settings = self.settings
         started = time.perf_counter()
-        target = load_model(settings.target)
+        target = self._load_target()
         drafter = None
         if self.plan.drafter_kind is DrafterKind.DRAFT_MODEL:
             drafter = load_model(settings.drafter.model, role="drafter")
@@ -59,6 +61,20 @@ class ModelHost:
             tokenizer=target.tokenizer,
         )
         return self.info
+
+    def _load_target(self) -> LoadedModel:
+        target = self.settings.target
+        if target.parallel != "tensor":
+            return load_model(target.model)
+        from app.loading.tensor_parallel import load_leader
+
+        loaded, self.lockstep = load_leader(target.model, target.world_size)
+        return loaded
+
+    def stop_followers(self) -> None:
+        """A tensor-parallel target's follower ranks return (once the engine thread has stopped)."""
+        if self.lockstep is not None:
+            self.lockstep.stop()
 
     @property
     def target(self) -> LoadedModel:

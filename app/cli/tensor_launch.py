@@ -1,0 +1,143 @@
+"""`mlxcel serve` on a tensor-parallel profile (`target.parallel = "tensor"`): the ranks' roles.
+
+Not under mlx.launch, serve supervises: it starts `mlx.launch --backend ring -n WORLD_SIZE` on
+this host running the same `serve` command, and waits. Each rank then finds itself by MLX_RANK:
+rank 0 serves HTTP (app/cli/serving.py), the others follow (app/loading/tensor_parallel.py) and
+never open the port. On two hosts the operator runs mlx.launch with a hostfile instead
+(docs/deployment.md); the ranks behave the same.
+
+Stopping. The supervisor starts mlx.launch with SIGTERM and SIGINT ignored (inherited through
+exec) and forwards either signal to the job's process group as SIGTERM: mlx.launch, ignoring
+it, stays to collect the ranks; rank 0 drains as any server does and then tells the followers to
+stop; a follower outlives its first signal, so rank 0 can finish its rows, by the drain time
+and a margin at most. A second signal ends every rank at once, and a rank that dies takes the
+others with it (the ring reports the lost peer; mlx.launch ends the rest).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+import structlog
+
+from app.cli.exit_codes import EXIT_CONFIG
+from app.loading import ModelLoadError
+from app.profiles.schema import Settings
+
+RANK_ENV = "MLX_RANK"  # set by mlx.launch in every rank it starts
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+FOLLOWER_MARGIN_S = 15.0  # after the drain time and rank 0's handler grace, a follower stops waiting
+
+
+def launched_rank() -> int | None:
+    """This process's rank when mlx.launch started it, else None."""
+    rank = os.environ.get(RANK_ENV)
+    return int(rank) if rank is not None else None
+
+
+def launcher() -> str:
+    """mlx.launch from the interpreter's own environment (the one that has this MLX)."""
+    beside = Path(sys.executable).with_name("mlx.launch")
+    return str(beside) if beside.exists() else shutil.which("mlx.launch") or "mlx.launch"
+
+
+def free_ring_ports(count: int) -> int:
+    """A first port with `count` consecutive free ones on loopback, for the ring's listeners."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + count <= 65535 and all(_free(port) for port in range(first, first + count)):
+            return first
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def supervise(settings: Settings, serve_argv: list[str]) -> int:
+    """Run the ranks on this host under mlx.launch; its exit status is this process's."""
+    world_size = settings.target.world_size
+    command = [
+        launcher(), "--backend", "ring", "-n", str(world_size), "--starting-port", str(free_ring_ports(world_size)),
+        "--", sys.executable, "-m", "app", *serve_argv,
+    ]  # fmt: skip
+    structlog.get_logger("mlxcel.tensor").info("ranks_launching", world_size=world_size, command=command)
+    try:
+        job = subprocess.Popen(command, start_new_session=True, preexec_fn=_ignore_stop_signals)
+    except OSError as exc:
+        print(f"error: cannot start mlx.launch ({command[0]}): {exc.strerror}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    def forward(sig: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGTERM)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, forward)
+    return job.wait()
+
+
+def _ignore_stop_signals() -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def restore_stop_signals() -> None:
+    """Rank 0 drains on SIGTERM like any server: undo the ignoring it inherited."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def follow_rank(settings: Settings) -> int:
+    """A follower rank: repeat rank 0's forwards until it says stop (or a peer is lost)."""
+    from app.loading.tensor_parallel import follow
+
+    log = structlog.get_logger("mlxcel.tensor")
+    outcome: list[BaseException | None] = []
+
+    def work() -> None:
+        try:
+            follow(settings.target.model, settings.target.world_size)
+            outcome.append(None)
+        except BaseException as exc:  # reported by the main thread
+            outcome.append(exc)
+
+    # The collectives block in C++, where no Python signal handler runs: the main thread stays free.
+    worker = threading.Thread(target=work, name="mlxcel-follower", daemon=True)
+    signalled: list[int] = []
+
+    def on_signal(sig: int, frame: FrameType | None) -> None:
+        signalled.append(sig)
+        if len(signalled) > 1:
+            os._exit(128 + sig)
+        wait_s = settings.server.drain_timeout_s + FOLLOWER_MARGIN_S
+        log.info("rank_waiting_for_rank_0", signal=signal.Signals(sig).name, timeout_s=wait_s)
+        deadline = threading.Timer(wait_s, os._exit, args=(128 + sig,))
+        deadline.daemon = True  # a follower that stops in time exits without waiting for it
+        deadline.start()
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, on_signal)
+    worker.start()
+    while worker.is_alive():
+        worker.join(timeout=0.5)
+    failure = outcome[0] if outcome else None
+    if failure is None:
+        return 0
+    print(f"error: follower rank {launched_rank()}: {failure}", file=sys.stderr)
+    return EXIT_CONFIG if isinstance(failure, ModelLoadError) else 1
