@@ -61,4 +61,5 @@ def run(args: argparse.Namespace) -> int:
         tensor_launch.restore_stop_signals()
     from app.cli.serving import serve
 
-    return serve(settings)
+    status = serve(settings)
+    return tensor_launch.record_status(status) if rank == 0 else status

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
@@ -34,6 +35,8 @@ from app.loading import ModelLoadError
 from app.profiles.schema import Settings
 
 RANK_ENV = "MLX_RANK"  # set by mlx.launch in every rank it starts
+# mlx.launch exits 0 whatever its ranks did, so rank 0 leaves its exit status here for the supervisor
+STATUS_FILE_ENV = "MLXCEL_TENSOR_STATUS_FILE"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 FOLLOWER_MARGIN_S = 15.0  # after the drain time and rank 0's handler grace, a follower stops waiting
 
@@ -77,11 +80,20 @@ def supervise(settings: Settings, serve_argv: list[str]) -> int:
         "--", sys.executable, "-m", "app", *serve_argv,
     ]  # fmt: skip
     structlog.get_logger("mlxcel.tensor").info("ranks_launching", world_size=world_size, command=command)
-    try:
-        job = subprocess.Popen(command, start_new_session=True, preexec_fn=_ignore_stop_signals)
-    except OSError as exc:
-        print(f"error: cannot start mlx.launch ({command[0]}): {exc.strerror}", file=sys.stderr)
-        return EXIT_CONFIG
+    with tempfile.TemporaryDirectory(prefix="mlxcel-ranks-") as folder:
+        status_file = Path(folder) / "rank0-status"
+        environment = os.environ | {STATUS_FILE_ENV: str(status_file)}
+        try:
+            job = subprocess.Popen(command, env=environment, start_new_session=True, preexec_fn=_ignore_stop_signals)
+        except OSError as exc:
+            print(f"error: cannot start mlx.launch ({command[0]}): {exc.strerror}", file=sys.stderr)
+            return EXIT_CONFIG
+        launched = _wait_forwarding_signals(job)
+        return int(status_file.read_text()) if status_file.exists() else launched or 1
+
+
+def _wait_forwarding_signals(job: subprocess.Popen) -> int:
+    """Wait for mlx.launch, passing SIGTERM and SIGINT on to its whole job as SIGTERM."""
 
     def forward(sig: int, frame: FrameType | None) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -95,6 +107,14 @@ def supervise(settings: Settings, serve_argv: list[str]) -> int:
 def _ignore_stop_signals() -> None:
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+def record_status(status: int) -> int:
+    """Rank 0's exit status, left for the supervisor (when one started this job)."""
+    path = os.environ.get(STATUS_FILE_ENV)
+    if path:
+        Path(path).write_text(str(status))
+    return status
 
 
 def restore_stop_signals() -> None:
