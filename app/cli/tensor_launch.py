@@ -11,7 +11,9 @@ exec) and forwards either signal to the job's process group as SIGTERM: mlx.laun
 it, stays to collect the ranks; rank 0 drains as any server does and then tells the followers to
 stop; a follower outlives its first signal, so rank 0 can finish its rows, by the drain time
 and a margin at most. A second signal ends every rank at once, and a rank that dies takes the
-others with it (the ring reports the lost peer; mlx.launch ends the rest).
+others with it (the ring reports the lost peer; mlx.launch ends the rest). The supervisor exits
+with rank 0's status, or 1 when the job ended without being asked (a lost rank), so a service
+manager restarts it.
 """
 
 from __future__ import annotations
@@ -88,20 +90,25 @@ def supervise(settings: Settings, serve_argv: list[str]) -> int:
         except OSError as exc:
             print(f"error: cannot start mlx.launch ({command[0]}): {exc.strerror}", file=sys.stderr)
             return EXIT_CONFIG
-        launched = _wait_forwarding_signals(job)
-        return int(status_file.read_text()) if status_file.exists() else launched or 1
+        asked_to_stop = _wait_forwarding_signals(job)
+        status = int(status_file.read_text()) if status_file.exists() else 1
+    # A job that ended unasked lost a rank (mlx.launch then stops rank 0, which drains and says 0).
+    return status if status or asked_to_stop else 1
 
 
-def _wait_forwarding_signals(job: subprocess.Popen) -> int:
-    """Wait for mlx.launch, passing SIGTERM and SIGINT on to its whole job as SIGTERM."""
+def _wait_forwarding_signals(job: subprocess.Popen) -> bool:
+    """Wait for mlx.launch, passing SIGTERM and SIGINT on to its whole job as SIGTERM; whether one came."""
+    signalled: list[int] = []
 
     def forward(sig: int, frame: FrameType | None) -> None:
+        signalled.append(sig)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, signal.SIGTERM)
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, forward)
-    return job.wait()
+    job.wait()
+    return bool(signalled)
 
 
 def _ignore_stop_signals() -> None:

@@ -51,6 +51,12 @@ class RanksStoppedError(RuntimeError):
     """A forward asked for after the followers were told to stop."""
 
 
+class LockstepBrokenError(BaseException):
+    """An order that failed (a lost rank, a failed forward) leaves the ranks out of step, so no later
+    forward can be trusted: the engine's failure, not one row's. A BaseException, like SystemExit,
+    so the per-row handlers let it through to the engine's supervision (exit 1, 503s)."""
+
+
 class Lockstep:
     """The orders' channel on one group; rank 0 sends (`forward`, `rewind`, `stop`), the others `receive`."""
 
@@ -96,10 +102,14 @@ class Lockstep:
         with self._lock:
             if self._stopped:
                 raise RanksStoppedError("the tensor-parallel ranks were stopped")
-            if self._dropped:
-                dropped, self._dropped[:] = list(self._dropped), []
-                self._send(Order.FREE, 0, 0, mx.array(dropped, dtype=mx.int32))
-            yield self._send(order, runner, argument, payload)
+            try:
+                if self._dropped:
+                    dropped, self._dropped[:] = list(self._dropped), []
+                    self._send(Order.FREE, 0, 0, mx.array(dropped, dtype=mx.int32))
+                yield self._send(order, runner, argument, payload)
+            except Exception as exc:
+                self._stopped = True  # a stop order now could pair with a follower's half-done forward
+                raise LockstepBrokenError(f"the tensor-parallel ranks fell out of step: {exc}") from exc
 
     def _send(self, order: Order, runner: int, argument: int, payload: mx.array | None) -> mx.array | None:
         length = 0 if payload is None else int(payload.size)
