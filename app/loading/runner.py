@@ -50,7 +50,7 @@ class ModelRunner:
             )
 
     def forward(self, tokens: Sequence[int] | mx.array) -> mx.array:
-        """Logits `[T, V]` for T new tokens appended to the cache (lazy; not evaluated)."""
+        """Logits `[T, V]` for T new tokens appended to the cache (lazy, but evaluated on a tensor-parallel target)."""
         inputs = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.int32)
         if self.lockstep is None:
             return self._forward(inputs)
