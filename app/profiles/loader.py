@@ -283,7 +283,7 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
 
 
 def check_parallel(settings: Settings, sources: dict[str, str], path: Path) -> None:
-    """`target.parallel` and `target.world_size` must agree; the block drafters stay single-process."""
+    """`target.parallel` and `target.world_size` must agree."""
     target = settings.target
     if target.parallel == "tensor" and target.world_size < 2:
         raise ProfileError(
@@ -294,12 +294,6 @@ def check_parallel(settings: Settings, sources: dict[str, str], path: Path) -> N
         raise ProfileError(
             f"{origin('target.world_size', sources, path)}: {target.world_size} ranks, but target.parallel is "
             '"none"; set target.parallel = "tensor" to shard the target, or drop world_size'
-        )
-    if target.parallel == "tensor" and settings.drafter.kind in ("mtp", "dflash"):
-        raise ProfileError(
-            f'{origin("target.parallel", sources, path)}: "tensor" runs with drafter.kind none, draft-model or '
-            f"prompt-lookup; the {settings.drafter.kind} drafter reads the target's hidden states and is not "
-            "supported on a sharded target"
         )
 
 

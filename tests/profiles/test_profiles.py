@@ -137,7 +137,6 @@ TENSOR_FAILURES = [
         TENSOR.replace('"tensor"', '"pipeline"'),
         "target.parallel: invalid enum value 'pipeline' (allowed: none, tensor)",
     ),
-    (TENSOR + '[drafter]\nkind = "mtp"\n', 'target.parallel: "tensor" runs with drafter.kind none, draft-model or'),
     (
         TENSOR.replace("world_size = 2", "world_size = 3"),
         "target.world_size: the target's num_attention_heads (4) does not",
