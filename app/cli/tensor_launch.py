@@ -85,12 +85,20 @@ def supervise(settings: Settings, serve_argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="mlxcel-ranks-") as folder:
         status_file = Path(folder) / "rank0-status"
         environment = os.environ | {STATUS_FILE_ENV: str(status_file)}
+        # mlx.launch polls its stdin to pass it on to the ranks; at end of file (/dev/null, a closed
+        # pipe) that poll spins a core, so it gets a pipe that stays open and empty.
+        quiet_stdin, keep_open = os.pipe()
         try:
-            job = subprocess.Popen(command, env=environment, start_new_session=True, preexec_fn=_ignore_stop_signals)
+            job = subprocess.Popen(
+                command, stdin=quiet_stdin, env=environment, start_new_session=True, preexec_fn=_ignore_stop_signals
+            )
         except OSError as exc:
             print(f"error: cannot start mlx.launch ({command[0]}): {exc.strerror}", file=sys.stderr)
             return EXIT_CONFIG
+        finally:
+            os.close(quiet_stdin)
         asked_to_stop = _wait_forwarding_signals(job)
+        os.close(keep_open)
         status = int(status_file.read_text()) if status_file.exists() else 1
     # A job that ended unasked lost a rank (mlx.launch then stops rank 0, which drains and says 0).
     return status if status or asked_to_stop else 1
