@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
         from app.cli import tensor_launch
 
         rank = tensor_launch.launched_rank()
+        if rank is not None:
+            tensor_launch.watch_supervisor()
         if rank is not None and rank > 0:
             return tensor_launch.follow_rank(settings)  # followers never open the port
     problem = port_problem(settings.server.host, settings.server.port)

@@ -13,7 +13,7 @@ stop; a follower outlives its first signal, so rank 0 can finish its rows, by th
 and a margin at most. A second signal ends every rank at once, and a rank that dies takes the
 others with it (the ring reports the lost peer; mlx.launch ends the rest). The supervisor exits
 with rank 0's status, or 1 when the job ended without being asked (a lost rank), so a service
-manager restarts it.
+manager restarts it; killed outright, it leaves no rank behind (`watch_supervisor`).
 """
 
 from __future__ import annotations
@@ -27,18 +27,21 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 
 import structlog
 
-from app.cli.exit_codes import EXIT_CONFIG
+from app.cli.exit_codes import EXIT_CONFIG, EXIT_FAILURE
 from app.loading import ModelLoadError
 from app.profiles.schema import Settings
 
 RANK_ENV = "MLX_RANK"  # set by mlx.launch in every rank it starts
 # mlx.launch exits 0 whatever its ranks did, so rank 0 leaves its exit status here for the supervisor
 STATUS_FILE_ENV = "MLXCEL_TENSOR_STATUS_FILE"
+SUPERVISOR_ENV = "MLXCEL_TENSOR_SUPERVISOR_PID"  # the ranks end themselves if it is killed outright
+SUPERVISOR_POLL_S = 1.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 FOLLOWER_MARGIN_S = 15.0  # after the drain time and rank 0's handler grace, a follower stops waiting
 
@@ -84,7 +87,7 @@ def supervise(settings: Settings, serve_argv: list[str]) -> int:
     structlog.get_logger("mlxcel.tensor").info("ranks_launching", world_size=world_size, command=command)
     with tempfile.TemporaryDirectory(prefix="mlxcel-ranks-") as folder:
         status_file = Path(folder) / "rank0-status"
-        environment = os.environ | {STATUS_FILE_ENV: str(status_file)}
+        environment = os.environ | {STATUS_FILE_ENV: str(status_file), SUPERVISOR_ENV: str(os.getpid())}
         # mlx.launch polls its stdin to pass it on to the ranks; at end of file (/dev/null, a closed
         # pipe) that poll spins a core, so it gets a pipe that stays open and empty.
         quiet_stdin, keep_open = os.pipe()
@@ -122,6 +125,25 @@ def _wait_forwarding_signals(job: subprocess.Popen) -> bool:
 def _ignore_stop_signals() -> None:
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+def watch_supervisor() -> None:
+    """A rank started by `supervise` exits if the supervisor is gone (SIGKILL leaves it no time to
+    stop the job), so no rank outlives it holding the port or a core."""
+    pid = os.environ.get(SUPERVISOR_ENV)
+    if pid is None:
+        return
+
+    def watch() -> None:
+        while True:
+            time.sleep(SUPERVISOR_POLL_S)
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                structlog.get_logger("mlxcel.tensor").warning("supervisor_gone", supervisor_pid=int(pid))
+                os._exit(EXIT_FAILURE)
+
+    threading.Thread(target=watch, name="mlxcel-supervisor-watch", daemon=True).start()
 
 
 def record_status(status: int) -> int:
