@@ -1,7 +1,8 @@
 """`mlxcel serve`: the HTTP server on a profile (the embedded default unless told otherwise).
 
 The profile and the port are checked before MLX, the engine and the HTTP app are imported
-(`app/cli/serving.py`), so a bad profile fails in well under a second.
+(`app/cli/serving.py`), so a bad profile fails in well under a second. A tensor-parallel profile
+runs its ranks under mlx.launch (`app/cli/tensor_launch.py`); rank 0 serves.
 """
 
 from __future__ import annotations
@@ -51,12 +52,26 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(log.level, fmt=log.format, stream=log_stream(log.destination))
     resolved = resolve_args(args)
     settings = resolved.settings
+    rank = None
+    if settings.target.parallel == "tensor":
+        from app.cli import tensor_launch
+
+        rank = tensor_launch.launched_rank()
+        if rank is not None:
+            tensor_launch.watch_supervisor()
+        if rank is not None and rank > 0:
+            return tensor_launch.follow_rank(settings)  # followers never open the port
     problem = listen_problem(settings.server.host, settings.server.port)
     if problem:
         key, reason = problem
         fix = "choose another address (--host)" if key == "server.host" else "choose another port (--port)"
         print(f"error: {origin(key, resolved.sources, Path(settings.source))}: {reason}; {fix}", file=sys.stderr)
         return EXIT_CONFIG
+    if settings.target.parallel == "tensor":
+        if rank is None:
+            return tensor_launch.supervise(settings, sys.argv[1:])
+        tensor_launch.restore_stop_signals()
     from app.cli.serving import serve
 
-    return serve(settings, lambda: settings_from_args(args))
+    status = serve(settings, lambda: settings_from_args(args))
+    return tensor_launch.record_status(status) if rank == 0 else status

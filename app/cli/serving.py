@@ -79,7 +79,7 @@ def startup_fields(engine: Engine, address: tuple[str, int]) -> dict[str, object
     return {
         "profile": settings.profile,
         "profile_file": settings.source,
-        "target": settings.target,
+        "target": settings.target.model,
         "drafter_kind": drafter.kind,
         "drafter_model": drafter.model,
         "rule": plan.rules[SamplerClass.SAMPLED],
@@ -139,7 +139,11 @@ def serve(settings: Settings, resolve: Callable[[], Settings]) -> int:
     server = DrainingServer(config, engines)
     if hasattr(signal, "SIGHUP"):  # not on Windows
         signal.signal(signal.SIGHUP, lambda *_: reloader.reload_in_background("SIGHUP"))
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for engine in engines.engines:
+            engine.host.stop_followers()
     failure = next((engine.failure for engine in engines.engines if engine.failure is not None), None)
     if failure is None:
         return 0

@@ -19,6 +19,7 @@ from app.decoding.plan import LoopPlan, plan_from_settings
 from app.drafters.governor import Listener
 from app.drafters.kinds import DrafterKind
 from app.loading import LoadedModel, load_model
+from app.loading.lockstep import Lockstep
 from app.loading.prompt_cache import CacheCounters, PromptCache
 from app.profiles.schema import Settings
 
@@ -39,13 +40,14 @@ class ModelHost:
         self.plan: LoopPlan = plan_from_settings(settings)  # decided once: the rules, widths and switches
         self.builder: LoopBuilder | None = None
         self.info: ModelInfo | None = None
+        self.lockstep: Lockstep | None = None  # rank 0's orders to the followers of a tensor-parallel target
         self._log = structlog.get_logger("mlxcel.engine")
 
     def load(self) -> ModelInfo:
         """Load the target (and a classic drafter); block drafters load on their first request."""
         settings = self.settings
         started = time.perf_counter()
-        target = self._load_one(settings.target, "target")
+        target = self._load_one(settings.target.model, "target")
         drafter = None
         if self.plan.drafter_kind is DrafterKind.DRAFT_MODEL:
             drafter = self._load_one(settings.drafter.model, "drafter")
@@ -70,9 +72,24 @@ class ModelHost:
         """One checkpoint, with `model_loading` before and `model_loaded` after (load progress)."""
         self._log.info("model_loading", role=role, path=path)
         started = time.perf_counter()
-        model = load_model(path, role=role)
+        model = self._load_target() if role == "target" else load_model(path, role=role)
         self._log.info("model_loaded", role=role, path=str(model.path), seconds=round(time.perf_counter() - started, 3))
         return model
+
+    def _load_target(self) -> LoadedModel:
+        """The target, sharded over the ranks when the profile says tensor."""
+        target = self.settings.target
+        if target.parallel != "tensor":
+            return load_model(target.model)
+        from app.loading.tensor_parallel import load_leader
+
+        loaded, self.lockstep = load_leader(target.model, target.world_size)
+        return loaded
+
+    def stop_followers(self) -> None:
+        """A tensor-parallel target's follower ranks return (once the engine thread has stopped)."""
+        if self.lockstep is not None:
+            self.lockstep.stop()
 
     @property
     def target(self) -> LoadedModel:

@@ -108,6 +108,8 @@ class Reloader:
         current = self.engines.current
         if current.state is not EngineState.READY:
             raise ReloadRefusedError(f"the server is {current.state}; reload once it serves")
+        if current.settings.target.parallel == "tensor":  # the follower ranks hold the serving target's shards
+            raise ReloadRefusedError("target.parallel = tensor: only a restart reloads a tensor-parallel target")
         try:
             settings = self.resolve()
         except (ProfileError, ModelLoadError) as exc:

@@ -11,8 +11,8 @@ own row's position). That is exact because the shim's matrix kernel computes eve
 the same code whatever the row count, up to `row_stable_rows()` rows (app/runtime/sgemm_rows.c);
 rows are packed into groups of at most that many tokens. What depends on a row's cache (the cache
 update and attention with mlx-lm's mask) runs per row, with the shapes of the row's solo forward.
-Models of other architectures, caches other than KVCache, and devices without the row-stable
-kernel take the reference loop.
+Models of other architectures, caches other than KVCache, devices without the row-stable kernel,
+and a tensor-parallel target (app/loading/lockstep.py) take the reference loop.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ def flattens(runners: Sequence[ModelRunner]) -> bool:
     """Whether these rows run as one flattened forward (else: the reference loop)."""
     model = runners[0].model
     if mx.default_device() != mx.cpu or type(model) not in FLATTENABLE_MODELS:
+        return False
+    if runners[0].lockstep is not None:  # a sharded target: each row's forward is one order to the followers
         return False
     if any(r.model is not model or any(type(c) is not KVCache for c in r.cache) for r in runners):
         return False

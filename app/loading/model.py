@@ -49,20 +49,33 @@ def compute_dtype(model: nn.Module, config: dict[str, Any], requested: str) -> m
     return mx.float32 if n_params <= UPCAST_LIMIT_PARAMS else None
 
 
-def load_model(path: str | Path, *, role: str = "target", dtype: str = "auto") -> LoadedModel:
-    """Load a standalone mlx-lm model directory, refusing anything else with ModelLoadError."""
+def load_model(
+    path: str | Path, *, role: str = "target", dtype: str = "auto", shard_group: mx.distributed.Group | None = None
+) -> LoadedModel:
+    """Load a standalone mlx-lm model directory, refusing anything else with ModelLoadError.
+
+    With `shard_group`, only this rank's shard is kept: mlx-lm's own `shard()` splits attention
+    heads and the MLP over the group, and its sharded products meet in all_sum collectives."""
     checkpoint = read_checkpoint(path)
     require_standalone(checkpoint, role)
     try:
-        model, tokenizer = mlx_lm_load(str(checkpoint.path))
+        model, tokenizer = mlx_lm_load(str(checkpoint.path), lazy=shard_group is not None)
     except (ValueError, TypeError, KeyError, AttributeError, FileNotFoundError, RuntimeError) as exc:
         # What a broken directory raises from mlx-lm, transformers or MLX: a config.json value of
         # the wrong type, a malformed tokenizer.json, truncated weights; a restart fixes none of
         # them (exit 2). Other OSErrors (EIO on a network mount) may pass, so they stay exit 1.
         raise ModelLoadError(f"cannot load {checkpoint.path} as an mlx-lm model: {type(exc).__name__}: {exc}") from exc
-    target_dtype = compute_dtype(model, checkpoint.config, dtype)
+    target_dtype = compute_dtype(model, checkpoint.config, dtype)  # the whole model's size decides, sharded or not
+    if shard_group is not None:
+        if not hasattr(model, "shard"):
+            raise ModelLoadError(
+                f"{checkpoint.path}: mlx-lm's {checkpoint.config.get('model_type')} model has no shard(), so it "
+                'cannot run tensor parallel; set target.parallel = "none"'
+            )
+        model.shard(shard_group)
     if target_dtype is not None:
         model.set_dtype(target_dtype)
+    if target_dtype is not None or shard_group is not None:
         mx.eval(model.parameters())
     if on_cuda():
         row_invariant.install(model)

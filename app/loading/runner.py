@@ -2,6 +2,9 @@
 
 Forwards run inside `row_invariant.exact_forward()`, so on the GPU a width-w forward gives the bits
 of w single-token steps (app/loading/row_invariant.py says how); on the CPU the BLAS shim does.
+
+On rank 0 of a tensor-parallel target (app/loading/lockstep.py) each forward and rewind is also
+ordered to the follower ranks, which repeat it on their shards; such a forward is evaluated at once.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cach
 
 from app.loading import row_invariant
 from app.loading.checkpoint import ModelLoadError
+from app.loading.lockstep import lockstep_of
 
 # Prefill cuts a prompt at absolute multiples of this. On the CPU a product's bits depend on its
 # row count, so fixed cuts make the KV of a prompt's first k chunks the same in every prompt that
@@ -29,6 +33,8 @@ class ModelRunner:
         self.model = model
         self.cache = make_prompt_cache(model, max_kv_size=max_kv_size)
         self.length = 0
+        self.max_kv_size = max_kv_size
+        self.lockstep = lockstep_of(model)
 
     @property
     def can_rewind(self) -> bool:
@@ -44,8 +50,16 @@ class ModelRunner:
             )
 
     def forward(self, tokens: Sequence[int] | mx.array) -> mx.array:
-        """Logits `[T, V]` for T new tokens appended to the cache (lazy; not evaluated)."""
+        """Logits `[T, V]` for T new tokens appended to the cache (lazy, but evaluated on a tensor-parallel target)."""
         inputs = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.int32)
+        if self.lockstep is None:
+            return self._forward(inputs)
+        with self.lockstep.forward(self, inputs, self.max_kv_size) as shared:
+            logits = self._forward(shared)
+            mx.eval(logits)  # its collectives run now, before rank 0 orders anything else
+        return logits
+
+    def _forward(self, inputs: mx.array) -> mx.array:
         with row_invariant.exact_forward():
             logits = self.model(inputs.reshape(1, -1), cache=self.cache)[0]
         self.length += int(inputs.size)
@@ -73,8 +87,9 @@ class ModelRunner:
 
     @property
     def can_restore(self) -> bool:
-        """Every layer keeps plain KV rows, which a prompt cache entry can hand back."""
-        return all(type(c) is KVCache for c in self.cache)
+        """Every layer keeps plain KV rows, which a prompt cache entry can hand back (not on a
+        tensor-parallel target: the followers' shards of the rows are not kept)."""
+        return self.lockstep is None and all(type(c) is KVCache for c in self.cache)
 
     def restore(self, layers: Sequence[tuple[mx.array, mx.array]], n: int) -> None:
         """Start an empty cache from the first n rows of each layer's (keys, values).
@@ -91,6 +106,8 @@ class ModelRunner:
         """Drop the last n rows of the cache."""
         if n <= 0:
             return
+        if self.lockstep is not None:
+            self.lockstep.rewind(self, n)
         trimmed = trim_prompt_cache(self.cache, n)
         if trimmed != n:
             raise RuntimeError(f"cache rewound {trimmed} rows instead of {n}")

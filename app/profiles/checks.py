@@ -29,6 +29,20 @@ def check_chat_template(settings: Settings, where: str) -> None:
         raise ProfileError(f"{where}: {path}, line {exc.lineno}: {exc.message}") from exc
 
 
+SHARDED_SIZES = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
+
+
+def check_shardable(config: dict, world_size: int, where: str) -> None:
+    """Tensor parallelism splits attention heads and the MLP's hidden size evenly over the ranks."""
+    for key in SHARDED_SIZES:
+        size = config.get(key, config.get("text_config", {}).get(key))
+        if world_size > 1 and isinstance(size, int) and size % world_size:
+            raise ProfileError(
+                f"{where}: the target's {key} ({size}) does not split evenly over {world_size} ranks; "
+                "choose a world_size that divides it"
+            )
+
+
 def check_models(settings: Settings, sources: dict[str, str] | None = None) -> None:
     """`sources` (from `resolve`) lets each message name where the key was set; without it, the file."""
 
@@ -37,18 +51,19 @@ def check_models(settings: Settings, sources: dict[str, str] | None = None) -> N
 
     check_chat_template(settings, at("server.chat_template_file"))
     try:
-        target = read_checkpoint(settings.target)
+        target = read_checkpoint(settings.target.model)
     except ModelLoadError as exc:
-        raise ProfileError(f"{at('target')}: {exc}; point target at an mlx-lm model directory") from exc
+        raise ProfileError(f"{at('target.model')}: {exc}; point target at an mlx-lm model directory") from exc
     if not target.is_standalone:
         raise ProfileError(
-            f"{at('target')}: {target.path} is a {target.kind} drafter, not a standalone model; "
+            f"{at('target.model')}: {target.path} is a {target.kind} drafter, not a standalone model; "
             "set target to the model it drafts for and put it under drafter.model"
         )
     try:
         tokenizer_vocab(target.path)
     except TokenizerFileError as exc:
-        raise ProfileError(f"{at('target')}: {exc}") from exc
+        raise ProfileError(f"{at('target.model')}: {exc}") from exc
+    check_shardable(target.config, settings.target.world_size, at("target.world_size"))
     drafter = settings.drafter
     if not DrafterKind(drafter.kind).needs_model:
         return

@@ -28,9 +28,9 @@ from app.runtime.logging import destination_problem
 PROFILES_DIR = REPO_ROOT / "profiles"
 DEFAULT_PROFILE = "default"
 ENV_PREFIX = "MLXCEL"
-PATH_KEYS = ("target", "drafter.model", "logging.destination", "server.chat_template_file")
+PATH_KEYS = ("target.model", "drafter.model", "logging.destination", "server.chat_template_file")
 FLAGS = {  # flag dest -> settings key (llama-server's spellings)
-    "model": "target",
+    "model": "target.model",
     "draft_model": "drafter.model",
     "draft_kind": "drafter.kind",
     "draft_max": "drafter.num_draft_tokens",
@@ -39,6 +39,8 @@ FLAGS = {  # flag dest -> settings key (llama-server's spellings)
     "api_key": "server.api_key",
 }
 FLAG_NAMES = {key: "--" + dest.replace("_", "-") for dest, key in FLAGS.items()}
+# `target = "DIR"` is short for `[target] model = "DIR"`; messages name the model key the short way.
+SHORT_KEYS = {"target.model": "target"}
 # dynaconf's `@int 8080`, `@jinja {{ ... }}`, `@format ...`: refused, never evaluated (see env_layer).
 AT_CAST = re.compile(r"@[a-z_]+(\s|$)")
 # What a browser sends as Origin: scheme://host[:port], no path. "*" inside one is Litestar's
@@ -156,9 +158,16 @@ def _struct_fields(struct_type: type) -> dict[str, Any]:
 
 def _label(where: str, dotted: str) -> str:
     """How a key is spelled where it came from: `drafter.kind` in a file, MLXCEL_DRAFTER__KIND in the env."""
+    dotted = SHORT_KEYS.get(dotted, dotted)
     if where != "environment":
         return f"{where}: {dotted}"
     return f"environment: {ENV_PREFIX}_{dotted.replace('.', '__').upper()}"
+
+
+def expand_short_keys(data: dict[str, Any]) -> None:
+    """`target = "DIR"` (a file, MLXCEL_TARGET) becomes `[target] model = "DIR"`."""
+    if "target" in data and not isinstance(data["target"], dict):
+        data["target"] = {"model": data["target"]}
 
 
 def check_keys(data: dict[str, Any], where: str) -> None:
@@ -272,9 +281,25 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
                 f"{origin('server.cors_origins', sources, path)}: {entry!r} is not an origin; write "
                 'scheme://host[:port] with no path (e.g. "https://app.example:8443"), or "*" for any origin'
             )
+    check_parallel(settings, sources, path)
     problem = destination_problem(settings.logging.destination)
     if problem:
         raise ProfileError(f"{origin('logging.destination', sources, path)}: {problem}")
+
+
+def check_parallel(settings: Settings, sources: dict[str, str], path: Path) -> None:
+    """`target.parallel` and `target.world_size` must agree."""
+    target = settings.target
+    if target.parallel == "tensor" and target.world_size < 2:
+        raise ProfileError(
+            f"{origin('target.world_size', sources, path)}: tensor parallel needs world_size >= 2 ranks "
+            f'(got {target.world_size}); set target.world_size, or target.parallel = "none"'
+        )
+    if target.parallel == "none" and target.world_size != 1:
+        raise ProfileError(
+            f"{origin('target.world_size', sources, path)}: {target.world_size} ranks, but target.parallel is "
+            '"none"; set target.parallel = "tensor" to shard the target, or drop world_size'
+        )
 
 
 def get_key(data: dict[str, Any], dotted: str) -> Any:
@@ -297,9 +322,11 @@ def resolve(name_or_path: str | None = None, flags: dict[str, Any] | None = None
     """File < environment < flags, validated into Settings."""
     path = profile_path(name_or_path or os.environ.get("MLXCEL_PROFILE") or DEFAULT_PROFILE)
     from_file = file_layer(path)
+    expand_short_keys(from_file)
     check_keys(from_file, str(path))
     anchor_paths(from_file, path)
     from_env = env_layer()
+    expand_short_keys(from_env)
     check_keys(from_env, "environment")
     data = merge(from_file, from_env)
     flags = {k: v for k, v in (flags or {}).items() if v is not None}

@@ -9,6 +9,7 @@ import msgspec
 from app.loading.paths import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 
 DrafterKindName = Literal["none", "draft-model", "prompt-lookup", "mtp", "dflash"]
+ParallelName = Literal["none", "tensor"]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 # The contract's acceptance switches: a profile's [env] table may set them (the loop plan reads them once).
@@ -20,6 +21,15 @@ ENV_OVERRIDES = (STOCHASTIC_ACCEPT_ENV, ACCEPT_DIAG_ENV, ALLOW_INEXACT_ENV)
 
 class Group(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A settings table: unknown keys are errors, not silently ignored."""
+
+
+class TargetSettings(Group):
+    """The target model; `target = "DIR"` in a profile is short for `[target] model = "DIR"`."""
+
+    model: str = str(EMBEDDED_TARGET)
+    # "tensor": the target is sharded over `world_size` ranks under mlx.launch (app/loading/tensor_parallel.py)
+    parallel: ParallelName = "none"
+    world_size: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1
 
 
 class DrafterSettings(Group):
@@ -94,7 +104,7 @@ class LoggingSettings(Group):
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything that says what a server is. `profile` and `source` describe where it came from."""
 
-    target: str = str(EMBEDDED_TARGET)
+    target: TargetSettings = msgspec.field(default_factory=TargetSettings)
     drafter: DrafterSettings = msgspec.field(default_factory=DrafterSettings)
     adaptive: AdaptiveSettings = msgspec.field(default_factory=AdaptiveSettings)
     governor: GovernorSettings = msgspec.field(default_factory=GovernorSettings)

@@ -65,7 +65,7 @@ SAMPLER_KNOBS = tuple(f for f in SamplingParams.__struct_fields__ if f != "logit
 
 
 def model_alias(settings: Settings) -> str:
-    return settings.server.model_alias or Path(settings.target).name
+    return settings.server.model_alias or Path(settings.target.model).name
 
 
 def logit_bias_entries(params: SamplingParams) -> list[LogitBiasEntry]:
@@ -89,9 +89,9 @@ def model_list(engine: EngineView) -> ModelList:
 def model_entry(engine: EngineView) -> ModelEntry:
     """The one model served, as OpenAI's model object (its size facts once it is loaded)."""
     settings = engine.settings
-    meta = ModelMeta(path=settings.target)
+    meta = ModelMeta(path=settings.target.model)
     if engine.unavailable is None:
-        meta = ModelMeta(path=settings.target, n_vocab=engine.vocab_size, n_ctx_train=engine.context_limit)
+        meta = ModelMeta(path=settings.target.model, n_vocab=engine.vocab_size, n_ctx_train=engine.context_limit)
     return ModelEntry(id=model_alias(settings), created=int(time.time()), meta=meta)
 
 
@@ -129,7 +129,7 @@ def props(engine: EngineView) -> Props:
     return Props(
         default_generation_settings=defaults,
         total_slots=settings.server.max_rows,
-        model_path=settings.target,
+        model_path=settings.target.model,
         model_alias=model_alias(settings),
         build_info=BUILD_INFO,
         chat_template=getattr(engine.tokenizer, "chat_template", None) if ready else None,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from app.loading import EMBEDDED_TARGET
 from app.profiles import ProfileError, check_models, resolve, shipped_profiles
 from ops.models.tiny import build_block_drafter_checkpoint, build_tiny_model
 from tests.support.checkpoints import DSPARK
@@ -122,6 +124,36 @@ def test_a_greedy_only_drafter_with_a_sampling_default_is_refused(tmp_path: Path
     with pytest.raises(ProfileError, match=r"sampling.temperature: the DSpark drafter is greedy-only.*temperature = 0"):
         check_models(resolve(str(write(tmp_path, "p", text))).settings)
     check_models(resolve(str(write(tmp_path, "q", text.replace("0.7", "0.0")))).settings)
+
+
+TENSOR = '[target]\nmodel = "@TARGET@"\nparallel = "tensor"\nworld_size = 2\n'
+TENSOR_FAILURES = [
+    (TENSOR.replace("world_size = 2", "world_size = 1"), "target.world_size: tensor parallel needs world_size >= 2"),
+    (
+        TENSOR.replace('parallel = "tensor"', 'parallel = "none"'),
+        'target.world_size: 2 ranks, but target.parallel is "none"',
+    ),
+    (
+        TENSOR.replace('"tensor"', '"pipeline"'),
+        "target.parallel: invalid enum value 'pipeline' (allowed: none, tensor)",
+    ),
+    (
+        TENSOR.replace("world_size = 2", "world_size = 3"),
+        "target.world_size: the target's num_attention_heads (4) does not",
+    ),
+]
+
+
+def test_tensor_parallel_keys_resolve_and_bad_ones_name_file_and_key(tmp_path: Path) -> None:
+    settings = resolve(str(write(tmp_path, "tensor", TENSOR))).settings
+    assert (settings.target.model, settings.target.parallel, settings.target.world_size) == (
+        str(EMBEDDED_TARGET), "tensor", 2,
+    )  # fmt: skip
+    check_models(settings)
+    for i, (text, message) in enumerate(TENSOR_FAILURES):
+        path = write(tmp_path, f"bad{i}", text)
+        with pytest.raises(ProfileError, match=re.escape(f"{path}: {message}")):
+            check_models(resolve(str(path)).settings)
 
 
 @pytest.mark.slow
