@@ -44,9 +44,9 @@ def settle_drafter(settings: Settings, sources: dict[str, str]) -> DrafterSettin
     """
     drafter = settings.drafter
     log = structlog.get_logger("mlxcel.profiles")
-    rank = {key: RANK[sources[key]] for key in ("target", "drafter.kind", "drafter.model")}
-    kind = drafter.kind if rank["drafter.kind"] >= rank["target"] else "none"
-    model = drafter.model if rank["drafter.model"] >= rank["target"] else None
+    rank = {key: RANK[sources[key]] for key in ("target.model", "drafter.kind", "drafter.model")}
+    kind = drafter.kind if rank["drafter.kind"] >= rank["target.model"] else "none"
+    model = drafter.model if rank["drafter.model"] >= rank["target.model"] else None
     if model and rank["drafter.model"] > rank["drafter.kind"]:
         try:
             kind = str(DETECTED[read_checkpoint(model).kind])
