@@ -10,6 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+import structlog
 
 from app.acceptance import Rule
 from app.decoding.adaptive import (
@@ -27,6 +28,8 @@ from app.decoding.loop import Drafting, Speculation, SpeculativeLoop, TargetLoop
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.state import RowState
 from app.drafters.block import block_proposer, load_block_drafter
+from app.engine.reporter import Reporter
+from app.engine.row import Job
 from app.loading import EMBEDDED_TARGET, load_model
 from app.loading.paths import REPO_ROOT
 from app.loading.runner import ModelRunner
@@ -113,6 +116,10 @@ def test_a_failed_probe_declines_to_classic_decode(perturbed_target, embedded_ta
     (declined,) = [n for n in generation.notes if n.event == "block_loop_declined"]
     assert declined.fields["width"] == 4 and declined.fields["position"] is not None
     assert f"width 4, position {declined.fields['position']}" in declined.fields["reason"]
+    with structlog.testing.capture_logs() as logs:  # the contract: a decline is one warning line
+        Reporter("mtp").built(Job(request, "r1", "/completion", sink=lambda event: None), generation)
+    assert [(e["event"], e["log_level"]) for e in logs if e["event"] != "drafter_loaded"] == [
+        ("exactness_probe", "info"), ("block_loop_declined", "warning")]  # fmt: skip
     assert run(generation).emitted == greedy_tokens(embedded_target, CODE, 40)
 
 
