@@ -149,18 +149,31 @@ def test_a_failing_ceiling_keeps_the_declared_width(embedded_target, monkeypatch
 def feed(controller: WidthController, rounds: int, rates: dict[int, float]) -> None:
     """Rounds that emit 4 tokens each, taking 4 / rate ms at whatever width is current."""
     for _ in range(rounds):
-        controller.observe(4, 4 / rates[controller.width()] / 1000.0)
+        width = controller.width()
+        controller.observe(width, 4, 4 / rates[width] / 1000.0)
 
 
 def test_warms_up_at_the_declared_width_then_widens_when_it_pays() -> None:
     controller = WidthController(declared=4, ceiling=8)
     assert controller.widths == [4, 8]
-    feed(controller, WARMUP_ROUNDS + WINDOW_ROUNDS - 1, {4: 1.0, 8: 1.5})
-    assert controller.width() == 4
+    feed(controller, WARMUP_ROUNDS - 1, {4: 1.0, 8: 1.5})
+    assert controller.phase is Phase.WARMUP and controller.width() == 4
     feed(controller, 1, {4: 1.0, 8: 1.5})
     assert controller.phase is Phase.TRIAL and controller.width() == 8
-    feed(controller, WINDOW_ROUNDS, {4: 1.0, 8: 1.5})
-    assert controller.phase is Phase.SETTLED and controller.width() == 8
+    feed(controller, 1, {4: 1.0, 8: 1.5})
+    assert controller.width() == 4  # the trial alternates the two widths
+    feed(controller, 2 * WINDOW_ROUNDS - 1, {4: 1.0, 8: 1.5})
+    assert controller.phase is Phase.COOLDOWN and controller.width() == 8 and controller.widths == [4, 8]
+
+
+def test_a_dethroned_width_rechallenges_and_wins_back() -> None:
+    controller = WidthController(declared=4, ceiling=8)
+    feed(controller, WARMUP_ROUNDS + 2 * WINDOW_ROUNDS, {4: 1.0, 8: 1.5})  # easy text: 8 pays
+    assert controller.held == 8 and controller.cooldown_windows == 4
+    feed(controller, 4 * WINDOW_ROUNDS, {4: 1.0, 8: 0.8})
+    assert controller.phase is Phase.TRIAL and controller.width() == 4  # the declared width re-challenges
+    feed(controller, 2 * WINDOW_ROUNDS, {4: 1.0, 8: 0.8})
+    assert controller.held == 4 and controller.phase is Phase.COOLDOWN
 
 
 def test_stays_when_the_wider_width_does_not_pay_by_two_percent() -> None:
@@ -169,21 +182,42 @@ def test_stays_when_the_wider_width_does_not_pay_by_two_percent() -> None:
     assert controller.phase is Phase.COOLDOWN and controller.width() == 4 and controller.losses == 1
 
 
+def test_a_trial_compares_the_widths_on_the_same_text() -> None:
+    """Acceptance that rises as the text gets easier must not read as the wider width paying."""
+    controller = WidthController(declared=4, ceiling=8)
+    for i in range(WARMUP_ROUNDS + 2 * WINDOW_ROUNDS):
+        width = controller.width()
+        easy = i >= WARMUP_ROUNDS + WINDOW_ROUNDS // 2  # the text turns easy halfway through the trial
+        tokens = (4 if easy else 1) * (1.05 if width == 8 else 1.0)  # width 8: 5 % more tokens a round ...
+        controller.observe(width, tokens, (1.25 if width == 8 else 1.0) / 1000.0)  # ... for 25 % more time
+    assert controller.phase is Phase.COOLDOWN and controller.width() == 4
+
+
+def test_rounds_are_charged_to_the_width_their_row_asked_for() -> None:
+    controller = WidthController(declared=4, ceiling=8)
+    feed(controller, WARMUP_ROUNDS, {4: 1.0, 8: 1.0})
+    first, second = ControlledWidth(controller), ControlledWidth(controller)
+    assert first.proposals() == 7 and second.proposals() == 7  # one tick: both rows at the ceiling
+    first.observe(4, 0.001)
+    second.observe(4, 0.001)
+    assert (controller.challenger.rounds, controller.window.rounds) == (2, 0)
+
+
 def test_abandons_a_losing_trial_early() -> None:
     controller = WidthController(declared=4, ceiling=8)
-    feed(controller, WARMUP_ROUNDS + WINDOW_ROUNDS, {4: 1.0, 8: 0.5})
+    feed(controller, WARMUP_ROUNDS + 2 * ABANDON_AFTER - 1, {4: 1.0, 8: 0.5})
     assert controller.phase is Phase.TRIAL
-    feed(controller, ABANDON_AFTER, {4: 1.0, 8: 0.5})
+    feed(controller, 1, {4: 1.0, 8: 0.5})
     assert controller.phase is Phase.COOLDOWN and controller.trials == 1
 
 
 def test_backs_off_before_rechallenging() -> None:
     controller = WidthController(declared=4, ceiling=8)
-    feed(controller, WARMUP_ROUNDS + WINDOW_ROUNDS + ABANDON_AFTER, {4: 1.0, 8: 0.5})
+    feed(controller, WARMUP_ROUNDS + 2 * ABANDON_AFTER, {4: 1.0, 8: 0.5})
     assert controller.cooldown_windows == 4
     feed(controller, 4 * WINDOW_ROUNDS, {4: 1.0, 8: 0.5})
     assert controller.phase is Phase.TRIAL  # re-challenged after 4 windows
-    feed(controller, ABANDON_AFTER, {4: 1.0, 8: 0.5})
+    feed(controller, 2 * ABANDON_AFTER, {4: 1.0, 8: 0.5})
     assert controller.losses == 2 and controller.cooldown_windows == 16  # x4 per consecutive loss
     controller.losses = 10
     controller._lose()
