@@ -3,13 +3,17 @@
 The head drafts `depth` tokens by feeding itself: its first proposal reads the target's final
 hidden state, every later one reads the head's own previous output (app/drafters/block.py,
 `MtpDrafter.propose`). `train_block_drafters.py` trained only the first step, so steps 2 and 3
-ran untrained recursion. This fine-tunes the committed head on all `depth` steps at once, each
-step's input being the head's own previous output, with gradients through the chain:
+ran untrained recursion. This fine-tunes that depth-1 head (models/mtp as of d1ceab6) on all
+`depth` steps at once, each step's input being the head's own previous output, with gradients
+through the chain; it also records the run as `mtp_chained` in models/block-drafters-metrics.json:
 
-    git show d1ceab6:models/mtp/model.safetensors > /tmp/mtp-depth1/model.safetensors   # + config.json
+    mkdir -p /tmp/mtp-depth1 && for f in config.json model.safetensors; do
+      git show d1ceab6:models/mtp/$f > /tmp/mtp-depth1/$f; done
     python -m ops.models.train_mtp_chained --drafter /tmp/mtp-depth1 --out models/mtp
 
-Deterministic (seeded data, sampling keys and batch order; MLX on the CPU). Data: 32-token
+About 20 minutes on the shared 2-core development machine, half of it generating the data
+(`--data FILE` keeps the data for a rerun). Seeded throughout (data, sampling keys, batch order;
+MLX on the CPU): two runs generated the same data. Data: 32-token
 windows of this interpreter's stdlib sources continued by the embedded target for 96 tokens,
 half greedily and half sampled at T 0.8, so the head learns what the target says.
 
