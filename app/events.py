@@ -58,9 +58,9 @@ def governor_changed(event: str, *, request_id: str, decided: int, ema: float, f
     structlog.get_logger(LOGGER).info(event, request_id=request_id, decided=decided, ema=round(ema, 4), floor=floor)
 
 
-def loop_note(event: str, *, request_id: str | None, **fields: object) -> None:
+def loop_note(event: str, *, request_id: str | None, warning: bool, **fields: object) -> None:
     """How a block-loop request was served: `drafter_loaded`, `exactness_probe`,
-    `exactness_probe_overridden` (warning) or `block_loop_declined` (warning)."""
+    `exactness_probe_overridden` or `block_loop_declined`; `warning`: the one warning of the
+    outcome (a decline or override; a failed probe only when nothing else reports it)."""
     log = structlog.get_logger(LOGGER)
-    warn = event in ("block_loop_declined", "exactness_probe_overridden") or fields.get("exact") is False
-    (log.warning if warn else log.info)(event, request_id=request_id, **fields)
+    (log.warning if warning else log.info)(event, request_id=request_id, **fields)

@@ -19,7 +19,7 @@ from app.decoding.generation import Generation
 from app.decoding.plan import LoopPlan, Switches
 from app.drafters.kinds import DrafterKind, Resolution, resolve_drafter_kind
 from app.drafters.prompt_lookup import PROMPT_LOOKUP_WIDTH
-from app.loading import EMBEDDED_TARGET, LoadedModel, ModelLoadError, load_model, read_checkpoint
+from app.loading import EMBEDDED_TARGET, Checkpoint, LoadedModel, ModelLoadError, load_model, read_checkpoint
 from app.runtime.logging import configure_logging
 from app.sampling import SamplingParams
 from app.sampling.rng import resolve_seed
@@ -91,16 +91,28 @@ def resolve(args: argparse.Namespace) -> Resolution:
         return resolve_drafter_kind(DrafterKind.PROMPT_LOOKUP, None)
     checkpoint = read_checkpoint(args.draft_model) if args.draft_model else None
     resolution = resolve_drafter_kind(args.draft_kind, checkpoint)
-    if resolution.kind.is_block_loop or (resolution.detected and resolution.detected.is_block_loop):
-        what = f"{checkpoint.path} is a {checkpoint.kind} drafter checkpoint" if checkpoint else "it"
-        raise ModelLoadError(
-            f"mlxcel generate runs the classic speculative generator and prompt lookup only; {what} needs "
-            f"the {resolution.detected or resolution.kind} round loop, which `mlxcel serve` drives "
-            f'(drafter.kind = "{resolution.detected or resolution.kind}")'
-        )
+    detected_block = checkpoint is not None and resolution.detected is not None and resolution.detected.is_block_loop
+    if resolution.kind.is_block_loop or detected_block:
+        raise ModelLoadError(block_loop_refusal(resolution, checkpoint if detected_block else None))
     if resolution.kind is DrafterKind.DRAFT_MODEL and checkpoint is None:
         raise ModelLoadError("--draft-kind draft-model needs --draft-model PATH")
     return resolution
+
+
+def block_loop_refusal(resolution: Resolution, block_checkpoint: Checkpoint | None) -> str:
+    """Why this offline path cannot run the drafter asked for, and where it runs instead."""
+    if block_checkpoint is not None:
+        kind = resolution.detected
+        asked = (
+            f"{block_checkpoint.path} is a drafter checkpoint of kind {block_checkpoint.kind}; its {kind} round loop"
+        )
+    else:
+        kind = resolution.kind
+        asked = f"--draft-kind {kind} selects the {kind} round loop, which"
+    return (
+        f"mlxcel generate runs only the classic speculative generator and prompt lookup: {asked} "
+        f'runs only under `mlxcel serve` (drafter.kind = "{kind}")'
+    )
 
 
 def run(args: argparse.Namespace) -> int:

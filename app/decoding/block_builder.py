@@ -29,10 +29,12 @@ class DrafterUnavailableError(Exception):
 
 @dataclass
 class Note:
-    """Something a request's loop choice should log: `event` name and its fields."""
+    """Something a request's loop choice should log: `event` name, its fields, and whether it is
+    the warning of that choice (one per outcome: a decline warns, not also the probe behind it)."""
 
     event: str
     fields: dict[str, object]
+    warning: bool = False
 
 
 @dataclass
@@ -70,19 +72,20 @@ class BlockLoops:
         for width in controller.widths:
             fresh = (id(self.target.model), width) not in self.probes.verdicts
             verdict = self.probes.check(self.target.model, width)
+            probe = Note("exactness_probe", {"width": width, "exact": verdict.exact, "position": verdict.position})
             if fresh:
-                notes.append(Note("exactness_probe", {"width": width, "exact": verdict.exact,
-                                                      "position": verdict.position}))  # fmt: skip
+                notes.append(probe)
             if verdict.exact:
                 continue
             if self.plan.switches.allow_inexact:
                 notes.append(Note("exactness_probe_overridden", {"width": width, "position": verdict.position,
-                                                                 "env": ALLOW_INEXACT_ENV}))  # fmt: skip
+                                                                 "env": ALLOW_INEXACT_ENV}, warning=True))  # fmt: skip
                 continue
             if width != controller.declared:
+                probe.warning = True  # the only line that says the ceiling failed
                 controller.settle()  # keep the declared width; never widen to one that is not exact
                 continue
-            return verdict
+            return verdict  # the request's block_loop_declined line is the warning
         return None
 
     def _loaded(self) -> list[Note]:
@@ -104,14 +107,14 @@ class BlockLoops:
         notes = self._loaded()
         if self.plan.rule(sampling) is None:  # the plan declines this sampler class (DSpark samples nothing)
             reason = "the DSpark drafter is greedy-only; this request samples (temperature > 0, top_k != 1)"
-            notes.append(Note("block_loop_declined", {"reason": reason}))
+            notes.append(Note("block_loop_declined", {"reason": reason}, warning=True))
             return Choice(None, notes, time.perf_counter() - started)
         failed = self._gate(notes)
         if failed is not None:
             reason = (f"exactness probe failed at width {failed.width}, position {failed.position} "
                       f"(max |difference| {failed.max_difference:.3g}); serving classic decode")  # fmt: skip
             notes.append(Note("block_loop_declined", {"reason": reason, "width": failed.width,
-                                                      "position": failed.position}))  # fmt: skip
+                                                      "position": failed.position}, warning=True))  # fmt: skip
             return Choice(None, notes, time.perf_counter() - started)
         drafting = Drafting(block_proposer(self.bound), ControlledWidth(self.controller, n_max))
         return Choice(drafting, notes, time.perf_counter() - started)

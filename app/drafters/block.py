@@ -128,6 +128,7 @@ class DFlashDrafter(ProposesAtOnce):
 
     def add_context(self, features: mx.array) -> None:
         self.model.add_context(features, self.caches)
+        mx.eval([(cache.keys, cache.values) for cache in self.caches])  # in its own round (app/decoding/adaptive.py)
 
     def prefill(self, state: RowState, features: mx.array | None) -> bool:
         self.add_context(features)
@@ -185,6 +186,7 @@ class MtpDrafter(ProposesAtOnce):
         embedded = self.bound.taps.embed_tokens(mx.array([next_tokens]))
         out = self.head(hidden, embedded, self.cache)
         self.last = out[:, -1:]
+        mx.eval(self.last)  # with the cache update: in its own round (app/decoding/adaptive.py)
 
     def _logits(self, out: mx.array) -> mx.array:
         return self.bound.taps.lm_head(self.head.norm(out))[0]

@@ -174,9 +174,11 @@ class MtpHead(nn.Module):
         self.layer = TransformerBlock(shape.qwen3_args(vocab_size))
         self.norm = nn.RMSNorm(h, eps=shape.rms_norm_eps)
 
-    def __call__(self, hidden: mx.array, embedded: mx.array, cache: KVCache) -> mx.array:
-        """Rows of (target or previous-step hidden, embedding of the next token) -> output hidden."""
+    def __call__(self, hidden: mx.array, embedded: mx.array, cache: KVCache, mask: mx.array | None = None) -> mx.array:
+        """Rows of (target or previous-step hidden, embedding of the next token) -> output hidden.
+        Causal over the rows unless `mask` says otherwise (chained training's, ops/models)."""
         x = self.eh_proj(mx.concatenate([self.enorm(embedded), self.hnorm(hidden)], axis=-1))
-        mask = "causal" if x.shape[1] > 1 else None
+        if mask is None and x.shape[1] > 1:
+            mask = "causal"
         with row_invariant.exact_forward():  # on the GPU, the wide calls skip MLX's slow fused attention
             return self.layer(x, mask, cache)

@@ -168,10 +168,10 @@ class BreakEvenGovernor(Governor):
     Tokens per verify is the accepted EMA plus one (every round emits a bonus token). After at
     least two drafted rounds, a row whose EMA has fallen below `floor` pauses when its latest
     round is below the floor too; a latest round at or above the floor repays the EMA's
-    startup debt instead. An isolated zero-accept round right after an EMA at or above the floor
-    gets one round of grace; a partial low-yield round does not, and grace never covers a second
-    consecutive low round. Paused rows run shadow lookups; 7 matching shadow tokens in a row
-    resume verification.
+    startup debt instead. An isolated zero-accept round right after an accepted-token EMA (the
+    EMA itself, not tokens per verify) at or above the floor gets one round of grace; a partial
+    low-yield round does not, and grace never covers a second consecutive low round. Paused rows
+    run shadow lookups; 7 matching shadow tokens in a row resume verification.
     """
 
     floor: float = DEFAULT_FLOOR
@@ -182,7 +182,7 @@ class BreakEvenGovernor(Governor):
         if accepted + 1 >= self.floor:
             self.low_streak = 0
             return
-        graced = accepted == 0 and self.low_streak == 0 and previous_ema + 1 >= self.floor
+        graced = accepted == 0 and self.low_streak == 0 and previous_ema >= self.floor
         self.low_streak += 1
         if graced:
             return

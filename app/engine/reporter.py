@@ -40,12 +40,12 @@ class Reporter:
     def built(self, job: Job, generation: Generation) -> None:
         """How the request's loop was chosen (block loops: drafter loaded, probes, declines)."""
         for note in generation.notes:
-            events.loop_note(note.event, request_id=job.request_id, **note.fields)
+            events.loop_note(note.event, request_id=job.request_id, warning=note.warning, **note.fields)
 
     def prepared(self, notes: list[Note]) -> None:
         """What preparing a block drafter before any request noted (no request id: none asked)."""
         for note in notes:
-            events.loop_note(note.event, request_id=None, **note.fields)
+            events.loop_note(note.event, request_id=None, warning=note.warning, **note.fields)
 
     def drafter_unavailable(self, job: Job, reason: str) -> None:
         self._log.warning("drafter_unavailable", request_id=job.request_id, reason=reason)

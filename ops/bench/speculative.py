@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, arm in block.items():
         builder = block_builders.get(name)
         controller = builder.block.controller if builder else None
-        width = f"{controller.width()} ({controller.phase})" if controller else ""
+        width = f"{controller.held} ({controller.phase})" if controller else ""
         block_rows.append(
             [
                 name,
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
             "### Block drafters (held-out code, T=0)",
             "",
             "Each drafter's width controller is shared by all its requests, as in the server; the width is "
-            "where it stands after the run (settled, or still measuring).",
+            "the one it holds after the run, with the controller's phase.",
             "",
             table(BLOCK_HEADER, block_rows),
             "",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from app.loading import EMBEDDED_DRAFTER
+from app.cli.generate import resolve
+from app.loading import EMBEDDED_DRAFTER, ModelLoadError
 from ops.models.tiny import build_block_drafter_checkpoint
 from tests.support.checkpoints import DFLASH
 
@@ -95,6 +97,27 @@ def test_real_dflash_checkpoints_are_refused_naming_serve(tmp_path: Path) -> Non
         assert "mlxcel serve" in result.stderr
     result = generate(*PROMPT, "--draft-model", str(EMBEDDED_DRAFTER), "--draft-kind", "mtp")
     assert result.returncode == 2 and "mlxcel serve" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("drafter", "kind", "message"),
+    [
+        (EMBEDDED_DRAFTER, "dflash", "--draft-kind dflash selects the dflash round loop, which runs only under"),
+        (
+            EMBEDDED_DRAFTER.parent / "dflash",
+            None,
+            "dflash is a drafter checkpoint of kind dflash; its dflash round loop runs only under",
+        ),
+    ],
+)
+def test_block_loop_refusal_names_the_loop_asked_for(drafter: Path, kind: str | None, message: str) -> None:
+    args = argparse.Namespace(prompt_lookup=False, draft_kind=kind, draft_model=str(drafter))
+    with pytest.raises(ModelLoadError) as refused:
+        resolve(args)
+    text = str(refused.value)
+    assert text.startswith("mlxcel generate runs only the classic speculative generator and prompt lookup: ")
+    assert message in text and text.endswith('`mlxcel serve` (drafter.kind = "dflash")')
+    assert "draft-model" not in text  # the classic loop is not the one that was asked for
 
 
 def test_mlxcel_log_installs_structlog_on_stderr_only_when_set() -> None:

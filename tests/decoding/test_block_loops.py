@@ -10,6 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+import structlog
 
 from app.acceptance import Rule
 from app.decoding.adaptive import (
@@ -27,6 +28,8 @@ from app.decoding.loop import Drafting, Speculation, SpeculativeLoop, TargetLoop
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.state import RowState
 from app.drafters.block import block_proposer, load_block_drafter
+from app.engine.reporter import Reporter
+from app.engine.row import Job
 from app.loading import EMBEDDED_TARGET, load_model
 from app.loading.paths import REPO_ROOT
 from app.loading.runner import ModelRunner
@@ -113,6 +116,10 @@ def test_a_failed_probe_declines_to_classic_decode(perturbed_target, embedded_ta
     (declined,) = [n for n in generation.notes if n.event == "block_loop_declined"]
     assert declined.fields["width"] == 4 and declined.fields["position"] is not None
     assert f"width 4, position {declined.fields['position']}" in declined.fields["reason"]
+    with structlog.testing.capture_logs() as logs:  # the contract: a decline is one warning line
+        Reporter("mtp").built(Job(request, "r1", "/completion", sink=lambda event: None), generation)
+    assert [(e["event"], e["log_level"]) for e in logs if e["event"] != "drafter_loaded"] == [
+        ("exactness_probe", "info"), ("block_loop_declined", "warning")]  # fmt: skip
     assert run(generation).emitted == greedy_tokens(embedded_target, CODE, 40)
 
 
@@ -151,18 +158,31 @@ def test_prepare_loads_and_probes_before_any_request(embedded_target) -> None:
 def feed(controller: WidthController, rounds: int, rates: dict[int, float]) -> None:
     """Rounds that emit 4 tokens each, taking 4 / rate ms at whatever width is current."""
     for _ in range(rounds):
-        controller.observe(4, 4 / rates[controller.width()] / 1000.0)
+        width = controller.width()
+        controller.observe(width, 4, 4 / rates[width] / 1000.0)
 
 
 def test_warms_up_at_the_declared_width_then_widens_when_it_pays() -> None:
     controller = WidthController(declared=4, ceiling=8)
     assert controller.widths == [4, 8]
-    feed(controller, WARMUP_ROUNDS + WINDOW_ROUNDS - 1, {4: 1.0, 8: 1.5})
-    assert controller.width() == 4
+    feed(controller, WARMUP_ROUNDS - 1, {4: 1.0, 8: 1.5})
+    assert controller.phase is Phase.WARMUP and controller.width() == 4
     feed(controller, 1, {4: 1.0, 8: 1.5})
     assert controller.phase is Phase.TRIAL and controller.width() == 8
-    feed(controller, WINDOW_ROUNDS, {4: 1.0, 8: 1.5})
-    assert controller.phase is Phase.SETTLED and controller.width() == 8
+    feed(controller, 1, {4: 1.0, 8: 1.5})
+    assert controller.width() == 4  # the trial alternates the two widths
+    feed(controller, 2 * WINDOW_ROUNDS - 1, {4: 1.0, 8: 1.5})
+    assert controller.phase is Phase.COOLDOWN and controller.width() == 8 and controller.widths == [4, 8]
+
+
+def test_a_dethroned_width_rechallenges_and_wins_back() -> None:
+    controller = WidthController(declared=4, ceiling=8)
+    feed(controller, WARMUP_ROUNDS + 2 * WINDOW_ROUNDS, {4: 1.0, 8: 1.5})  # easy text: 8 pays
+    assert controller.held == 8 and controller.cooldown_windows == 4
+    feed(controller, 4 * WINDOW_ROUNDS, {4: 1.0, 8: 0.8})
+    assert controller.phase is Phase.TRIAL and controller.width() == 4  # the declared width re-challenges
+    feed(controller, 2 * WINDOW_ROUNDS, {4: 1.0, 8: 0.8})
+    assert controller.held == 4 and controller.phase is Phase.COOLDOWN
 
 
 def test_stays_when_the_wider_width_does_not_pay_by_two_percent() -> None:
@@ -171,21 +191,42 @@ def test_stays_when_the_wider_width_does_not_pay_by_two_percent() -> None:
     assert controller.phase is Phase.COOLDOWN and controller.width() == 4 and controller.losses == 1
 
 
+def test_a_trial_compares_the_widths_on_the_same_text() -> None:
+    """Acceptance that rises as the text gets easier must not read as the wider width paying."""
+    controller = WidthController(declared=4, ceiling=8)
+    for i in range(WARMUP_ROUNDS + 2 * WINDOW_ROUNDS):
+        width = controller.width()
+        easy = i >= WARMUP_ROUNDS + WINDOW_ROUNDS // 2  # the text turns easy halfway through the trial
+        tokens = (4 if easy else 1) * (1.05 if width == 8 else 1.0)  # width 8: 5 % more tokens a round ...
+        controller.observe(width, tokens, (1.25 if width == 8 else 1.0) / 1000.0)  # ... for 25 % more time
+    assert controller.phase is Phase.COOLDOWN and controller.width() == 4
+
+
+def test_rounds_are_charged_to_the_width_their_row_asked_for() -> None:
+    controller = WidthController(declared=4, ceiling=8)
+    feed(controller, WARMUP_ROUNDS, {4: 1.0, 8: 1.0})
+    first, second = ControlledWidth(controller), ControlledWidth(controller)
+    assert first.proposals() == 7 and second.proposals() == 7  # one tick: both rows at the ceiling
+    first.observe(4, 0.001)
+    second.observe(4, 0.001)
+    assert (controller.challenger.rounds, controller.window.rounds) == (2, 0)
+
+
 def test_abandons_a_losing_trial_early() -> None:
     controller = WidthController(declared=4, ceiling=8)
-    feed(controller, WARMUP_ROUNDS + WINDOW_ROUNDS, {4: 1.0, 8: 0.5})
+    feed(controller, WARMUP_ROUNDS + 2 * ABANDON_AFTER - 1, {4: 1.0, 8: 0.5})
     assert controller.phase is Phase.TRIAL
-    feed(controller, ABANDON_AFTER, {4: 1.0, 8: 0.5})
+    feed(controller, 1, {4: 1.0, 8: 0.5})
     assert controller.phase is Phase.COOLDOWN and controller.trials == 1
 
 
 def test_backs_off_before_rechallenging() -> None:
     controller = WidthController(declared=4, ceiling=8)
-    feed(controller, WARMUP_ROUNDS + WINDOW_ROUNDS + ABANDON_AFTER, {4: 1.0, 8: 0.5})
+    feed(controller, WARMUP_ROUNDS + 2 * ABANDON_AFTER, {4: 1.0, 8: 0.5})
     assert controller.cooldown_windows == 4
     feed(controller, 4 * WINDOW_ROUNDS, {4: 1.0, 8: 0.5})
     assert controller.phase is Phase.TRIAL  # re-challenged after 4 windows
-    feed(controller, ABANDON_AFTER, {4: 1.0, 8: 0.5})
+    feed(controller, 2 * ABANDON_AFTER, {4: 1.0, 8: 0.5})
     assert controller.losses == 2 and controller.cooldown_windows == 16  # x4 per consecutive loss
     controller.losses = 10
     controller._lose()

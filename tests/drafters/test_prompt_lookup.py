@@ -84,14 +84,22 @@ def test_grace_is_given_again_after_a_good_round() -> None:
 
 def test_partial_low_yield_gets_no_grace() -> None:
     graced, partial = server(), server()
-    feed(graced, [3, 3, 3, 3, 3, 3, 3, 3])
-    feed(partial, [3, 3, 3, 3, 3, 3, 3, 3])
-    assert graced.ema + 1 >= graced.floor - 0.05
-    graced.ema = partial.ema = 3.0  # tokens per verify exactly at the floor
+    feed(graced, [4, 4, 4, 4, 4, 4, 4, 4])
+    feed(partial, [4, 4, 4, 4, 4, 4, 4, 4])
+    graced.ema = partial.ema = 4.0  # the accepted-token EMA exactly at the floor
     feed(graced, [0])
     feed(partial, [1])
     assert not graced.paused
     assert partial.paused
+
+
+def test_grace_needs_the_accepted_token_ema_itself_at_the_floor() -> None:
+    """The contract's wording: the EMA of accepted tokens >= floor, not tokens per verify (+ 1)."""
+    governor = BreakEvenGovernor(max_draft=8, floor=7)
+    feed(governor, [7, 7, 7])  # every round at the floor; accepted-token EMA 6.125
+    assert governor.ema + 1 >= governor.floor > governor.ema
+    feed(governor, [0])
+    assert governor.paused  # tokens per verify would have graced it; the accepted EMA does not
 
 
 def test_pausing_needs_the_ema_below_the_floor() -> None:
