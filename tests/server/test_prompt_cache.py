@@ -62,13 +62,22 @@ def test_a_hit_is_exact_with_prompt_lookup(profile_server, sampling) -> None:
 
 
 @pytest.mark.slow
-def test_block_drafter_profiles_run_without_the_cache(profile_server) -> None:
-    """MTP reads the target's hidden features of the whole prompt, which the cache does not keep."""
-    server = profile_server("mtp")
-    prompt = tokens(401, 2 * B + 37)
-    first, second = (complete(server, prompt, GREEDY) for _ in range(2))
-    assert first["timings"]["cache_n"] == second["timings"]["cache_n"] == 0
-    assert first["tokens"] == second["tokens"]
+@pytest.mark.parametrize("profile", ["stochastic", "mtp", "dflash", "dspark", "muse"])
+def test_a_hit_is_exact_with_every_other_profile(profile_server, profile: str) -> None:
+    """The rest of the shipped profiles, T = 0 and seeded T = 0.7 on one cached chunk: block
+    drafters restore their context rows with the target's prefix (DSpark serves T > 0 with classic
+    decode, which restores the target's rows of the same entry)."""
+    server, prompt, short = profile_server(profile), tokens(801 + len(profile), B + 9), {"n_predict": 12}
+    filling = complete(server, prompt, GREEDY | short)
+    for sampling in (GREEDY, SEEDED):
+        reference = complete(server, prompt, sampling | short, cache_prompt=False)
+        hit = complete(server, prompt, sampling | short)
+        assert (reference["timings"]["cache_n"], hit["timings"]["cache_n"], hit["timings"]["prompt_n"]) == (0, B, 9)
+        assert hit["tokens"] == reference["tokens"]
+        assert hit["content"].encode() == reference["content"].encode()
+        if sampling is GREEDY:
+            assert filling["tokens"] == reference["tokens"]
+            assert hit["timings"]["draft_kind"] == reference["timings"]["draft_kind"]
 
 
 def test_cache_n_and_cached_tokens_are_exact(target_only_server) -> None:
@@ -86,9 +95,11 @@ def test_cache_n_and_cached_tokens_are_exact(target_only_server) -> None:
     assert uncached["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
-def test_concurrent_rows_sharing_a_cached_prefix_get_their_solo_outputs(default_server) -> None:
-    """Four rows restore one entry at once and decode together; each decides what it decides alone."""
-    server, shared = default_server, tokens(601, 2 * B)
+@pytest.mark.parametrize("profile", ["default", pytest.param("mtp", marks=pytest.mark.slow)])
+def test_concurrent_rows_sharing_a_cached_prefix_get_their_solo_outputs(profile_server, profile: str) -> None:
+    """Four rows restore one entry at once (the target's rows and the draft model's or the MTP
+    head's) and decode together; each decides what it decides alone."""
+    server, shared = profile_server(profile), tokens(601 + len(profile), 2 * B + 1)  # MTP rows read one token on
     prompts = [shared + tokens(610 + i, 20 + i) for i in range(4)]
     samplings = [GREEDY, SEEDED, GREEDY | {"n_predict": 40}, SEEDED | {"seed": 99}]
     solo = [complete(server, p, s, cache_prompt=False)["tokens"] for p, s in zip(prompts, samplings, strict=True)]
