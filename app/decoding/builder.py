@@ -10,13 +10,14 @@ from app.decoding.generation import Generation
 from app.decoding.loop import Drafting, RoundLoop, Speculation, SpeculativeLoop, TargetLoop
 from app.decoding.plan import LoopPlan
 from app.decoding.state import RowState
+from app.drafters.block import DFlashDrafter, MtpDrafter
 from app.drafters.draft_model import DraftModelDrafter
 from app.drafters.governor import Listener, make_governor
 from app.drafters.kinds import DrafterKind
 from app.drafters.prompt_lookup import PromptLookupDrafter
 from app.loading import LoadedModel, ModelLoadError
 from app.loading.pairing import require_pairing
-from app.loading.prompt_cache import PromptCache, RowCaching
+from app.loading.prompt_cache import PrefixRows, PromptCache, RowCaching
 from app.loading.runner import ModelRunner
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
 from app.sampling.grammar import Grammar, GrammarVocabulary
@@ -70,9 +71,8 @@ class LoopBuilder:
                 raise ModelLoadError(f"drafter kind {plan.drafter_kind} needs a drafter model")
             ModelRunner(target.model).require_rewindable("target")
             self.block = BlockLoops(target, plan)
-        # Block drafters read the target's hidden features of the whole prompt, which the cache
-        # does not keep, so those profiles run without it (as does a cache that is not plain KV).
-        restorable = self.block is None and ModelRunner(target.model, max_kv_size=plan.max_kv_size).can_restore
+        # A target cache that is not plain KV rows (max_kv_size, recurrent layers) runs without it.
+        restorable = ModelRunner(target.model, max_kv_size=plan.max_kv_size).can_restore
         self.prompt_cache = prompt_cache if restorable else None
 
     @property
@@ -146,9 +146,12 @@ class LoopBuilder:
         """The row's prefixes restored from the prompt cache (when it runs and the request wants it)."""
         if self.prompt_cache is None or not request.cache_prompt:
             return None
-        runners = {"target": loop.target}
-        if isinstance(loop, SpeculativeLoop) and isinstance(loop.proposer, DraftModelDrafter):
-            runners["drafter"] = loop.proposer.runner
-        caching = RowCaching(self.prompt_cache, tuple(request.prompt), runners)
+        models: dict[str, PrefixRows] = {"target": loop.target}
+        proposer = loop.proposer if isinstance(loop, SpeculativeLoop) else None
+        if isinstance(proposer, DraftModelDrafter):
+            models["drafter"] = proposer.runner
+        elif isinstance(proposer, DFlashDrafter | MtpDrafter):  # their context rows of the prompt
+            models["drafter"] = proposer.context
+        caching = RowCaching(self.prompt_cache, tuple(request.prompt), models)
         caching.restore()
         return caching

@@ -8,6 +8,7 @@ drafter cache in step with the tokens the target decided.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from app.drafters.target_taps import FINAL, FeatureHook, TargetTaps, taps_for
 from app.loading import CheckpointKind, LoadedModel, ModelLoadError, read_checkpoint
 from app.loading.device import on_gpu
 from app.loading.pairing import require_pairing
+from app.loading.runner import chunk_end, restore_rows
 
 if TYPE_CHECKING:
     from app.acceptance import Verdict
@@ -107,6 +109,36 @@ def load_block_drafter(path: str | Path, target: LoadedModel) -> BlockDrafterMod
     )  # fmt: skip
 
 
+def prompt_chunks(start: int, end: int) -> Iterator[tuple[int, int]]:
+    """Prompt positions [start, end) cut where the target's prefill cuts them, so a context row is
+    computed in the same product (the same bits) whether its prompt's prefix was restored from the
+    prompt cache or prefilled."""
+    while start < end:
+        stop = min(chunk_end(start), end)
+        yield start, stop
+        start = stop
+
+
+@dataclass
+class ContextRows:
+    """A block drafter row's context caches, as the prompt cache reads and restores them
+    (app/loading/prompt_cache.py `PrefixRows`)."""
+
+    cache: list[KVCache]
+    lookahead: int  # tokens past a row that it depends on (an MTP row pairs position i with token i + 1)
+
+    @property
+    def length(self) -> int:
+        return int(self.cache[0].offset)
+
+    @property
+    def can_restore(self) -> bool:
+        return True
+
+    def restore(self, layers: Sequence[tuple[mx.array, mx.array]], n: int) -> None:
+        restore_rows(self.cache, layers, n)
+
+
 class DFlashDrafter(ProposesAtOnce):
     """One row of a DFlash-family drafter: a context cache of target features, one masked forward
     per round over [anchor, mask x (width - 1)].
@@ -125,13 +157,17 @@ class DFlashDrafter(ProposesAtOnce):
         self.hook = bound.hook
         self.model: DFlashModel = bound.module
         self.caches = [KVCache() for _ in self.model.layers]
+        self.context = ContextRows(self.caches, lookahead=0)
 
     def add_context(self, features: mx.array) -> None:
         self.model.add_context(features, self.caches)
         mx.eval([(cache.keys, cache.values) for cache in self.caches])  # in its own round (app/decoding/adaptive.py)
 
     def prefill(self, state: RowState, features: mx.array | None) -> bool:
-        self.add_context(features)
+        """The prompt positions past the rows the context holds (restored ones), chunk by chunk."""
+        start = self.context.length
+        for a, b in prompt_chunks(start, start + features.shape[1]):
+            self.add_context(features[:, a - start : b - start])
         return True
 
     def propose(self, state: RowState, width: int) -> Proposal:
@@ -178,6 +214,7 @@ class MtpDrafter(ProposesAtOnce):
         self.hook = bound.hook
         self.head: MtpHead = bound.module
         self.cache = KVCache()
+        self.context = ContextRows([self.cache], lookahead=1)
         self.last: mx.array | None = None  # head output at the last decided position: predicts d0
         self.chained = 0
 
@@ -192,8 +229,11 @@ class MtpDrafter(ProposesAtOnce):
         return self.bound.taps.lm_head(self.head.norm(out))[0]
 
     def prefill(self, state: RowState, features: mx.array | None) -> bool:
-        """(hidden at i, token at i + 1) for every prompt position, the first decided token last."""
-        self.add_context(features, state.tokens[1:])
+        """(hidden at i, token at i + 1) for the prompt positions past the rows the cache holds
+        (restored ones), chunk by chunk; the first decided token pairs with the last position."""
+        start = self.context.length
+        for a, b in prompt_chunks(start, start + features.shape[1]):
+            self.add_context(features[:, a - start : b - start], state.tokens[a + 1 : b + 1])
         return True
 
     def propose(self, state: RowState, width: int) -> Proposal:

@@ -1,18 +1,23 @@
 """The prompt cache: the KV rows of prompt prefixes, kept between requests and reused exactly.
 
-Exactness. Prefill cuts every prompt at absolute multiples of PREFILL_CHUNK (runner.py), so the
-KV rows of a prompt's first k whole chunks are the same bits in every prompt that starts with
-those tokens: each chunk was one forward of the same rows over the same cache. Entries hold such
-prefixes only, and a row restores k whole chunks (never its last token: the first token's logits
-come from a forward) and prefills the rest from there, so its cache, and so its output, is what a
-full prefill gives. Only prompt rows are kept: rows decided in decode steps or verify rounds came
-from forwards of other widths.
+Exactness. Prefill cuts every prompt at absolute multiples of PREFILL_CHUNK (runner.py), and a
+block drafter adds its context rows in the same cuts (app/drafters/block.py), so the rows of a
+prompt's first k whole chunks are the same bits in every prompt that starts with those tokens:
+each chunk was one forward of the same rows over the same cache. Entries hold such prefixes only,
+and a row restores k whole chunks into every model it runs (never its last token: the first
+token's logits come from a forward) and prefills the rest from there, so its caches, and so its
+output, are what a full prefill gives. Only prompt rows are kept: rows decided in decode steps or
+verify rounds came from forwards of other widths.
+
+A model's rows may depend on tokens past them (`lookahead`): an MTP head's row i pairs the
+target's hidden state at i with token i + 1. An entry's key is its rows' tokens plus those.
 
 Entries are immutable: they hold copies made when stored, and a row restores new arrays sliced
-off them into KVCache objects of its own (MLX arrays are values), so a row's updates and rewinds
-never reach an entry.
+off them into KV caches of its own (MLX arrays are values), so a row's updates and rewinds never
+reach an entry.
 
-Each model keeps its own entries (`role`: "target", "drafter"). Lookup is the longest shared
+One entry is one prefix with the rows of every model its row ran (`role`: "target", "drafter"),
+so the budget counts them together and they are evicted together. Lookup is the longest shared
 prefix in whole chunks over a linear scan of a few entries; one entry serves every shorter prefix
 of itself, so an entry that another covers is not kept. Bytes and entries stay within the budget:
 the least recently used entries go first. Touched by the engine thread only.
@@ -21,41 +26,72 @@ the least recently used entries go first. Touched by the engine thread only.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import count
+from typing import Any, Protocol
 
 import mlx.core as mx
 
-from app.loading.runner import PREFILL_CHUNK, ModelRunner
+from app.loading.runner import PREFILL_CHUNK
+
+Layers = list[tuple[mx.array, mx.array]]  # per layer: keys and values `[1, heads, rows, D]`
+
+
+class PrefixRows(Protocol):
+    """One model's KV caches in a row, as the cache reads and restores them (a `ModelRunner`, a
+    block drafter's context)."""
+
+    cache: Sequence[Any]  # one plain KVCache per layer
+    lookahead: int  # tokens past its rows that its rows depend on
+
+    @property
+    def length(self) -> int: ...  # rows it holds
+
+    @property
+    def can_restore(self) -> bool: ...
+
+    def restore(self, layers: Sequence[tuple[mx.array, mx.array]], n: int) -> None:
+        """Start its empty caches from the first n rows of `layers`."""
+        ...
 
 
 @dataclass(frozen=True)
 class Entry:
-    role: str
-    tokens: tuple[int, ...]  # a whole number of chunks
-    layers: list[tuple[mx.array, mx.array]]  # per layer: keys and values `[1, heads, len(tokens), D]`
+    tokens: tuple[int, ...]  # its rows' tokens (a whole number of chunks), then `lookahead` more
+    rows: int
+    models: dict[str, Layers]  # role: that model's rows
     nbytes: int
+
+    @property
+    def lookahead(self) -> int:
+        return len(self.tokens) - self.rows
 
 
 @dataclass
 class CacheCounters:
     """What /metrics reports of the cache."""
 
-    hits: int = 0  # target lookups that restored a prefix
-    misses: int = 0  # target lookups that found none
+    hits: int = 0  # lookups that restored a prefix
+    misses: int = 0  # lookups that found none
     evictions: int = 0  # entries dropped for the budget
     bytes: int = 0  # held by the entries now
 
 
-def shared_chunks(kept: Sequence[int], tokens: Sequence[int], limit: int) -> int:
-    """Tokens of the longest common prefix of `kept` and `tokens` in whole chunks, at most `limit`."""
-    n = 0
-    while n + PREFILL_CHUNK <= min(len(kept), len(tokens), limit):
-        if kept[n : n + PREFILL_CHUNK] != tokens[n : n + PREFILL_CHUNK]:
-            break
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two token sequences."""
+    n, end = 0, min(len(a), len(b))
+    while n + PREFILL_CHUNK <= end and a[n : n + PREFILL_CHUNK] == b[n : n + PREFILL_CHUNK]:
         n += PREFILL_CHUNK
+    while n < end and a[n] == b[n]:
+        n += 1
     return n
+
+
+def shared_chunks(entry: Entry, tokens: Sequence[int], limit: int) -> int:
+    """Rows of `entry` that serve `tokens`, in whole chunks, at most `limit`."""
+    usable = min(common_prefix(entry.tokens, tokens) - entry.lookahead, entry.rows, limit)
+    return max(0, usable) // PREFILL_CHUNK * PREFILL_CHUNK
 
 
 @dataclass
@@ -69,69 +105,73 @@ class PromptCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def restore(self, role: str, runner: ModelRunner, tokens: Sequence[int]) -> int:
-        """Restore into an empty runner the longest cached prefix of `tokens` that leaves at least
-        one token to prefill; the tokens restored (0: none)."""
+    def restore(self, models: Mapping[str, PrefixRows], tokens: Sequence[int]) -> int:
+        """Restore into every (empty) model the longest cached prefix of `tokens` that leaves at
+        least one token to prefill; the tokens restored (0: none)."""
         tokens = tuple(tokens)
         best, best_n = None, 0
         for key, entry in self._entries.items():
-            if entry.role == role and (n := shared_chunks(entry.tokens, tokens, len(tokens) - 1)) > best_n:
+            if models.keys() <= entry.models.keys() and (n := shared_chunks(entry, tokens, len(tokens) - 1)) > best_n:
                 best, best_n = key, n
         if best is None:
             return 0
         self._entries.move_to_end(best)
-        runner.restore(self._entries[best].layers, best_n)
+        for role, model in models.items():
+            model.restore(self._entries[best].models[role], best_n)
         return best_n
 
-    def store(self, role: str, runner: ModelRunner, tokens: Sequence[int]) -> None:
-        """Keep the whole chunks of a prompt the runner has just prefilled."""
-        n = min(len(tokens), runner.length) // PREFILL_CHUNK * PREFILL_CHUNK
-        if n == 0 or not runner.can_restore:
+    def store(self, models: Mapping[str, PrefixRows], tokens: Sequence[int]) -> None:
+        """Keep the whole chunks of a prompt the models have just prefilled."""
+        lookahead = max(m.lookahead for m in models.values())
+        n = min(len(tokens) - lookahead, *(m.length for m in models.values())) // PREFILL_CHUNK * PREFILL_CHUNK
+        if n <= 0 or not all(m.can_restore for m in models.values()):
             return
-        tokens = tuple(tokens[:n])
-        same_role = [(key, e) for key, e in self._entries.items() if e.role == role]
-        for key, entry in same_role:
-            if shared_chunks(entry.tokens, tokens, n) == n:  # it already serves this prefix
-                self._entries.move_to_end(key)
+        key = tuple(tokens[: n + lookahead])
+        for existing, entry in self._entries.items():
+            if models.keys() <= entry.models.keys() and entry.rows >= n and entry.tokens[: len(key)] == key:
+                self._entries.move_to_end(existing)  # it already serves this prefix
                 return
-        layers = [(mx.contiguous(c.keys[..., :n, :]), mx.contiguous(c.values[..., :n, :])) for c in runner.cache]
+        layers = {role: _copied(m.cache, n) for role, m in models.items()}
         mx.eval(layers)
-        nbytes = sum(k.nbytes + v.nbytes for k, v in layers)
+        nbytes = sum(k.nbytes + v.nbytes for rows in layers.values() for k, v in rows)
         if nbytes > self.budget_bytes:
             return
-        for key, entry in same_role:  # entries this one covers serve nothing it does not
-            if shared_chunks(entry.tokens, tokens, len(entry.tokens)) == len(entry.tokens):
-                self._drop(key)
+        for existing, entry in list(self._entries.items()):  # entries this one covers serve nothing it does not
+            if entry.models.keys() <= models.keys() and entry.rows <= n and key[: len(entry.tokens)] == entry.tokens:
+                self._drop(existing)
         while self._entries and (
             self.counters.bytes + nbytes > self.budget_bytes or len(self._entries) >= self.max_entries
         ):
             self._drop(next(iter(self._entries)))
             self.counters.evictions += 1
-        self._entries[next(self._ids)] = Entry(role, tokens, layers, nbytes)
+        self._entries[next(self._ids)] = Entry(key, n, layers, nbytes)
         self.counters.bytes += nbytes
 
     def _drop(self, key: int) -> None:
         self.counters.bytes -= self._entries.pop(key).nbytes
 
 
+def _copied(caches: Sequence[Any], n: int) -> Layers:
+    """The first n rows of each cache, copied out (the row's caches go on changing)."""
+    return [(mx.contiguous(c.keys[..., :n, :]), mx.contiguous(c.values[..., :n, :])) for c in caches]
+
+
 @dataclass
 class RowCaching:
-    """One row's use of the cache: its models' prefixes restored when it is built, its prompt's
-    chunks stored once the prompt is in (every model's cache then holds the prompt and nothing past it)."""
+    """One row's use of the cache: one prefix restored into all its models when it is built, its
+    prompt's chunks stored once the prompt is in (every model's cache then holds the prompt)."""
 
     cache: PromptCache
     prompt: tuple[int, ...]
-    runners: dict[str, ModelRunner]  # role: an empty runner of that model for this row
-    reused: int = 0  # prompt tokens the target restored (`cache_n`)
+    models: dict[str, PrefixRows]  # role: that model's empty caches for this row
+    reused: int = 0  # prompt tokens restored (`cache_n`)
 
     def restore(self) -> None:
-        restored = {role: self.cache.restore(role, runner, self.prompt) for role, runner in self.runners.items()}
-        self.reused = restored["target"]
+        self.reused = self.cache.restore(self.models, self.prompt)
         if self.reused:
             self.cache.counters.hits += 1
         else:
             self.cache.counters.misses += 1
 
     def store(self) -> None:
-        for role, runner in self.runners.items():
-            self.cache.store(role, runner, self.prompt)
+        self.cache.store(self.models, self.prompt)

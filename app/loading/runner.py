@@ -26,6 +26,11 @@ from app.loading.lockstep import lockstep_of
 PREFILL_CHUNK = 128
 
 
+def chunk_end(start: int) -> int:
+    """Where the prefill chunk that starts at `start` ends (at the latest)."""
+    return (start // PREFILL_CHUNK + 1) * PREFILL_CHUNK
+
+
 class ModelRunner:
     """Owns one row's cache for one model. `length` counts the tokens the cache holds."""
 
@@ -78,12 +83,14 @@ class ModelRunner:
         A chunk ends at the next multiple of PREFILL_CHUNK (a restored prefix ends on one). One
         call is one engine tick's worth of prefill, so a long prompt lets other rows advance
         between its chunks."""
-        end = (self.length // PREFILL_CHUNK + 1) * PREFILL_CHUNK
+        end = chunk_end(self.length)
         if len(tokens) > end:
             self.forward(list(tokens[self.length : end]))
             mx.eval([c.state for c in self.cache])
             return None
         return self.forward(list(tokens[self.length :]))[-1:]
+
+    lookahead = 0  # a KV row depends on the tokens up to its own position only (the prompt cache's key)
 
     @property
     def can_restore(self) -> bool:
@@ -92,14 +99,9 @@ class ModelRunner:
         return self.lockstep is None and all(type(c) is KVCache for c in self.cache)
 
     def restore(self, layers: Sequence[tuple[mx.array, mx.array]], n: int) -> None:
-        """Start an empty cache from the first n rows of each layer's (keys, values).
-
-        The row gets new arrays (slices of the given ones), so its own updates never reach them.
-        Each buffer is padded to the capacity a prefill of n rows would have grown (KVCache grows
-        in steps), so the later forwards see the same buffers as after a full prefill."""
+        """Start an empty cache from the first n rows of each layer's (keys, values)."""
         assert self.length == 0 and self.can_restore
-        for cache, (keys, values) in zip(self.cache, layers, strict=True):
-            cache.state = (_padded(keys[..., :n, :]), _padded(values[..., :n, :]), n)
+        restore_rows(self.cache, layers, n)
         self.length = n
 
     def rewind(self, n: int) -> None:
@@ -117,6 +119,16 @@ class ModelRunner:
     def cache_offset(self) -> int:
         """The first layer's own count of cached rows (what rewind arithmetic must keep equal)."""
         return int(self.cache[0].offset)
+
+
+def restore_rows(caches: Sequence[KVCache], layers: Sequence[tuple[mx.array, mx.array]], n: int) -> None:
+    """Set empty KV caches to the first n rows of each layer's (keys, values).
+
+    The caches get new arrays (slices of the given ones), so their own updates never reach them.
+    Each buffer is padded to the capacity n appended rows would have grown (KVCache grows in
+    steps), so the later forwards see the same buffers as after computing those rows."""
+    for cache, (keys, values) in zip(caches, layers, strict=True):
+        cache.state = (_padded(keys[..., :n, :]), _padded(values[..., :n, :]), n)
 
 
 def _padded(rows: mx.array) -> mx.array:

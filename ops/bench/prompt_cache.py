@@ -10,7 +10,7 @@
 Prompts are token ids (built with /tokenize), so every turn extends the last one exactly. Each
 conversation and document is fresh (no earlier run's entries hit), and the arms alternate.
 
-    python -m ops.bench.prompt_cache [--profiles default target-only] [--repeats 3] [--write]
+    python -m ops.bench.prompt_cache [--profiles default target-only mtp] [--repeats 3] [--note TEXT] [--write]
 """
 
 from __future__ import annotations
@@ -99,9 +99,10 @@ def throughput(runs: dict[bool, list[tuple[float, int]]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profiles", nargs="+", default=["default", "target-only"])
+    parser.add_argument("--profiles", nargs="+", default=["default", "target-only", "mtp"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=32, help="generated per question (repeated-prefix set)")
+    parser.add_argument("--note", default="", help="a line for the section (e.g. the machine's state)")
     parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     args = parser.parse_args(argv)
     chat_rows, document_rows = [], []
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{machine()}. One server per profile, `cache_prompt: false` and `true` alternating in the same run, "
             f"{args.repeats} repeats, fresh prompts each (token ids), T=0. Prefixes are reused in whole "
             f"{PREFILL_CHUNK}-token chunks.",
+            *(["", args.note] if args.note else []),
             "",
             f"Chat replay: a {SYSTEM_TOKENS}-token system prompt, {TURNS} turns of {TURN_TOKENS} tokens each; "
             "client-side time to first streamed token at turn 6 (median). Goal: at least 5x lower with the cache.",

@@ -1,16 +1,26 @@
-"""The prompt cache on the embedded target: restored prefixes give a full prefill's bits, entries
-are never written by the rows that restore them, and the budget holds."""
+"""The prompt cache on the embedded target and its block drafters: restored prefixes give a full
+prefill's bits, entries are never written by the rows that restore them, and the budget holds."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
+from app.acceptance import Rule
+from app.decoding.adaptive import ControlledWidth, WidthController
+from app.decoding.generation import Generation
+from app.decoding.loop import Drafting, Speculation, SpeculativeLoop
+from app.decoding.state import RowState
+from app.drafters.block import DFlashDrafter, MtpDrafter, block_proposer, load_block_drafter
 from app.loading import LoadedModel
-from app.loading.prompt_cache import PromptCache, shared_chunks
+from app.loading.paths import REPO_ROOT
+from app.loading.prompt_cache import Entry, PrefixRows, PromptCache, RowCaching, shared_chunks
 from app.loading.runner import PREFILL_CHUNK, ModelRunner
+from app.sampling import RowRng, SamplerPipeline, SamplingParams
 
 B = PREFILL_CHUNK
+MODELS = REPO_ROOT / "models"
 
 
 def prompt(seed: int, n: int) -> list[int]:
@@ -21,24 +31,28 @@ def prefilled(model: LoadedModel, tokens: list[int], cache: PromptCache | None =
     """A runner holding `tokens` (restored from `cache` where it can), and the last logits."""
     runner = ModelRunner(model.model)
     if cache is not None:
-        cache.restore("target", runner, tokens)
+        cache.restore({"target": runner}, tokens)
     logits = runner.prefill(tokens)
     mx.eval(logits)
     return runner, logits
 
 
-def rows(runner: ModelRunner) -> list[np.ndarray]:
-    """Every layer's keys and values as numpy, up to the runner's length (the bits, compared exactly)."""
+def rows(runner: PrefixRows) -> list[np.ndarray]:
+    """Every layer's keys and values as numpy, up to the model's length (the bits, compared exactly)."""
     n = runner.length
     return [np.array(a[..., :n, :].astype(mx.float32)) for c in runner.cache for a in (c.keys, c.values)]
 
 
 def test_shared_chunks_counts_whole_chunks_and_keeps_one_token_to_prefill() -> None:
     a = prompt(1, 3 * B)
-    assert shared_chunks(a, a, len(a) - 1) == 2 * B  # the last token is always prefilled
-    assert shared_chunks(a, [*a[: 2 * B + 5], 1, 2], 10**6) == 2 * B
-    assert shared_chunks(a, [*a[:B], a[B] + 1, *a[B + 1 :]], 10**6) == B
-    assert shared_chunks(a, prompt(2, 3 * B), 10**6) == 0
+    entry = Entry(tuple(a), 3 * B, {}, 0)
+    assert shared_chunks(entry, a, len(a) - 1) == 2 * B  # the last token is always prefilled
+    assert shared_chunks(entry, [*a[: 2 * B + 5], 1, 2], 10**6) == 2 * B
+    assert shared_chunks(entry, [*a[:B], a[B] + 1, *a[B + 1 :]], 10**6) == B
+    assert shared_chunks(entry, prompt(2, 3 * B), 10**6) == 0
+    ahead = Entry(tuple(a[: 2 * B + 1]), 2 * B, {}, 0)  # rows that depend on one token past them (MTP)
+    assert shared_chunks(ahead, a, 10**6) == 2 * B
+    assert shared_chunks(ahead, [*a[: 2 * B], a[2 * B] + 1], 10**6) == B  # row 2B - 1 read the token that differs
 
 
 def test_a_restored_prefix_gives_the_full_prefills_bits(embedded_target: LoadedModel) -> None:
@@ -47,7 +61,7 @@ def test_a_restored_prefix_gives_the_full_prefills_bits(embedded_target: LoadedM
     first, second = prompt(3, 2 * B + 40), prompt(3, 2 * B + 40)[: 2 * B + 11] + prompt(4, 150)
     cache = PromptCache(budget_bytes=1 << 30, max_entries=8)
     runner, _ = prefilled(embedded_target, first)
-    cache.store("target", runner, first)
+    cache.store({"target": runner}, first)
     restored, restored_logits = prefilled(embedded_target, second, cache)
     full, full_logits = prefilled(embedded_target, second)
     assert cache.counters.bytes > 0 and len(cache) == 1
@@ -62,15 +76,15 @@ def test_rows_never_write_into_the_entry_they_restored(embedded_target: LoadedMo
     tokens = prompt(5, 2 * B + 3)
     cache = PromptCache(budget_bytes=1 << 30, max_entries=8)
     runner, _ = prefilled(embedded_target, tokens)
-    cache.store("target", runner, tokens)
+    cache.store({"target": runner}, tokens)
     (entry,) = cache._entries.values()
-    before = [np.array(a.astype(mx.float32)) for kv in entry.layers for a in kv]
+    before = [np.array(a.astype(mx.float32)) for kv in entry.models["target"] for a in kv]
     row = ModelRunner(embedded_target.model)
-    assert cache.restore("target", row, tokens) == 2 * B
+    assert cache.restore({"target": row}, tokens) == 2 * B
     mx.eval(row.prefill(tokens))
     row.rewind(row.length - B - 7)  # into the restored rows, as a speculative rewind could
     mx.eval(row.forward([1, 2, 3, 4, 5, 6, 7, 8]))
-    after = [np.array(a.astype(mx.float32)) for kv in entry.layers for a in kv]
+    after = [np.array(a.astype(mx.float32)) for kv in entry.models["target"] for a in kv]
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 
 
@@ -79,25 +93,68 @@ def test_eviction_keeps_bytes_and_entries_within_the_budget(embedded_target: Loa
     dropping the least recently used; an entry a longer one covers is replaced, not kept twice."""
     probe = PromptCache(budget_bytes=1 << 30, max_entries=8)
     runners = {seed: prefilled(embedded_target, prompt(seed, B + 1))[0] for seed in (10, 11, 12)}
-    probe.store("target", runners[10], prompt(10, B + 1))
+    probe.store({"target": runners[10]}, prompt(10, B + 1))
     size = probe.counters.bytes
     cache = PromptCache(budget_bytes=size * 5 // 2, max_entries=8)
     for seed in (10, 11):
-        cache.store("target", runners[seed], prompt(seed, B + 1))
+        cache.store({"target": runners[seed]}, prompt(seed, B + 1))
         assert cache.counters.bytes <= cache.budget_bytes
-    assert cache.restore("target", ModelRunner(embedded_target.model), prompt(10, B + 5)) == B  # 10 is now recent
-    cache.store("target", runners[12], prompt(12, B + 1))
+    assert cache.restore({"target": ModelRunner(embedded_target.model)}, prompt(10, B + 5)) == B  # 10 is now recent
+    cache.store({"target": runners[12]}, prompt(12, B + 1))
     assert (len(cache), cache.counters.evictions, cache.counters.bytes) == (2, 1, 2 * size)
-    assert cache.restore("target", ModelRunner(embedded_target.model), prompt(11, B + 5)) == 0  # 11 went
-    assert cache.restore("target", ModelRunner(embedded_target.model), prompt(10, B + 5)) == B
+    assert cache.restore({"target": ModelRunner(embedded_target.model)}, prompt(11, B + 5)) == 0  # 11 went
+    assert cache.restore({"target": ModelRunner(embedded_target.model)}, prompt(10, B + 5)) == B
     longer = prompt(12, 2 * B + 1)
-    cache.store("target", prefilled(embedded_target, longer)[0], longer)  # covers entry 12
+    cache.store({"target": prefilled(embedded_target, longer)[0]}, longer)  # covers entry 12
     assert cache.counters.bytes <= cache.budget_bytes
     assert [len(e.tokens) for e in cache._entries.values()] == [2 * B]  # 10 evicted for room, 12 replaced
     small = PromptCache(budget_bytes=size - 1, max_entries=8)
-    small.store("target", runners[10], prompt(10, B + 1))
+    small.store({"target": runners[10]}, prompt(10, B + 1))
     assert (len(small), small.counters.bytes) == (0, 0)  # larger than the whole budget: not kept
     one = PromptCache(budget_bytes=1 << 30, max_entries=1)
     for seed in (10, 11):
-        one.store("target", runners[seed], prompt(seed, B + 1))
+        one.store({"target": runners[seed]}, prompt(seed, B + 1))
     assert (len(one), one.counters.evictions) == (1, 1)
+
+
+@pytest.mark.parametrize("drafter", ["mtp", "dflash"])
+def test_block_drafters_resume_from_a_restored_prefix_exactly(embedded_target: LoadedModel, drafter: str) -> None:
+    """The drafter's context rows (and MTP's last output) after a restored prefix are the bits a
+    full prefill gives, and so are the tokens decoded after them. The second prompt shares the
+    first's two chunks and its next token too: MTP's row 2B - 1 reads that token."""
+    bound = load_block_drafter(MODELS / drafter, embedded_target)
+    first, second = prompt(20, 2 * B + 40), prompt(20, 2 * B + 1) + prompt(21, 30)
+    cache = PromptCache(budget_bytes=1 << 30, max_entries=8)
+
+    def decoded(tokens: list[int], cache: PromptCache | None) -> tuple[Generation, DFlashDrafter | MtpDrafter]:
+        width = bound.declared_width
+        drafting = Drafting(block_proposer(bound), ControlledWidth(WidthController(width, width)))
+        loop = SpeculativeLoop(ModelRunner(embedded_target.model), drafting,
+                               Speculation(rule=Rule.ARGMAX_AGAINST_ARGMAX, draft_kind=bound.draft_kind))  # fmt: skip
+        caching = None
+        if cache is not None:
+            caching = RowCaching(cache, tuple(tokens), {"target": loop.target, "drafter": loop.proposer.context})
+            caching.restore()
+        state = RowState(tokens=list(tokens), sampler=SamplerPipeline(SamplingParams(temperature=0.0), 4096),
+                         rng=RowRng(0))  # fmt: skip
+        generation = Generation(loop=loop, state=state, tokenizer=embedded_target.tokenizer, max_tokens=6,
+                                context_limit=4096, ignore_eos=True, caching=caching)  # fmt: skip
+        generation.prefill()
+        return generation, loop.proposer
+
+    decoded(first, cache)
+    restored, restored_drafter = decoded(second, cache)
+    full, full_drafter = decoded(second, None)
+    assert restored.cache_n == 2 * B and len(cache) == 1
+    assert cache.counters.bytes == sum(
+        a.nbytes for rows in cache._entries[0].models.values() for kv in rows for a in kv
+    )
+    context = [restored_drafter.context, full_drafter.context]
+    assert context[0].length == context[1].length == len(second)
+    for a, b in zip(rows(context[0]), rows(context[1]), strict=True):
+        assert np.array_equal(a, b)
+    if drafter == "mtp":
+        assert np.array_equal(np.array(restored_drafter.last), np.array(full_drafter.last))
+    while not full.finished:
+        full.step(), restored.step()
+    assert restored.emitted == full.emitted

@@ -62,13 +62,21 @@ def test_a_hit_is_exact_with_prompt_lookup(profile_server, sampling) -> None:
 
 
 @pytest.mark.slow
-def test_block_drafter_profiles_run_without_the_cache(profile_server) -> None:
-    """MTP reads the target's hidden features of the whole prompt, which the cache does not keep."""
-    server = profile_server("mtp")
-    prompt = tokens(401, 2 * B + 37)
-    first, second = (complete(server, prompt, GREEDY) for _ in range(2))
-    assert first["timings"]["cache_n"] == second["timings"]["cache_n"] == 0
-    assert first["tokens"] == second["tokens"]
+@pytest.mark.parametrize("profile", ["stochastic", "mtp", "dflash", "dspark", "muse"])
+def test_a_hit_is_exact_with_every_other_profile(profile_server, profile: str) -> None:
+    """The rest of the shipped profiles, T = 0 and seeded T = 0.7 on one cached chunk: block
+    drafters restore their context rows with the target's prefix (DSpark serves T > 0 with classic
+    decode, which restores the target's rows of the same entry)."""
+    server, prompt, short = profile_server(profile), tokens(801 + len(profile), B + 9), {"n_predict": 8}
+    complete(server, prompt, GREEDY | {"n_predict": 1})  # fills the cache
+    for sampling in (GREEDY, SEEDED):
+        reference = complete(server, prompt, sampling | short, cache_prompt=False)
+        hit = complete(server, prompt, sampling | short)
+        assert (reference["timings"]["cache_n"], hit["timings"]["cache_n"], hit["timings"]["prompt_n"]) == (0, B, 9)
+        assert hit["tokens"] == reference["tokens"]
+        assert hit["content"].encode() == reference["content"].encode()
+        if sampling is GREEDY:
+            assert hit["timings"]["draft_kind"] == reference["timings"]["draft_kind"]
 
 
 def test_cache_n_and_cached_tokens_are_exact(target_only_server) -> None:
@@ -87,7 +95,8 @@ def test_cache_n_and_cached_tokens_are_exact(target_only_server) -> None:
 
 
 def test_concurrent_rows_sharing_a_cached_prefix_get_their_solo_outputs(default_server) -> None:
-    """Four rows restore one entry at once and decode together; each decides what it decides alone."""
+    """Four rows restore one entry at once (the target's rows and the draft model's) and decode
+    together; each decides what it decides alone."""
     server, shared = default_server, tokens(601, 2 * B)
     prompts = [shared + tokens(610 + i, 20 + i) for i in range(4)]
     samplings = [GREEDY, SEEDED, GREEDY | {"n_predict": 40}, SEEDED | {"seed": 99}]
