@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded pair (loaded once) and tiny random models built on the fly."""
+"""Shared fixtures: the embedded pair (loaded once), tiny random models built on the fly, and the
+shared servers, with the xdist groups that start each of them on one worker only."""
 
 from __future__ import annotations
 
@@ -9,8 +10,34 @@ from pathlib import Path
 import pytest
 
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, LoadedModel, load_model
+from app.profiles.loader import shipped_profiles
 from ops.models.tiny import build_tiny_model
 from tests.support.server import API_KEY, RunningServer, serve
+
+# The suite runs on two xdist workers (pyproject's addopts, `--dist loadgroup`). Session and module
+# fixtures are per worker, so the tests of one server fixture join one group and run on one worker:
+# each server starts once. A test that names a profile (parameter `profile` or `name`) of
+# `profile_server` joins that profile's group; one that uses two servers joins the first's group
+# and the other starts on its worker too (at most one extra start per server).
+SERVER_FIXTURES = {"keyed_server": "keyed", "default_server": "default", "target_only_server": "target-only"}
+SHIPPED = set(shipped_profiles())
+
+
+def server_group(item: pytest.Item) -> str | None:
+    uses = getattr(item, "fixturenames", ())
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    named = [params[key] for key in ("profile", "name") if params.get(key) in SHIPPED]
+    if "profile_server" in uses and named:
+        return named[0]
+    if "server" in uses:  # a module's own server (tests/server/test_hostile_corpus.py)
+        return item.nodeid.split("::")[0]
+    return next((group for fixture, group in SERVER_FIXTURES.items() if fixture in uses), None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None and (group := server_group(item)):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams
 from app.sampling.grammar import Grammar
+from tests.support.batched import seeded_stream
 from tests.support.derived_models import fixed_distribution_pair
 from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
 
@@ -80,16 +81,12 @@ class UnmaskedDrafter(DraftModelDrafter):
 
 
 def constrained_stream(builder: LoopBuilder, n: int, unmasked: bool = False) -> list[int]:
-    stream: list[int] = []
-    seed = 0
-    while len(stream) < n:
-        request = RowRequest(prompt=[1, 2, 3], sampling=SAMPLED, max_tokens=1500, seed=seed, grammar=SIX_DIGITS)
-        generation = builder.build(request)
+    def fault(generation: Generation) -> None:
         if unmasked:
             generation.loop.proposer.__class__ = UnmaskedDrafter
-        stream.extend(run(generation).emitted)
-        seed += 1
-    return stream[:n]
+
+    request = RowRequest(prompt=[1, 2, 3], sampling=SAMPLED, max_tokens=0, grammar=SIX_DIGITS)
+    return seeded_stream(builder, request, n, fault)
 
 
 @pytest.mark.parametrize("kind", ["draft-model", "prompt-lookup", *BLOCK_KINDS])

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
-from app.acceptance import Rule
+from app.acceptance import AcceptanceStats, Rule
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.loop import SpeculativeLoop
@@ -15,7 +18,7 @@ from app.loading import LoadedModel, load_model
 from app.loading.runner import ModelRunner
 from app.sampling import SamplingParams
 from ops.models.tiny import build_tiny_model
-from tests.support.batched import Arrival, run_batched
+from tests.support.batched import Arrival, run_batched, run_rows, seeded_stream
 from tests.support.derived_models import anti_drafter, fixed_distribution_pair
 from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
 
@@ -29,6 +32,7 @@ PROMPTS = [
     "class LRUCache:\n    def __init__(self, capacity):\n",
     "import json\n\n\ndef load_config(path):\n",
 ]
+ACCEPTANCE_ROWS = 12  # the closed-form test's rows per batch: its 2,000 positions take 11 rows
 
 
 def run(generation: Generation) -> Generation:
@@ -52,15 +56,11 @@ def constant_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel
 
 
 def emitted_stream(builder: LoopBuilder, n: int, rule: Rule | None = None) -> list[int]:
-    stream: list[int] = []
-    seed = 0
-    while len(stream) < n:
-        generation = builder.build(RowRequest(prompt=[1, 2, 3], sampling=SIX, max_tokens=2000, seed=seed))
+    def overrule(generation: Generation) -> None:
         if rule is not None:
             generation.loop.speculation.rule = rule
-        stream.extend(run(generation).emitted)
-        seed += 1
-    return stream[:n]
+
+    return seeded_stream(builder, RowRequest(prompt=[1, 2, 3], sampling=SIX, max_tokens=0), n, overrule)
 
 
 @pytest.mark.slow
@@ -80,7 +80,7 @@ def test_the_target_distribution_holds_for_rows_sharing_batches(constant_pair, s
     different width) that joins and leaves while they run."""
     builder = speculative(*constant_pair, k=2, stochastic=stochastic)
     wide, plain = speculative(*constant_pair, k=4), LoopBuilder(constant_pair[0], None, LoopPlan())
-    rows = 6
+    rows = 12
     per_row = -(-sample_count() // rows)
     under_test = [
         builder.build(RowRequest(prompt=[1, 2, 3], sampling=SIX, max_tokens=per_row, seed=seed)) for seed in range(rows)
@@ -210,6 +210,17 @@ def test_penalty_history_is_rewound_on_rejection(regimes) -> None:
     assert drafted.emitted == run(plain.build(request)).emitted
 
 
+def seeded_stats(builder: LoopBuilder, sampling: SamplingParams) -> Iterator[AcceptanceStats]:
+    """The speculation stats of seeded rows over PROMPTS, seed 0, 1, ... in order, run a batch of
+    ACCEPTANCE_ROWS rows at a time (each row's stats are what it would give alone)."""
+    for first in itertools.count(0, ACCEPTANCE_ROWS):
+        rows = []
+        for seed in range(first, first + ACCEPTANCE_ROWS):
+            prompt = builder.target.tokenizer.encode(PROMPTS[seed % len(PROMPTS)])
+            rows.append(builder.build(RowRequest(prompt=prompt, sampling=sampling, max_tokens=256, seed=seed)))
+        yield from (generation.loop.speculation.stats for generation in run_rows(rows))
+
+
 @pytest.mark.slow
 def test_measured_acceptance_sits_on_the_closed_form_of_the_rule_that_ran(embedded_target, embedded_drafter) -> None:
     """T = 0.7, >= 2,000 tested positions: sampler-match at sum_prod, stochastic at sum_min (3 SE)."""
@@ -218,16 +229,12 @@ def test_measured_acceptance_sits_on_the_closed_form_of_the_rule_that_ran(embedd
         builder = speculative(embedded_target, embedded_drafter, stochastic=stochastic, diagnose=True)
         tested = accepted = 0
         forms: list[tuple[float, int]] = []
-        seed = 0
-        while tested < 2000:
-            prompt = embedded_target.tokenizer.encode(PROMPTS[seed % len(PROMPTS)])
-            stats = run(
-                builder.build(RowRequest(prompt=prompt, sampling=sampling, max_tokens=256, seed=seed))
-            ).loop.speculation.stats
+        for stats in seeded_stats(builder, sampling):  # seeds 0, 1, ... until 2,000 positions
             tested += stats.positions_tested
             accepted += stats.accepted
             forms.append((getattr(stats, closed_form), stats.diagnosed_positions))
-            seed += 1
+            if tested >= 2000:
+                break
         measured = accepted / tested
         predicted = sum(f * n for f, n in forms) / sum(n for _, n in forms)
         se = np.sqrt(predicted * (1 - predicted) / tested)
