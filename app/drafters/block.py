@@ -122,7 +122,7 @@ class BlockProposer(ProposesAtOnce):
     reports_distribution = True
     one_hot_proposals = False
 
-    def __init__(self, bound: BlockDrafterModel, sampled: bool) -> None:
+    def __init__(self, bound: BlockDrafterModel, sampled: bool = False) -> None:
         self.bound = bound
         self.kind = bound.draft_kind
         self.hook = bound.hook
@@ -133,7 +133,7 @@ class BlockProposer(ProposesAtOnce):
         if not self.sampled or state.sampler.is_greedy:
             return mx.argmax(logits, axis=-1), None
         q = state.sampler.distribution(logits)
-        return mx.concatenate([q[i].draw(state.rng.next_key()) for i in range(q.rows)]), q
+        return q.draw(state.rng.next_key()), q  # one key per forward: its rows draw independently
 
 
 def proposal_of(drafts: list[mx.array], rows: list[Distribution | None]) -> Proposal:
@@ -150,7 +150,7 @@ class DFlashDrafter(BlockProposer):
     row corrected by the previous draft.
     """
 
-    def __init__(self, bound: BlockDrafterModel, sampled: bool) -> None:
+    def __init__(self, bound: BlockDrafterModel, sampled: bool = False) -> None:
         super().__init__(bound, sampled)
         self.model: DFlashModel = bound.module
         self.caches = [KVCache() for _ in self.model.layers]
@@ -192,7 +192,7 @@ class MtpDrafter(BlockProposer):
     """One row of an MTP head: its KV cache holds one entry per decided position; drafting
     chains the head on its own output and the embedding of its last proposal."""
 
-    def __init__(self, bound: BlockDrafterModel, sampled: bool) -> None:
+    def __init__(self, bound: BlockDrafterModel, sampled: bool = False) -> None:
         super().__init__(bound, sampled)
         self.head: MtpHead = bound.module
         self.cache = KVCache()
