@@ -1,9 +1,11 @@
 """The block loops' rules: lossless (`drafter.block_rule = "lossless"`) and the biased default.
 
 The chi-square guards run the contract's statistic through the real block loop on a target whose
-next-token distribution is fixed by construction and block drafters whose rows are that
-distribution sharpened less (tests/support/derived_models.py), at verify width 8 so that each
-round emits several tokens (the guards' cost is their rounds).
+next-token distribution is fixed by construction and block drafters whose rows are a sharper
+power of it (tests/support/derived_models.py). A guard's cost is its rounds, so the target is
+peaked and the drafters sharp: sampler-match, which accepts at most max p, still emits several
+tokens a round, and the stochastic rule's rejections (u q(10) > p(10), about 3 %) are where every
+other token comes from, through the residual.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample
 
 MODELS = REPO_ROOT / "models"
 TOKENS = list(range(10, 16))
-# The target's row at temperature 1: peaked, so that even sampler-match (which accepts at most
-# max p) emits several tokens a round; every category still expects >= 20 of 12,000 tokens.
-P = [0.85, 0.05, 0.04, 0.03, 0.02, 0.01]
-SCALE = 0.6  # the drafters' logits: the target's times this, so q is flatter than p
+P = [0.85, 0.05, 0.04, 0.03, 0.02, 0.01]  # the target's row at T = 1: each category >= 20 of 12,000 at T = 0.7
+SCALE = 1.3  # the drafters' logits: the target's times this, so q is sharper than p
+# Verify widths: DFlash-family rounds cost one drafter forward at any width; an MTP head chains.
+WIDTHS = {"mtp": 8, "dflash": 16, "muse": 16}
 TEMPERATURE = 0.7
 WARM = SamplingParams(temperature=TEMPERATURE, top_k=6, top_p=1.0, min_p=0.0)
 TEMPERED = [p ** (1 / TEMPERATURE) for p in P]
@@ -49,11 +51,11 @@ def run(generation: Generation) -> Generation:
 
 
 def block_builder(target: LoadedModel, drafter: Path, kind: str, lossless: bool, stochastic: bool = False):
-    """Width 8 throughout (the Muse assistant's ceiling, fixed rather than adaptive)."""
+    """At the kind's fixed width (the Muse assistant's ceiling, rather than adaptive)."""
     plan = LoopPlan(
         drafter_kind="mtp" if kind == "mtp" else "dflash",
         drafter_model=str(drafter),
-        block_widths=(8, 8),
+        block_widths=(WIDTHS[kind], WIDTHS[kind]),
         adaptive=False,
         block_lossless=lossless,
         switches=Switches(stochastic_accept=stochastic),
@@ -67,7 +69,7 @@ def fixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, dict[s
     root = tmp_path_factory.mktemp("fixed-block")
     base = build_tiny_model(root / "base", tie_embeddings=False, layers=1)
     target = load_model(constant_output(base, root / "target", dict(zip(TOKENS, P, strict=True))))
-    return target, {kind: scaled_block_drafter(root, target, kind, SCALE) for kind in KINDS}
+    return target, {kind: scaled_block_drafter(root, target, kind, SCALE, WIDTHS[kind]) for kind in KINDS}
 
 
 def emitted_stream(builder: LoopBuilder, n: int, rule: Rule) -> list[int]:

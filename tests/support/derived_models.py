@@ -70,10 +70,10 @@ def fixed_distribution_pair(
     return load_model(target), load_model(drafter)
 
 
-def scaled_block_drafter(root: Path, target, kind: str, scale: float) -> Path:
-    """A block drafter (`mtp`, `dflash` or `muse`) of verify width 8 for a `constant_output` target
-    whose logits are the target's own times `scale` at every slot and chained step (so q is the
-    target's row at temperature 1 / scale, whatever the input).
+def scaled_block_drafter(root: Path, target, kind: str, scale: float, width: int) -> Path:
+    """A block drafter (`mtp`, `dflash` or `muse`) of verify width `width` for a `constant_output`
+    target whose logits are the target's own times `scale` at every slot and chained step (so q is
+    the target's row at temperature 1 / scale, whatever the input).
 
     Its decoder layers add nothing (o_proj and down_proj zero), so the pre-norm output is a fixed
     vector x: MTP's eh_proj passes hnorm(the target's final hidden h) through, a DFlash block row is
@@ -91,10 +91,10 @@ def scaled_block_drafter(root: Path, target, kind: str, scale: float) -> Path:
         "vocab_size": target.vocab_size, "tie_word_embeddings": False, "model_type": "qwen3",
     }  # fmt: skip
     if kind == "mtp":
-        config |= {"architectures": ["MtpDraftHead"], "mtp_config": {"depth": 7}}
+        config |= {"architectures": ["MtpDraftHead"], "mtp_config": {"depth": width - 1}}
     else:
-        config |= {"architectures": ["DFlashDraftModel"], "dflash_config": {"block_size": 8, "target_layer_ids": [0],
-                                                                              "mask_token_id": 3}}  # fmt: skip
+        dflash = {"block_size": width, "target_layer_ids": [0], "mask_token_id": 3}
+        config |= {"architectures": ["DFlashDraftModel"], "dflash_config": dflash}
         if kind == "muse":
             config |= {"architectures": ["MuseGlimmerAssistantModel"], "model_type": "muse_glimmer_assistant"}
     shape = DraftShape.from_config(config)
