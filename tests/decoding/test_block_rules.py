@@ -112,33 +112,45 @@ def profile_builder(target: LoadedModel, drafter: str, block_rule: str, stochast
     return LoopBuilder(target, None, plan)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("drafter", "stochastic"), [("mtp", True), ("dflash", False), ("muse", True)], ids=["mtp", "dflash", "muse"]
-)
-def test_measured_acceptance_sits_on_the_closed_form_of_the_rule_that_ran(
-    embedded_target, drafter: str, stochastic: bool
-) -> None:
-    """T = 0.7, >= 2,000 tested positions per trained drafter (3 SE); both lossless rules covered."""
-    builder = profile_builder(embedded_target, drafter, "lossless", stochastic)
+def acceptance_run(target: LoadedModel, drafter: str, stochastic: bool, positions: int) -> tuple[int, int, float]:
+    """(tested, accepted, closed form of the rule that ran) over at least `positions` tested positions."""
+    builder = profile_builder(target, drafter, "lossless", stochastic)
     rule = Rule.STOCHASTIC if stochastic else Rule.SAMPLER_MATCH
     closed_form = "closed_form_sum_min" if stochastic else "closed_form_sum_prod"
-    tested = accepted = 0
-    forms: list[tuple[float, int]] = []
+    tested = accepted = diagnosed = 0
+    weighted = 0.0
     seed = 0
-    while tested < 2000:
-        prompt = embedded_target.tokenizer.encode(PROMPTS[seed % len(PROMPTS)])
+    while tested < positions:
+        prompt = target.tokenizer.encode(PROMPTS[seed % len(PROMPTS)])
         request = RowRequest(prompt=prompt, sampling=SamplingParams(temperature=TEMPERATURE), max_tokens=256, seed=seed)
         speculation = run(builder.build(request)).loop.speculation
         assert speculation.rule is rule
-        tested += speculation.stats.positions_tested
-        accepted += speculation.stats.accepted
-        forms.append((getattr(speculation.stats, closed_form), speculation.stats.diagnosed_positions))
+        stats = speculation.stats
+        tested, accepted = tested + stats.positions_tested, accepted + stats.accepted
+        weighted += getattr(stats, closed_form) * stats.diagnosed_positions
+        diagnosed += stats.diagnosed_positions
         seed += 1
-    measured = accepted / tested
-    predicted = sum(f * n for f, n in forms) / sum(n for _, n in forms)
-    se = np.sqrt(predicted * (1 - predicted) / tested)
-    assert abs(measured - predicted) <= 3 * se, (drafter, measured, predicted, se)
+    return tested, accepted, weighted / diagnosed
+
+
+def within_3_se(tested: int, accepted: int, predicted: float) -> bool:
+    return abs(accepted / tested - predicted) <= 3 * np.sqrt(predicted * (1 - predicted) / tested)
+
+
+@pytest.mark.slow
+def test_measured_acceptance_sits_on_the_closed_form_of_the_rule_that_ran(embedded_target) -> None:
+    """T = 0.7 on the trained drafters, both lossless rules: each drafter within 3 SE of its
+    closed form over its 700 positions, and all together over >= 2,000 (the suite's budget buys
+    one classic-sized sample, shared by the three)."""
+    runs = {
+        drafter: acceptance_run(embedded_target, drafter, stochastic, 700)
+        for drafter, stochastic in (("mtp", True), ("dflash", False), ("muse", True))
+    }
+    for drafter, (tested, accepted, predicted) in runs.items():
+        assert within_3_se(tested, accepted, predicted), (drafter, accepted / tested, predicted)
+    tested = sum(t for t, _, _ in runs.values())
+    predicted = sum(t * f for t, _, f in runs.values()) / tested
+    assert tested >= 2000 and within_3_se(tested, sum(a for _, a, _ in runs.values()), predicted)
 
 
 @pytest.mark.parametrize("drafter", ["dflash", "muse"])
