@@ -138,16 +138,16 @@ def ends_here(state: RowState) -> bool:
     return state.constraint is not None and state.constraint.ended
 
 
-def within_grammar(constraint: Constraint, proposal: Proposal) -> tuple[Proposal, mx.array]:
-    """The proposal cut at its first draft the grammar forbids, and the masks of its verify rows."""
+def within_grammar(constraint: Constraint, proposal: Proposal, renormalise: bool) -> tuple[Proposal, mx.array]:
+    """The proposal cut at its first draft the grammar forbids, and the masks of its verify rows;
+    `renormalise`: the drafts came from unmasked rows q (block drafters)."""
     walked, masks = constraint.walk(proposal.tokens.tolist())
     if walked < proposal.k:
         q = proposal.q[:walked] if proposal.q is not None else None
         proposal = Proposal(tokens=proposal.tokens[:walked], q=q)
-    if proposal.q is not None and proposal.k:
+    if renormalise and proposal.q is not None and proposal.k:
         # A draft survives only where the grammar allows it, so a surviving draft is distributed
         # as its row masked and renormalised: that is the q the stochastic rule must judge with.
-        # (A draft model already drew from masked rows; renormalising those changes nothing.)
         proposal = Proposal(tokens=proposal.tokens, q=proposal.q.within(masks[: proposal.k]))
     return proposal, masks
 
@@ -264,7 +264,8 @@ class SpeculativeLoop:
         proposal = (yield from self.proposer.proposing(state, width)) if width > 0 else Proposal.empty()
         masks = None
         if state.constraint is not None:
-            proposal, masks = within_grammar(state.constraint, proposal)
+            renormalise = not self.proposer.draws_within_grammar
+            proposal, masks = within_grammar(state.constraint, proposal, renormalise)
         if proposal.k < self.n_min:
             proposal, masks = Proposal.empty(), masks[:1] if masks is not None else None
             if self.proposer.hook is None:

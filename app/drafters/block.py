@@ -121,6 +121,7 @@ class BlockProposer(ProposesAtOnce):
 
     reports_distribution = True
     one_hot_proposals = False
+    draws_within_grammar = False  # the loop renormalises q over the grammar's masks
 
     def __init__(self, bound: BlockDrafterModel, sampled: bool = False) -> None:
         self.bound = bound
