@@ -116,5 +116,6 @@ class BlockLoops:
             notes.append(Note("block_loop_declined", {"reason": reason, "width": failed.width,
                                                       "position": failed.position}, warning=True))  # fmt: skip
             return Choice(None, notes, time.perf_counter() - started)
-        drafting = Drafting(block_proposer(self.bound), ControlledWidth(self.controller, n_max))
+        proposer = block_proposer(self.bound, lossless=self.plan.block_lossless)
+        drafting = Drafting(proposer, ControlledWidth(self.controller, n_max))
         return Choice(drafting, notes, time.perf_counter() - started)

@@ -123,12 +123,17 @@ class RoundLoop(Protocol):
         ...
 
 
-def sample_next(state: RowState, logits: mx.array) -> int:
+def sample_next(state: RowState, logits: mx.array, greedy: bool = False) -> int:
     """The token after the prompt (or after the last decided one), from that position's logits
-    `[1, V]`, masked by the grammar where the row is constrained."""
+    `[1, V]`, masked by the grammar where the row is constrained; `greedy`: the argmax of the
+    adjusted row whatever the sampler (the biased block rule's stream), drawing nothing."""
     mask = state.next_mask()
     row = logits if mask is None else masked(logits, mask)
-    token, p = state.sampler.sample(row, state.contexts([len(state.tokens)]), state.rng)
+    contexts = state.contexts([len(state.tokens)])
+    if greedy:
+        token, p = int(state.sampler.greedy(row, contexts)[0].item()), None
+    else:
+        token, p = state.sampler.sample(row, contexts, state.rng)
     state.decide([token])
     state.report(logits, [token], p, mask)
     return token
@@ -163,12 +168,17 @@ def ends_here(state: RowState) -> bool:
     return state.constraint is not None and state.constraint.ended
 
 
-def within_grammar(constraint: Constraint, proposal: Proposal) -> tuple[Proposal, mx.array]:
-    """The proposal cut at its first draft the grammar forbids, and the masks of its verify rows."""
+def within_grammar(constraint: Constraint, proposal: Proposal, renormalise: bool) -> tuple[Proposal, mx.array]:
+    """The proposal cut at its first draft the grammar forbids, and the masks of its verify rows;
+    `renormalise`: the drafts came from unmasked rows q (block drafters)."""
     walked, masks = constraint.walk(proposal.tokens.tolist())
     if walked < proposal.k:
         q = proposal.q[:walked] if proposal.q is not None else None
         proposal = Proposal(tokens=proposal.tokens[:walked], q=q)
+    if renormalise and proposal.q is not None and proposal.k:
+        # A draft survives only where the grammar allows it, so a surviving draft is distributed
+        # as its row masked and renormalised: that is the q the stochastic rule must judge with.
+        proposal = Proposal(tokens=proposal.tokens, q=proposal.q.within(masks[: proposal.k]))
     return proposal, masks
 
 
@@ -260,7 +270,9 @@ class SpeculativeLoop:
             self._prompt_features += features
             if logits is None:
                 return None
-            self._first = sample_next(state, logits)
+            # Under argmax-against-argmax every later token is the target's argmax, so the first
+            # is too: the whole stream is the greedy one, not a sampled token and a greedy tail.
+            self._first = sample_next(state, logits, greedy=self.speculation.rule is Rule.ARGMAX_AGAINST_ARGMAX)
         chunks = self._prompt_features
         if not self.proposer.prefill(state, mx.concatenate(chunks, axis=1) if chunks else None):
             return None
@@ -282,7 +294,8 @@ class SpeculativeLoop:
         proposal = (yield from self.proposer.proposing(state, width)) if width > 0 else Proposal.empty()
         masks = None
         if state.constraint is not None:
-            proposal, masks = within_grammar(state.constraint, proposal)
+            renormalise = not self.proposer.draws_within_grammar
+            proposal, masks = within_grammar(state.constraint, proposal, renormalise)
         if proposal.k < self.n_min:
             proposal, masks = Proposal.empty(), masks[:1] if masks is not None else None
             if self.proposer.hook is None:

@@ -15,13 +15,19 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from app.acceptance import Rule, select_rule
-from app.drafters.block import declared_widths
+from app.drafters.block import BlockProposer, declared_widths
 from app.drafters.draft_model import DraftModelDrafter
 from app.drafters.governor import DEFAULT_FLOOR
 from app.drafters.kinds import DrafterKind
 from app.drafters.prompt_lookup import PROMPT_LOOKUP_WIDTH, PromptLookupDrafter
 from app.loading import CheckpointKind, read_checkpoint
-from app.profiles.schema import ACCEPT_DIAG_ENV, ALLOW_INEXACT_ENV, STOCHASTIC_ACCEPT_ENV, Settings
+from app.profiles.schema import (
+    ACCEPT_DIAG_ENV,
+    ALLOW_INEXACT_ENV,
+    LOSSLESS_BLOCK_RULE,
+    STOCHASTIC_ACCEPT_ENV,
+    Settings,
+)
 from app.runtime.env import truthy
 from app.sampling import SamplingParams
 
@@ -66,7 +72,8 @@ class LoopPlan:
     num_draft_tokens: int = 4  # proposals per round of the classic kinds
     drafter_model: str | None = None  # block drafters load lazily from here
     block_widths: tuple[int, int] | None = None  # block loops: (declared, ceiling) verify width, bonus row included
-    greedy_only: bool = False  # a block drafter that declines sampled requests (DSpark)
+    greedy_only: bool = False  # a block drafter that declines sampled requests (DSpark, biased rule only)
+    block_lossless: bool = False  # block loops: the lossless rules (drafter.block_rule = "lossless")
     adaptive: bool = True  # block loops: the width controller may widen up to the ceiling
     governor_policy: str = "gated"  # the CLI token loop's; the server's profiles default to break-even
     governor_adaptive: bool = True
@@ -87,9 +94,12 @@ class LoopPlan:
         kind = self.drafter_kind
         if kind is DrafterKind.NONE:
             return None
-        if kind.is_block_loop:
-            return None if self.greedy_only and sampler is SamplerClass.SAMPLED else Rule.ARGMAX_AGAINST_ARGMAX
-        drafter = CLASSIC_DRAFTERS[kind]
+        if self.greedy_only and sampler is SamplerClass.SAMPLED:
+            return None
+        if kind.is_block_loop and not self.block_lossless:
+            return Rule.ARGMAX_AGAINST_ARGMAX
+        # Block drafters draw sampled proposals from their rows q and report them (app/drafters/block.py).
+        drafter = BlockProposer if kind.is_block_loop else CLASSIC_DRAFTERS[kind]
         return select_rule(
             sampler is SamplerClass.ARGMAX,
             stochastic=self.switches.stochastic_accept,
@@ -111,13 +121,15 @@ class LoopPlan:
 
 
 def block_plan(settings: Settings) -> tuple[tuple[int, int], bool]:
-    """(declared, ceiling) verify widths and greedy-only, from the drafter's config.json."""
+    """(declared, ceiling) verify widths, and whether the plan declines sampled requests (a DSpark
+    drafter under argmax-against-argmax), from the drafter's config.json."""
     checkpoint = read_checkpoint(settings.drafter.model)
     declared, widest = declared_widths(checkpoint.kind, checkpoint.config)
     declared = settings.drafter.block_size or declared
     adaptive = settings.adaptive
     ceiling = max(declared, min(widest, adaptive.max_width)) if adaptive.enabled else declared
-    return (declared, ceiling), checkpoint.kind is CheckpointKind.DSPARK
+    lossless = settings.drafter.block_rule == LOSSLESS_BLOCK_RULE
+    return (declared, ceiling), checkpoint.kind is CheckpointKind.DSPARK and not lossless
 
 
 def plan_from_settings(settings: Settings, environ: Mapping[str, str] | None = None) -> LoopPlan:
@@ -132,6 +144,7 @@ def plan_from_settings(settings: Settings, environ: Mapping[str, str] | None = N
         drafter_model=settings.drafter.model,
         block_widths=widths,
         greedy_only=greedy_only,
+        block_lossless=settings.drafter.block_rule == LOSSLESS_BLOCK_RULE,
         adaptive=settings.adaptive.enabled,
         governor_policy=settings.governor.policy,
         governor_adaptive=settings.governor.adaptive,

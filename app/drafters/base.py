@@ -79,6 +79,7 @@ class Proposer(Protocol):
     kind: DrafterKind  # the draft_kind reported in timings and events
     reports_distribution: bool  # can report q (needed by the stochastic rule)
     one_hot_proposals: bool  # deterministic proposals: q is one-hot on the draft
+    draws_within_grammar: bool  # a constrained row's drafts come from rows the grammar already masked
     hook: FeatureHook | None
 
     def prefill(self, state: RowState, features: mx.array | None) -> bool:

@@ -24,6 +24,7 @@ from app.loading import CheckpointKind, LoadedModel, ModelLoadError, read_checkp
 from app.loading.device import on_gpu
 from app.loading.pairing import require_pairing
 from app.loading.runner import chunk_end, restore_rows
+from app.sampling import Distribution
 
 if TYPE_CHECKING:
     from app.acceptance import Verdict
@@ -139,22 +140,51 @@ class ContextRows:
         restore_rows(self.cache, layers, n)
 
 
-class DFlashDrafter(ProposesAtOnce):
+class BlockProposer(ProposesAtOnce):
+    """What one row of any block drafter shares: the bound drafter, and how a row becomes a draft.
+
+    A `sampled` drafter draws a sampling request's proposals from its rows under the request's
+    sampler and reports those rows as q, so a lossless rule can judge them (`drafter.block_rule =
+    "lossless"`; the Muse assistant samples under either rule, as the contract says). q is the
+    sampler on the drafter's row without penalty windows or XTC: the rules need q to be what the
+    draft was drawn from, not equal to p. Otherwise, and for greedy requests, a draft is its row's
+    argmax and no q is reported.
+    """
+
+    reports_distribution = True
+    one_hot_proposals = False
+    draws_within_grammar = False  # the loop renormalises q over the grammar's masks
+
+    def __init__(self, bound: BlockDrafterModel, sampled: bool = False) -> None:
+        self.bound = bound
+        self.kind = bound.draft_kind
+        self.hook = bound.hook
+        self.sampled = sampled
+
+    def pick(self, logits: mx.array, state: RowState) -> tuple[mx.array, Distribution | None]:
+        """One draft per row of `logits` `[R, V]` (lazy), and the rows q they were drawn from."""
+        if not self.sampled or state.sampler.is_greedy:
+            return mx.argmax(logits, axis=-1), None
+        q = state.sampler.distribution(logits)
+        return q.draw(state.rng.next_key()), q  # one key per forward: its rows draw independently
+
+
+def proposal_of(drafts: list[mx.array], rows: list[Distribution | None]) -> Proposal:
+    q = Distribution.stack(rows) if rows and rows[0] is not None else None
+    return Proposal(tokens=mx.concatenate(drafts).astype(mx.int32), q=q)
+
+
+class DFlashDrafter(BlockProposer):
     """One row of a DFlash-family drafter: a context cache of target features, one masked forward
     per round over [anchor, mask x (width - 1)].
 
     DFlash and the Muse assistant propose from rows 1.. (row k fills the token at anchor + k);
-    DSpark proposes from every row (row j predicts anchor + j + 1) through its Markov chain.
-    The Muse assistant samples each slot under the request's sampler; the others take argmax.
+    DSpark proposes from every row (row j predicts anchor + j + 1) through its Markov chain, each
+    row corrected by the previous draft.
     """
 
-    reports_distribution = False
-    one_hot_proposals = False
-
-    def __init__(self, bound: BlockDrafterModel) -> None:
-        self.bound = bound
-        self.kind = bound.draft_kind
-        self.hook = bound.hook
+    def __init__(self, bound: BlockDrafterModel, sampled: bool = False) -> None:
+        super().__init__(bound, sampled)
         self.model: DFlashModel = bound.module
         self.caches = [KVCache() for _ in self.model.layers]
         self.context = ContextRows(self.caches, lookahead=0)
@@ -172,27 +202,22 @@ class DFlashDrafter(ProposesAtOnce):
 
     def propose(self, state: RowState, width: int) -> Proposal:
         """One masked forward anchored at the last decided token."""
-        bound, shape, sampler, rng = self.bound, self.bound.shape, state.sampler, state.rng
+        bound, shape = self.bound, self.bound.shape
         anchor, position = state.last, len(state.tokens) - 1
         dspark = bound.kind is CheckpointKind.DSPARK
         rows = width if dspark else width + 1
         block = mx.array([[anchor] + [shape.mask_token_id] * (rows - 1)])
         hidden = self.model(bound.taps.embed_tokens(block), self.caches, position)
         logits = bound.taps.lm_head(hidden)[0]
-        if dspark:
-            drafts, previous = [], mx.array([anchor])
-            for j in range(width):
-                previous = mx.argmax(logits[j : j + 1] + self.model.markov_bias(previous), axis=-1)
-                drafts.append(previous)
-            return Proposal(tokens=mx.concatenate(drafts).astype(mx.int32))
-        slots = logits[1:]
-        if bound.kind is CheckpointKind.MUSE and not sampler.is_greedy:
-            q = sampler.distribution(slots)
-            keys = rng.peek(width)
-            rng.advance(width)
-            drafts = mx.concatenate([q[i].draw(keys[i]) for i in range(width)]).astype(mx.int32)
-            return Proposal(tokens=drafts, q=q)  # reported for a lossless rule to use; this loop's rule ignores it
-        return Proposal(tokens=mx.argmax(slots, axis=-1).astype(mx.int32))
+        if not dspark:
+            drafts, q = self.pick(logits[1:], state)
+            return proposal_of([drafts], [q])
+        drafts, qs, previous = [], [], mx.array([anchor])
+        for j in range(width):
+            previous, q = self.pick(logits[j : j + 1] + self.model.markov_bias(previous), state)
+            drafts.append(previous)
+            qs.append(q)
+        return proposal_of(drafts, qs)
 
     def settle(
         self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None, features: mx.array | None
@@ -201,17 +226,12 @@ class DFlashDrafter(ProposesAtOnce):
         self.add_context(features)
 
 
-class MtpDrafter(ProposesAtOnce):
+class MtpDrafter(BlockProposer):
     """One row of an MTP head: its KV cache holds one entry per decided position; drafting
     chains the head on its own output and the embedding of its last proposal."""
 
-    reports_distribution = False
-    one_hot_proposals = False
-
-    def __init__(self, bound: BlockDrafterModel) -> None:
-        self.bound = bound
-        self.kind = bound.draft_kind
-        self.hook = bound.hook
+    def __init__(self, bound: BlockDrafterModel, sampled: bool = False) -> None:
+        super().__init__(bound, sampled)
         self.head: MtpHead = bound.module
         self.cache = KVCache()
         self.context = ContextRows([self.cache], lookahead=1)
@@ -237,14 +257,18 @@ class MtpDrafter(ProposesAtOnce):
         return True
 
     def propose(self, state: RowState, width: int) -> Proposal:
-        """Chain the head `width` times from its output at the last decided position (argmax)."""
+        """Chain the head `width` times from its output at the last decided position, each step
+        on the embedding of the draft before it."""
         out = self.last
-        drafts = [mx.argmax(self._logits(out), axis=-1)]
-        for _ in range(width - 1):
-            out = self.head(out, self.bound.taps.embed_tokens(drafts[-1][None]), self.cache)
-            drafts.append(mx.argmax(self._logits(out), axis=-1))
+        drafts, qs = [], []
+        for step in range(width):
+            if step:
+                out = self.head(out, self.bound.taps.embed_tokens(drafts[-1][None]), self.cache)
+            draft, q = self.pick(self._logits(out), state)
+            drafts.append(draft)
+            qs.append(q)
         self.chained = width - 1
-        return Proposal(tokens=mx.concatenate(drafts).astype(mx.int32))
+        return proposal_of(drafts, qs)
 
     def settle(
         self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None, features: mx.array | None
@@ -256,6 +280,8 @@ class MtpDrafter(ProposesAtOnce):
         self.add_context(features, state.tokens[base:])
 
 
-def block_proposer(bound: BlockDrafterModel) -> DFlashDrafter | MtpDrafter:
-    """One row's proposer over a loaded block drafter."""
-    return MtpDrafter(bound) if bound.kind is CheckpointKind.MTP else DFlashDrafter(bound)
+def block_proposer(bound: BlockDrafterModel, lossless: bool = False) -> DFlashDrafter | MtpDrafter:
+    """One row's proposer over a loaded block drafter; `lossless`: the plan runs the lossless
+    rules, so sampled requests draw their proposals from q (the Muse assistant always does)."""
+    sampled = lossless or bound.kind is CheckpointKind.MUSE
+    return MtpDrafter(bound, sampled) if bound.kind is CheckpointKind.MTP else DFlashDrafter(bound, sampled)

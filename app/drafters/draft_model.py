@@ -30,6 +30,7 @@ class DraftModelDrafter:
     hook = None  # reads nothing of the target's forward
     reports_distribution = True
     one_hot_proposals = False
+    draws_within_grammar = True
 
     def __init__(self, drafter: LoadedModel, target_vocab_size: int, p_min: float = 0.0) -> None:
         self.runner = ModelRunner(drafter.model)

@@ -27,6 +27,7 @@ class PromptLookupDrafter(ProposesAtOnce):
     hook = None  # reads nothing of the target's forward
     reports_distribution = True
     one_hot_proposals = True
+    draws_within_grammar = True  # no rows: a draft the grammar forbids is cut, an allowed one kept
 
     def __init__(self, governor: Governor) -> None:
         self.governor = governor

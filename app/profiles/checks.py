@@ -11,7 +11,7 @@ from app.loading import CheckpointKind, ModelLoadError, read_checkpoint
 from app.loading.chat_template import load_template_file
 from app.loading.pairing import TokenizerFileError, pairing_problem, tokenizer_vocab
 from app.profiles.loader import ProfileError, origin
-from app.profiles.schema import Settings
+from app.profiles.schema import LOSSLESS_BLOCK_RULE, Settings
 
 
 def check_chat_template(settings: Settings, where: str) -> None:
@@ -88,9 +88,11 @@ def check_models(settings: Settings, sources: dict[str, str] | None = None) -> N
     if problem is not None:
         raise ProfileError(f"{at('drafter.model')}: {problem}")
     sampling = settings.sampling
-    if checkpoint.kind is CheckpointKind.DSPARK and sampling.temperature > 0 and sampling.top_k != 1:
+    greedy_only = checkpoint.kind is CheckpointKind.DSPARK and drafter.block_rule != LOSSLESS_BLOCK_RULE
+    if greedy_only and sampling.temperature > 0 and sampling.top_k != 1:
         raise ProfileError(
-            f"{at('sampling.temperature')}: the DSpark drafter is greedy-only, but requests "
-            f"default to temperature {sampling.temperature}; set sampling.temperature = 0 "
-            "(or sampling.top_k = 1)"
+            f"{at('sampling.temperature')}: the DSpark drafter is greedy-only under "
+            f'drafter.block_rule = "{drafter.block_rule}", but requests default to temperature '
+            f"{sampling.temperature}; set sampling.temperature = 0 (or sampling.top_k = 1), or "
+            'drafter.block_rule = "lossless"'
         )

@@ -10,6 +10,10 @@ from app.loading.paths import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 
 DrafterKindName = Literal["none", "draft-model", "prompt-lookup", "mtp", "dflash"]
 ParallelName = Literal["none", "tensor"]
+# The block loops' (MTP, DFlash family) rule: the contract's biased argmax-against-argmax, or the
+# classic loop's lossless rules over the drafters' proposal rows q.
+BlockRuleName = Literal["argmax-against-argmax", "lossless"]
+LOSSLESS_BLOCK_RULE = "lossless"
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 # The contract's acceptance switches: a profile's [env] table may set them (the loop plan reads them once).
@@ -38,6 +42,7 @@ class DrafterSettings(Group):
     num_draft_tokens: Annotated[int, msgspec.Meta(ge=1, le=32)] = 4  # draft width k
     block_size: Annotated[int, msgspec.Meta(ge=2, le=33)] | None = None  # DFlash verify width (bonus row included)
     p_min: Probability = 0.0  # draft-model: stop drafting below this drafter probability
+    block_rule: BlockRuleName = "argmax-against-argmax"  # mtp, dflash: the acceptance rule at T > 0
 
 
 class AdaptiveSettings(Group):

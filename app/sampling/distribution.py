@@ -45,6 +45,12 @@ class Distribution:
         """Probability of `tokens[r]` under row r `[R]`."""
         return mx.sum(mx.where(self.ids == tokens[:, None], self.probs, 0.0), axis=-1)
 
+    def within(self, masks: mx.array) -> Distribution:
+        """Each row restricted to the tokens its mask `[R, V]` (bool) allows, renormalised."""
+        allowed = mx.take_along_axis(masks, self.ids, axis=-1)
+        kept = mx.where(allowed, self.probs, 0.0)
+        return Distribution(self.ids, kept / mx.sum(kept, axis=-1, keepdims=True), self.vocab)
+
     def draw(self, key: mx.array) -> mx.array:
         """One token per row `[R]` (lazy)."""
         choice = mx.random.categorical(mx.log(self.probs), key=key)

@@ -4,7 +4,10 @@ Arms run interleaved prompt by prompt (the machine is shared and noisy), each fo
 number of tokens with EOS ignored, timed wall-clock including prefill. mlx-lm's loops run on the
 same loaded model objects, so the comparison isolates the round loop.
 
-    python -m ops.bench.speculative [--tokens 128] [--repeats 2] [--k 4] [--write]
+    python -m ops.bench.speculative [--tokens 128] [--repeats 2] [--k 4] [--sets all|block] [--write]
+
+`--sets block` runs only the block drafters (T = 0 under the profiles' rule, and T = 0.7 under
+the lossless rules, sampler-match and stochastic), each set against target-only in the same run.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan, Switches, plan_from_settings
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, LoadedModel, load_model
 from app.loading.device import on_gpu
-from app.profiles.schema import DrafterSettings, Settings
+from app.profiles.schema import STOCHASTIC_ACCEPT_ENV, DrafterSettings, Settings
 from app.sampling import SamplingParams
 from ops.bench.prompts import COPY_HEAVY, HELD_OUT_CODE, PROSE
 
@@ -120,11 +123,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--sets", choices=("all", "block"), default="all", help="block: the block drafters only")
     parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     args = parser.parse_args(argv)
     n, k = args.tokens, args.k
 
-    target, drafter = load_model(EMBEDDED_TARGET), load_model(EMBEDDED_DRAFTER, role="drafter")
+    target = load_model(EMBEDDED_TARGET)
+    if args.sets == "all":
+        run_classic_sets(target, n, k, args.repeats, args.write)
+    run_block_sets(target, n, args.repeats, args.write)
+
+
+def run_classic_sets(target: LoadedModel, n: int, k: int, repeats: int, write: bool) -> None:
+    """The classic draft model, mlx-lm's loops and prompt lookup, each set against target-only."""
+    drafter = load_model(EMBEDDED_DRAFTER, role="drafter")
     encode = target.tokenizer.encode
     plain = LoopBuilder(target, None, LoopPlan())
     classic = LoopBuilder(target, drafter, LoopPlan(drafter_kind="draft-model", num_draft_tokens=k))
@@ -147,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
             "mlx-lm target-only": lambda p, s: mlx_lm(target, None, p, 0.0, n, k, s),
         },
         code,
-        args.repeats,
+        repeats,
     )
     warm = run_set(
         {
@@ -157,36 +169,15 @@ def main(argv: list[str] | None = None) -> None:
             f"mlx-lm speculative k={k}": lambda p, s: mlx_lm(target, drafter, p, 0.7, n, k, s),
         },
         code,
-        args.repeats,
+        repeats,
     )
     lookup_arms = {
         "target-only": lambda p, s: ours(plain, p, GREEDY, n, s),
         "prompt lookup (CLI gated governor)": lambda p, s: ours(lookup_cli, p, GREEDY, n, s),
         "prompt lookup (server break-even governor)": lambda p, s: ours(lookup_server, p, GREEDY, n, s),
     }
-    copy = run_set(lookup_arms, [encode(p) for p in COPY_HEAVY], args.repeats)
-    prose = run_set(lookup_arms, [encode(p) for p in PROSE], args.repeats)
-    block_builders = {
-        name: LoopBuilder(
-            target,
-            None,
-            plan_from_settings(
-                Settings(
-                    drafter=DrafterSettings(
-                        kind="mtp" if name == "mtp" else "dflash", model=str(REPO_ROOT / "models" / name)
-                    )
-                )
-            ),
-        )
-        for name in ("mtp", "dflash", "dspark", "muse")
-    }
-    block = run_set(
-        {"target-only": lambda p, s: ours(plain, p, GREEDY, n, s)}
-        | {name: (lambda p, s, b=b: ours(b, p, GREEDY, n, s)) for name, b in block_builders.items()},
-        code,
-        args.repeats,
-    )
-
+    copy = run_set(lookup_arms, [encode(p) for p in COPY_HEAVY], repeats)
+    prose = run_set(lookup_arms, [encode(p) for p in PROSE], repeats)
     # Ours against our target-only (the contract); mlx-lm's against its own target-only. On the GPU
     # the two pairs differ from each other: ours run the row-invariant kernels, mlx-lm MLX's.
     identical = greedy["target-only"].outputs == greedy[f"classic k={k}"].outputs
@@ -206,28 +197,12 @@ def main(argv: list[str] | None = None) -> None:
         + rows_for(copy, "target-only", None, "copy-heavy edits, T=0")
         + rows_for(prose, "target-only", None, "prose, T=0")
     )
-    block_identical = all(block[name].outputs == block["target-only"].outputs for name in block_builders)
-    block_rows = []
-    for name, arm in block.items():
-        builder = block_builders.get(name)
-        controller = builder.block.controller if builder else None
-        width = f"{controller.held} ({controller.phase})" if controller else ""
-        block_rows.append(
-            [
-                name,
-                width,
-                f"{arm.tokens_per_second:.1f}",
-                f"{arm.tokens_per_second / block['target-only'].tokens_per_second:.2f}x",
-                f"{arm.mean_accepted_len:.2f}" if arm.rounds else "",
-                f"{arm.per_position_acceptance:.3f}" if arm.rounds else "",
-            ]
-        )
     body = "\n".join(
         [
             "## Offline round loops (`ops/bench/speculative.py`)",
             "",
             f"{machine()}. {len(HELD_OUT_CODE)} held-out code prompts, {len(COPY_HEAVY)} copy-heavy and "
-            f"{len(PROSE)} prose prompts; {n} tokens each, EOS ignored, {args.repeats} interleaved repeats; "
+            f"{len(PROSE)} prose prompts; {n} tokens each, EOS ignored, {repeats} interleaved repeats; "
             "wall time includes prefill. mlx-lm arms run on the same loaded models. Mean accepted "
             "length is accepted drafts per round (add 1 for tokens per target forward).",
             "",
@@ -235,20 +210,91 @@ def main(argv: list[str] | None = None) -> None:
             "",
             f"T=0 classic output identical to target-only: {'yes' if identical else 'NO'}; "
             f"mlx-lm speculative identical to mlx-lm target-only: {'yes' if mlx_identical else 'NO'}.",
-            "",
-            "### Block drafters (held-out code, T=0)",
-            "",
-            "Each drafter's width controller is shared by all its requests, as in the server; the width is "
-            "the one it holds after the run, with the controller's phase.",
-            "",
-            table(BLOCK_HEADER, block_rows),
-            "",
-            f"T=0 block-loop outputs identical to target-only: {'yes' if block_identical else 'NO'}.",
         ]
     )
     print(body)
-    if args.write:
+    if write:
         write_section("speculative-gpu" if on_gpu() else "speculative", body)
+
+
+def block_builder(target: LoadedModel, name: str, block_rule: str, stochastic: bool = False) -> LoopBuilder:
+    """A block drafter's loop as its profile builds it, under `block_rule` (and the stochastic switch)."""
+    kind = "mtp" if name == "mtp" else "dflash"
+    settings = Settings(
+        drafter=DrafterSettings(kind=kind, model=str(REPO_ROOT / "models" / name), block_rule=block_rule)
+    )
+    environ = {STOCHASTIC_ACCEPT_ENV: "1" if stochastic else "0"}
+    return LoopBuilder(target, None, plan_from_settings(settings, environ=environ))
+
+
+def block_rows(results: dict[str, Arm], builders: dict[str, LoopBuilder]) -> list[list[str]]:
+    base = results["target-only"].tokens_per_second
+    rows = []
+    for name, arm in results.items():
+        builder = builders.get(name)
+        controller = builder.block.controller if builder else None
+        width = f"{controller.held} ({controller.phase})" if controller else ""
+        rows.append(
+            [
+                name,
+                width,
+                f"{arm.tokens_per_second:.1f}",
+                f"{arm.tokens_per_second / base:.2f}x",
+                f"{arm.mean_accepted_len:.2f}" if arm.rounds else "",
+                f"{arm.per_position_acceptance:.3f}" if arm.rounds else "",
+            ]
+        )
+    return rows
+
+
+def run_block_sets(target: LoadedModel, n: int, repeats: int, write: bool) -> None:
+    """Block drafters at T = 0 (the profiles' rule) and at T = 0.7 under the lossless rules."""
+    code = [target.tokenizer.encode(p) for p in HELD_OUT_CODE]
+    plain = LoopBuilder(target, None, LoopPlan())
+    names = ("mtp", "dflash", "dspark", "muse")
+    cold_builders = {name: block_builder(target, name, "argmax-against-argmax") for name in names}
+    cold = run_set(
+        {"target-only": lambda p, s: ours(plain, p, GREEDY, n, s)}
+        | {name: (lambda p, s, b=b: ours(b, p, GREEDY, n, s)) for name, b in cold_builders.items()},
+        code,
+        repeats,
+    )
+    warm_builders = {
+        f"{name} {rule}": block_builder(target, name, "lossless", stochastic=rule == "stochastic")
+        for name in names
+        for rule in ("sampler-match", "stochastic")
+    }
+    warm = run_set(
+        {"target-only": lambda p, s: ours(plain, p, WARM, n, s)}
+        | {name: (lambda p, s, b=b: ours(b, p, WARM, n, s)) for name, b in warm_builders.items()},
+        code,
+        repeats,
+    )
+    identical = all(cold[name].outputs == cold["target-only"].outputs for name in cold_builders)
+    body = "\n".join(
+        [
+            "## Block drafters (`ops/bench/speculative.py --sets block`)",
+            "",
+            f"{machine()}. {len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, EOS ignored, {repeats} "
+            "interleaved repeats; wall time includes prefill. Each drafter's width controller is shared by all "
+            "its requests, as in the server; the width is where it stands after the run (settled, or still "
+            "measuring).",
+            "",
+            "### T=0 (`argmax-against-argmax`, exact here)",
+            "",
+            table(BLOCK_HEADER, block_rows(cold, cold_builders)),
+            "",
+            f"T=0 block-loop outputs identical to target-only: {'yes' if identical else 'NO'}.",
+            "",
+            '### T=0.7, `drafter.block_rule = "lossless"` (sampler-match; stochastic with '
+            f"`{STOCHASTIC_ACCEPT_ENV}=1`)",
+            "",
+            table(BLOCK_HEADER, block_rows(warm, warm_builders)),
+        ]
+    )
+    print(body)
+    if write:
+        write_section("speculative-block-gpu" if on_gpu() else "speculative-block", body)
 
 
 if __name__ == "__main__":

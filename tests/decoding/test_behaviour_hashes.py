@@ -1,6 +1,9 @@
 """Behaviour guard: every shipped profile's outputs, hashed, must not change under refactors.
 
-The hashes were recorded from the code before issue 11's plan refactor. Each profile's loop is
+The hashes were recorded from the code before issue 11's plan refactor; issue 17 moved the seeded
+T = 0.7 hashes of the block profiles (dflash, mtp, muse) to their T = 0 ones: under
+argmax-against-argmax their whole stream is now the target's greedy stream, where the first token
+used to be sampled. Each profile's loop is
 built the way the server builds it (the engine's load, then the builder, in process, no HTTP)
 and run on a fixed prompt set at temperature 0 and at a seeded temperature 0.7. A profile
 that declines sampling (dspark: the DSpark drafter is greedy-only) serves T = 0.7 with classic
@@ -39,7 +42,7 @@ EXPECTED = {
     ),
     "dflash": (
         "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
-        "83351557b0f54d96fd90c49a325ebaca32292eee87f94c06a471b4c9e74a41be",
+        "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
         [],
     ),
     "dspark": (
@@ -49,12 +52,12 @@ EXPECTED = {
     ),
     "mtp": (
         "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
-        "83351557b0f54d96fd90c49a325ebaca32292eee87f94c06a471b4c9e74a41be",
+        "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
         [],
     ),
     "muse": (
         "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
-        "83351557b0f54d96fd90c49a325ebaca32292eee87f94c06a471b4c9e74a41be",
+        "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
         [],
     ),
     "prompt-lookup": (

@@ -52,6 +52,7 @@ def test_every_drafter_satisfies_the_proposer_protocol(name: str, embedded_targe
     proposer = speculative_row(name, embedded_target, embedded_drafter).loop.proposer
     assert proposer.kind is (BLOCK[name] if name in BLOCK else DrafterKind(name))
     assert isinstance(proposer.reports_distribution, bool) and isinstance(proposer.one_hot_proposals, bool)
+    assert isinstance(proposer.draws_within_grammar, bool)
     assert (proposer.hook is not None) == (name in BLOCK)  # block drafters read the target's hidden states
     assert proposer.hook is None or isinstance(proposer.hook, FeatureHook)
     for method in ("prefill", "propose", "proposing", "settle"):

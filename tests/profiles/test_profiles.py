@@ -124,6 +124,12 @@ def test_a_greedy_only_drafter_with_a_sampling_default_is_refused(tmp_path: Path
     with pytest.raises(ProfileError, match=r"sampling.temperature: the DSpark drafter is greedy-only.*temperature = 0"):
         check_models(resolve(str(write(tmp_path, "p", text))).settings)
     check_models(resolve(str(write(tmp_path, "q", text.replace("0.7", "0.0")))).settings)
+    lossless = text.replace("[sampling]", 'block_rule = "lossless"\n[sampling]')
+    check_models(resolve(str(write(tmp_path, "r", lossless))).settings)  # lossless rules: DSpark samples too
+    unknown = write(tmp_path, "s", lossless.replace('"lossless"', '"exact"'))
+    refusal = f"{unknown}: drafter.block_rule: invalid enum value 'exact' (allowed: argmax-against-argmax, lossless)"
+    with pytest.raises(ProfileError, match=re.escape(refusal)):
+        resolve(str(unknown))
 
 
 TENSOR = '[target]\nmodel = "@TARGET@"\nparallel = "tensor"\nworld_size = 2\n'

@@ -150,3 +150,12 @@ def test_peeked_keys_are_the_stream_and_only_advanced_ones_are_consumed() -> Non
     assert [k.tolist() for k in keys[:2]] == [plain.next_key().tolist(), plain.next_key().tolist()]
     peeking.advance(2)
     assert peeking.uniform() == plain.uniform()
+
+
+def test_a_distribution_within_masks_is_renormalised_on_the_allowed_tokens() -> None:
+    """What a constrained block drafter's surviving draft follows (app/decoding/loop.py::within_grammar)."""
+    q = SamplerPipeline(SamplingParams(temperature=1.0, top_k=3), 5).distribution(
+        mx.log(mx.array([[0.1, 0.2, 0.3, 0.4, 0.0]]))
+    )
+    masked = q.within(mx.array([[True, False, True, True, True]]))
+    assert np.allclose(np.array(masked.dense()), [[0.0, 0.0, 3 / 7, 4 / 7, 0.0]], atol=1e-6)

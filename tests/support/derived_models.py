@@ -68,3 +68,54 @@ def fixed_distribution_pair(
     target = constant_output(base, root / "target", dict(zip(tokens, target_probs, strict=True)))
     drafter = constant_output(base, root / "drafter", dict(zip(tokens, drafter_probs, strict=True)))
     return load_model(target), load_model(drafter)
+
+
+def scaled_block_drafter(root: Path, target, kind: str, scale: float, width: int) -> Path:
+    """A block drafter (`mtp`, `dflash` or `muse`) of verify width `width` for a `constant_output`
+    target whose logits are the target's own times `scale` at every slot and chained step (so q is
+    the target's row at temperature 1 / scale, whatever the input).
+
+    Its decoder layers add nothing (o_proj and down_proj zero), so the pre-norm output is a fixed
+    vector x: MTP's eh_proj passes hnorm(the target's final hidden h) through, a DFlash block row is
+    the (shared) token embedding e. The final norm's weight is set so that norm(x) = scale * h,
+    and the borrowed lm_head turns that into scale times the target's logits.
+    """
+    from mlx.utils import tree_flatten
+
+    from app.drafters.block_model import DFlashModel, DraftShape, MtpHead
+
+    hidden = target.config["hidden_size"]
+    config = {
+        "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": hidden // 2, "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "vocab_size": target.vocab_size, "tie_word_embeddings": False, "model_type": "qwen3",
+    }  # fmt: skip
+    if kind == "mtp":
+        config |= {"architectures": ["MtpDraftHead"], "mtp_config": {"depth": width - 1}}
+    else:
+        dflash = {"block_size": width, "target_layer_ids": [0], "mask_token_id": 3}
+        config |= {"architectures": ["DFlashDraftModel"], "dflash_config": dflash}
+        if kind == "muse":
+            config |= {"architectures": ["MuseGlimmerAssistantModel"], "model_type": "muse_glimmer_assistant"}
+    shape = DraftShape.from_config(config)
+    module = MtpHead(shape, target.vocab_size) if kind == "mtp" else DFlashModel(shape, target.vocab_size)
+    weights = dict(tree_flatten(module.parameters()))
+    for name in list(weights):
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            weights[name] = mx.zeros_like(weights[name])
+    h = target.model.model(mx.array([[0]]))[0, -1].astype(mx.float32)  # the lm_head's input, everywhere
+
+    def rms(v: mx.array) -> mx.array:
+        return mx.sqrt(mx.mean(v * v))
+
+    if kind == "mtp":
+        weights["eh_proj.weight"] = mx.concatenate([mx.zeros((hidden, hidden)), mx.eye(hidden)], axis=1)
+        weights["norm.weight"] = scale * rms(h) * mx.ones((hidden,))  # x = h / rms(h)
+    else:
+        e = target.model.model.embed_tokens.weight[0].astype(mx.float32)
+        weights["norm.weight"] = scale * h * rms(e) / e  # x = e
+    out = root / kind
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config))
+    return out
