@@ -273,7 +273,7 @@ def run_block_sets(target: LoadedModel, n: int, repeats: int, write: bool) -> No
     identical = all(cold[name].outputs == cold["target-only"].outputs for name in cold_builders)
     body = "\n".join(
         [
-            "## Block drafters (`ops/bench/speculative.py --sets block`)",
+            "## Block drafters (`ops/bench/speculative.py --sets block`)" + (", GPU" if on_gpu() else ""),
             "",
             f"{machine()}. {len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, EOS ignored, {repeats} "
             "interleaved repeats; wall time includes prefill. Each drafter's width controller is shared by all "
