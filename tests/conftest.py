@@ -8,6 +8,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+import structlog
 
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, LoadedModel, load_model
 from app.profiles.loader import shipped_profiles
@@ -38,6 +39,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is None and (group := server_group(item)):
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(autouse=True)
+def structlog_defaults() -> None:
+    """Each test starts from structlog's defaults: a command run in-process (`generate` silences
+    logging unless MLXCEL_LOG is set) would otherwise filter out a later test's captured events,
+    and which tests share a process depends on how xdist splits them."""
+    structlog.reset_defaults()
 
 
 @pytest.fixture(scope="session")
