@@ -14,6 +14,7 @@ BACKEND ?= cpu
 install: $(STAMP) $(SHIM)
 
 $(STAMP): pyproject.toml
+	@echo "installing mlxcel and its dependencies into $(VENV) (about a minute on a fresh machine)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev,$(BACKEND)]"
 	touch $(STAMP)
