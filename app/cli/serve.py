@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from app.cli.exit_codes import EXIT_CONFIG
-from app.profiles import add_profile_flags, origin, resolve_args, settings_from_args
+from app.profiles import add_profile_flags, origin, settings_from_args, settled
 from app.profiles.loader import flags_of, resolve
 from app.runtime.logging import configure_logging, log_stream
 
@@ -48,9 +48,10 @@ def listen_problem(host: str, port: int) -> tuple[str, str] | None:
 def run(args: argparse.Namespace) -> int:
     # Logging first (a profile's [logging] needs no model check), so that settling the drafter
     # below reports into the configured stream.
-    log = resolve(args.profile, flags_of(args)).settings.logging
+    resolved = resolve(args.profile, flags_of(args))
+    log = resolved.settings.logging
     configure_logging(log.level, fmt=log.format, stream=log_stream(log.destination))
-    resolved = resolve_args(args)
+    resolved = settled(resolved)
     settings = resolved.settings
     rank = None
     if settings.target.parallel == "tensor":

@@ -29,8 +29,11 @@ from app.profiles.loader import ProfileError, leaves
 from app.profiles.schema import Settings
 
 # Keys bound when the process started: the listener, the HTTP app's body limit and CORS layer,
-# and logging. A reload that changes one is refused, naming it.
+# logging, and the ranks a tensor-parallel target runs on. A reload that changes one is refused,
+# naming it.
 RESTART_ONLY = (
+    "target.parallel",
+    "target.world_size",
     "server.host",
     "server.port",
     "server.max_body_bytes",

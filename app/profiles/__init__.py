@@ -18,13 +18,13 @@ RANK = {"default": 0, "file": 1, "env": 2, "flag": 3}  # how much authority each
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    return resolve_args(args).settings
-
-
-def resolve_args(args: argparse.Namespace) -> Resolved:
     """The profile named by --profile (or MLXCEL_PROFILE), with env and flag overrides, its
     drafter settled (`settle_drafter`), checked."""
-    resolved = resolve(args.profile, flags_of(args))
+    return settled(resolve(args.profile, flags_of(args))).settings
+
+
+def settled(resolved: Resolved) -> Resolved:
+    """A resolved profile with its drafter settled (`settle_drafter`) and its models checked."""
     settings = resolved.settings
     settings = msgspec.structs.replace(settings, drafter=settle_drafter(settings, resolved.sources))
     check_models(settings, resolved.sources)
@@ -68,7 +68,7 @@ __all__ = [
     "check_models",
     "origin",
     "resolve",
-    "resolve_args",
     "settings_from_args",
+    "settled",
     "shipped_profiles",
 ]

@@ -11,6 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.engine.reload import restart_only_changes
+from app.profiles.schema import Settings, TargetSettings
 from tests.support.cli import write
 from tests.support.server import API_KEY, RunningServer, serve
 
@@ -114,3 +116,10 @@ def test_reload_swaps_under_load_refuses_bad_profiles_and_follows_sighup(tmp_pat
         ("reload_succeeded", "SIGHUP"),
     ]
     assert len(server.events("engine_released")) == 2
+
+
+def test_sharding_the_target_is_restart_only() -> None:
+    """The follower ranks are started with the process: a reload cannot add or remove them."""
+    before = Settings()
+    after = Settings(target=TargetSettings(model=before.target.model, parallel="tensor", world_size=2))
+    assert restart_only_changes(before, after) == ["target.parallel: 'none' -> 'tensor'", "target.world_size: 1 -> 2"]
