@@ -1,6 +1,7 @@
 """Soak: many clients mixing streams, disconnects, cancellations and bad requests for minutes.
 
-Checks what issue 10 asks of a server under mixed load:
+Checks what issues 10 and 24 ask of a server under mixed load (structured outputs and
+log-probabilities in the mix):
 - zero hangs (every request answers or fails within HANG_S) and zero 5xx;
 - every T = 0 output equal to the same request's solo run (collected first, one at a time);
 - the server's RSS (VmRSS) growing less than 5% from the end of warm-up to the end;
@@ -43,6 +44,15 @@ PROMPTS = (
     "import os\n\n\ndef list_files(path):\n",
     "def is_prime(n):\n",
 )
+# Structured outputs in the mix: a JSON schema and a GBNF grammar, both decoded at T = 0 and
+# checked against their solo runs like the plain requests.
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "size": {"type": "integer"}},
+    "required": ["name", "size"],
+}
+GRAMMAR = 'root ::= "def " name "(" name "):" \nname ::= [a-z_]{1,10}'
+TOP_LOGPROBS = 5
 # The corpus's refused requests (not the 16 MiB body, not the seeds: those answer 200).
 BAD = [c for c in corpus() if c.status in (400, 404, 405)]
 
@@ -85,6 +95,15 @@ def chat_body(prompt: str, stream: bool) -> dict:
     return {"messages": messages, "max_tokens": SHORT, "temperature": 0, "stream": stream}
 
 
+def constrained_body(prompt: str, kind: str) -> dict:
+    body = completion_body(prompt, False)
+    return body | ({"json_schema": SCHEMA} if kind == "schema" else {"grammar": GRAMMAR})
+
+
+def logprob_body(prompt: str) -> dict:
+    return chat_body(prompt, False) | {"logprobs": True, "top_logprobs": TOP_LOGPROBS}
+
+
 def frames(response: httpx.Response) -> Iterator[dict | str]:
     for line in response.iter_lines():
         if line.startswith("data: "):
@@ -121,6 +140,8 @@ class Client:
             self.complete_streamed,
             self.chat,
             self.chat_streamed,
+            self.constrained,
+            self.with_logprobs,
             self.disconnect_mid_stream,
             self.abandon,
             self.cancel,
@@ -165,6 +186,27 @@ class Client:
         response = self.http.post("/v1/chat/completions", json=chat_body(prompt, False))
         if self.check("chat", response):
             body = response.json()
+            self.compare("chat", prompt, body["choices"][0]["message"]["content"], body["timings"])
+
+    def constrained(self) -> None:
+        """A completion under a JSON schema or a GBNF grammar (a matcher per row, masks per token)."""
+        prompt, kind = self.rng.choice(PROMPTS), self.rng.choice(("schema", "grammar"))
+        response = self.http.post("/completion", json=constrained_body(prompt, kind))
+        if self.check(kind, response):
+            body = response.json()
+            self.compare(kind, prompt, body["content"], body["timings"])
+
+    def with_logprobs(self) -> None:
+        """A chat asking for log-probabilities: one entry per token with its top candidates."""
+        prompt = self.rng.choice(PROMPTS)
+        response = self.http.post("/v1/chat/completions", json=logprob_body(prompt))
+        if self.check("logprobs", response):
+            body = response.json()
+            entries = body["choices"][0]["logprobs"]["content"]
+            if len(entries) != body["usage"]["completion_tokens"] or any(
+                len(e["top_logprobs"]) != TOP_LOGPROBS for e in entries
+            ):
+                self.tally.problem("error", f"logprobs: {len(entries)} entries for {body['usage']}")
             self.compare("chat", prompt, body["choices"][0]["message"]["content"], body["timings"])
 
     def streamed(self, kind: str, path: str, body: dict, prompt: str) -> None:
@@ -230,6 +272,9 @@ def solo_outputs(url: str) -> dict[tuple[str, str], str]:
             solo["completion", prompt] = body["content"]
             body = http.post("/v1/chat/completions", json=chat_body(prompt, False)).raise_for_status().json()
             solo["chat", prompt] = body["choices"][0]["message"]["content"]
+            for kind in ("schema", "grammar"):
+                body = http.post("/completion", json=constrained_body(prompt, kind)).raise_for_status().json()
+                solo[kind, prompt] = body["content"]
     return solo
 
 
