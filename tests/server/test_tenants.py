@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from app.loading.runner import PREFILL_CHUNK
+from app.profiles.tenants import tenant_id
 from tests.support.cli import mlxcel
 from tests.support.server import RunningServer, serve
 
@@ -80,6 +81,12 @@ def test_a_tenant_never_hits_another_tenants_prompt_cache(server: RunningServer)
     assert other["prompt_n"] == len(prompt)
     assert (repeat["cache_n"], own["cache_n"]) == (2 * B, 2 * B)
     assert cached_tokens(server, SOLO, prompt) == 2 * B  # solo's own first request stored it
+
+
+def test_the_log_names_tenants_by_id_never_by_key(server: RunningServer) -> None:
+    complete(server, ALPHA, tokens(14, 20))
+    assert {e["tenant"] for e in server.events("http_request") if e["route"] == "/completion"} >= {tenant_id(ALPHA)}
+    assert not any(key in server.log.read_text() for key in (SOLO, ALPHA, BETA))
 
 
 def test_slots_show_another_tenants_row_only_as_busy(server: RunningServer) -> None:
