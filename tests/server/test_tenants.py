@@ -4,6 +4,8 @@ sent a prompt), `"global"` shares it, and /slots shows another tenant's rows onl
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -103,12 +105,21 @@ def test_slots_show_another_tenants_row_only_as_busy(server: RunningServer) -> N
     assert theirs == {"id": mine["id"], "id_task": -1, "is_processing": True, "n_ctx": mine["n_ctx"]}
 
 
-def test_a_global_prompt_cache_is_shared_by_all_tenants(tmp_path: Path) -> None:
+def test_a_global_prompt_cache_is_shared_and_a_reload_reads_the_key_file_again(tmp_path: Path) -> None:
     env = {"MLXCEL_SERVER__PROMPT_CACHE_SCOPE": "global"}
-    with serve(tmp_path, "--profile", "target-only", "--api-key-file", str(key_file(tmp_path)), env=env) as shared:
+    keys = key_file(tmp_path)
+    with serve(tmp_path, "--profile", "target-only", "--api-key-file", str(keys), env=env) as shared:
         prompt = tokens(13, 2 * B + 37)
         assert complete(shared, ALPHA, prompt)["cache_n"] == 0
         assert complete(shared, BETA, prompt)["cache_n"] == 2 * B
+        keys.write_text(f"{ALPHA}\n{SOLO}\n")  # beta's key is revoked, solo's added
+        shared.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 60
+        while not shared.events("reload_succeeded"):
+            assert time.monotonic() < deadline, "SIGHUP did not reload"
+            time.sleep(0.1)
+        statuses = [httpx.get(f"{shared.url}/slots", headers=bearer(key)).status_code for key in (ALPHA, BETA, SOLO)]
+        assert statuses == [200, 401, 200]
 
 
 def test_a_missing_key_file_fails_at_startup_naming_it(tmp_path: Path) -> None:
