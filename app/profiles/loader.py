@@ -275,8 +275,8 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
     keyed = check_api_keys(settings, sources, path)
     if settings.server.admin_reload and not keyed:
         raise ProfileError(
-            f"{origin('server.admin_reload', sources, path)}: needs server.api_key (the key guards POST "
-            "/admin/reload, or anyone who reaches the port could reload); set a key, or reload with SIGHUP"
+            f"{origin('server.admin_reload', sources, path)}: needs server.api_key, api_keys or api_key_file (a key "
+            "guards POST /admin/reload, or anyone who reaches the port could reload); set a key, or reload with SIGHUP"
         )
     for entry in settings.server.cors_origins:
         if not CORS_ORIGIN.fullmatch(entry):
