@@ -120,6 +120,7 @@ def test_a_global_prompt_cache_is_shared_and_a_reload_reads_the_key_file_again(t
             time.sleep(0.1)
         statuses = [httpx.get(f"{shared.url}/slots", headers=bearer(key)).status_code for key in (ALPHA, BETA, SOLO)]
         assert statuses == [200, 401, 200]
+    assert not any(key in shared.log.read_text() for key in (SOLO, ALPHA, BETA))
 
 
 def test_a_missing_key_file_fails_at_startup_naming_it(tmp_path: Path) -> None:
