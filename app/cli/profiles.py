@@ -47,6 +47,7 @@ def show_profile(args: argparse.Namespace) -> int:
     width = max(len(k) for k in values)
     if values["server.api_key"] is not None:
         values["server.api_key"] = MASKED  # a secret: show that one is set and where, never the key
+    values["server.api_keys"] = [MASKED for _ in values["server.api_keys"]]
     for key, value in values.items():
         if key in ("profile", "source"):
             continue

@@ -19,6 +19,7 @@ from app.loading import LoadedModel, ModelLoadError
 from app.loading.pairing import require_pairing
 from app.loading.prompt_cache import PrefixRows, PromptCache, RowCaching
 from app.loading.runner import ModelRunner
+from app.profiles.tenants import ANONYMOUS
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
 from app.sampling.grammar import Grammar, GrammarVocabulary
 from app.sampling.logprobs import ProbsRequest
@@ -43,6 +44,7 @@ class RowRequest:
     probs: ProbsRequest | None = None  # log-probabilities to report per token (None: none, no cost)
     grammar: Grammar | None = None  # structured output: every decided token is within it
     cache_prompt: bool = True  # reuse and keep prompt prefixes in the prompt cache (where it runs)
+    tenant: str = ANONYMOUS  # whose request (app/profiles/tenants.py): its prompt-cache partition, its /slots rows
 
 
 class LoopBuilder:
@@ -152,6 +154,6 @@ class LoopBuilder:
             models["drafter"] = proposer.runner
         elif isinstance(proposer, DFlashDrafter | MtpDrafter):  # their context rows of the prompt
             models["drafter"] = proposer.context
-        caching = RowCaching(self.prompt_cache, tuple(request.prompt), models)
+        caching = RowCaching(self.prompt_cache, tuple(request.prompt), models, request.tenant)
         caching.restore()
         return caching

@@ -52,7 +52,11 @@ class ModelHost:
         if self.plan.drafter_kind is DrafterKind.DRAFT_MODEL:
             drafter = self._load_one(settings.drafter.model, "drafter")
         server = settings.server
-        prompt_cache = PromptCache(server.prompt_cache_mb << 20, server.prompt_cache_entries)
+        prompt_cache = PromptCache(
+            server.prompt_cache_mb << 20,
+            server.prompt_cache_entries,
+            per_tenant=server.prompt_cache_scope == "tenant",
+        )
         self.builder = LoopBuilder(target, drafter, self.plan, prompt_cache if server.prompt_cache_mb else None)
         self._log.info("models_loaded", target=str(target.path), seconds=round(time.perf_counter() - started, 3))
         self.info = ModelInfo(

@@ -21,6 +21,12 @@ so the budget counts them together and they are evicted together. Lookup is the 
 prefix in whole chunks over a linear scan of a few entries; one entry serves every shorter prefix
 of itself, so an entry that another covers is not kept. Bytes and entries stay within the budget:
 the least recently used entries go first. Touched by the engine thread only.
+
+Tenants. Every lookup and store names the tenant of its request. Per tenant (the default,
+`server.prompt_cache_scope = "tenant"`) entries are partitioned by it, so one tenant's lookup
+never finds, covers or reports another's prefix: a hit shows in `cache_n` and in how fast the
+prompt is in, a side channel on other clients' prompts (docs/reliability.md). Scope "global"
+shares every entry. The budget is shared either way: one tenant's entries can evict another's.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import mlx.core as mx
 from app.loading.runner import PREFILL_CHUNK
 
 Layers = list[tuple[mx.array, mx.array]]  # per layer: keys and values `[1, heads, rows, D]`
+SHARED = ""  # the one partition of a cache shared by all tenants
 
 
 class PrefixRows(Protocol):
@@ -94,23 +101,35 @@ def shared_chunks(entry: Entry, tokens: Sequence[int], limit: int) -> int:
     return max(0, usable) // PREFILL_CHUNK * PREFILL_CHUNK
 
 
+EntryKey = tuple[str, int]  # (partition, serial number)
+
+
 @dataclass
 class PromptCache:
     budget_bytes: int
     max_entries: int
+    per_tenant: bool = True  # False: every tenant's lookups find every tenant's entries
     counters: CacheCounters = field(default_factory=CacheCounters)
-    _entries: OrderedDict[int, Entry] = field(default_factory=OrderedDict)  # least recently used first
+    _entries: OrderedDict[EntryKey, Entry] = field(default_factory=OrderedDict)  # least recently used first
     _ids: count = field(default_factory=count)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def restore(self, models: Mapping[str, PrefixRows], tokens: Sequence[int]) -> int:
-        """Restore into every (empty) model the longest cached prefix of `tokens` that leaves at
-        least one token to prefill; the tokens restored (0: none)."""
+    def partition(self, tenant: str) -> str:
+        """The entries a request of `tenant` may find and add to: the one place the scope is applied."""
+        return tenant if self.per_tenant else SHARED
+
+    def _visible(self, tenant: str) -> list[tuple[EntryKey, Entry]]:
+        partition = self.partition(tenant)
+        return [(key, entry) for key, entry in self._entries.items() if key[0] == partition]
+
+    def restore(self, models: Mapping[str, PrefixRows], tokens: Sequence[int], *, tenant: str) -> int:
+        """Restore into every (empty) model the longest prefix of `tokens` cached for `tenant`
+        that leaves at least one token to prefill; the tokens restored (0: none)."""
         tokens = tuple(tokens)
         best, best_n = None, 0
-        for key, entry in self._entries.items():
+        for key, entry in self._visible(tenant):
             if models.keys() <= entry.models.keys() and (n := shared_chunks(entry, tokens, len(tokens) - 1)) > best_n:
                 best, best_n = key, n
         if best is None:
@@ -120,14 +139,14 @@ class PromptCache:
             model.restore(self._entries[best].models[role], best_n)
         return best_n
 
-    def store(self, models: Mapping[str, PrefixRows], tokens: Sequence[int]) -> None:
-        """Keep the whole chunks of a prompt the models have just prefilled."""
+    def store(self, models: Mapping[str, PrefixRows], tokens: Sequence[int], *, tenant: str) -> None:
+        """Keep, for `tenant`, the whole chunks of a prompt the models have just prefilled."""
         lookahead = max(m.lookahead for m in models.values())
         n = min(len(tokens) - lookahead, *(m.length for m in models.values())) // PREFILL_CHUNK * PREFILL_CHUNK
         if n <= 0 or not all(m.can_restore for m in models.values()):
             return
         key = tuple(tokens[: n + lookahead])
-        for existing, entry in self._entries.items():
+        for existing, entry in self._visible(tenant):
             if models.keys() <= entry.models.keys() and entry.rows >= n and entry.tokens[: len(key)] == key:
                 self._entries.move_to_end(existing)  # it already serves this prefix
                 return
@@ -136,7 +155,7 @@ class PromptCache:
         nbytes = sum(k.nbytes + v.nbytes for rows in layers.values() for k, v in rows)
         if nbytes > self.budget_bytes:
             return
-        for existing, entry in list(self._entries.items()):  # entries this one covers serve nothing it does not
+        for existing, entry in self._visible(tenant):  # entries this one covers serve nothing it does not
             if entry.models.keys() <= models.keys() and entry.rows <= n and key[: len(entry.tokens)] == entry.tokens:
                 self._drop(existing)
         while self._entries and (
@@ -144,10 +163,10 @@ class PromptCache:
         ):
             self._drop(next(iter(self._entries)))
             self.counters.evictions += 1
-        self._entries[next(self._ids)] = Entry(key, n, layers, nbytes)
+        self._entries[self.partition(tenant), next(self._ids)] = Entry(key, n, layers, nbytes)
         self.counters.bytes += nbytes
 
-    def _drop(self, key: int) -> None:
+    def _drop(self, key: EntryKey) -> None:
         self.counters.bytes -= self._entries.pop(key).nbytes
 
 
@@ -164,14 +183,15 @@ class RowCaching:
     cache: PromptCache
     prompt: tuple[int, ...]
     models: dict[str, PrefixRows]  # role: that model's empty caches for this row
+    tenant: str  # whose request: the cache's partition follows from it
     reused: int = 0  # prompt tokens restored (`cache_n`)
 
     def restore(self) -> None:
-        self.reused = self.cache.restore(self.models, self.prompt)
+        self.reused = self.cache.restore(self.models, self.prompt, tenant=self.tenant)
         if self.reused:
             self.cache.counters.hits += 1
         else:
             self.cache.counters.misses += 1
 
     def store(self) -> None:
-        self.cache.store(self.models, self.prompt)
+        self.cache.store(self.models, self.prompt, tenant=self.tenant)

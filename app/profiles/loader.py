@@ -23,12 +23,19 @@ import msgspec
 
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import ENV_OVERRIDES, DrafterKindName, Settings
+from app.profiles.tenants import read_key_file
 from app.runtime.logging import destination_problem
 
 PROFILES_DIR = REPO_ROOT / "profiles"
 DEFAULT_PROFILE = "default"
 ENV_PREFIX = "MLXCEL"
-PATH_KEYS = ("target.model", "drafter.model", "logging.destination", "server.chat_template_file")
+PATH_KEYS = (
+    "target.model",
+    "drafter.model",
+    "logging.destination",
+    "server.chat_template_file",
+    "server.api_key_file",
+)
 FLAGS = {  # flag dest -> settings key (llama-server's spellings)
     "model": "target.model",
     "draft_model": "drafter.model",
@@ -37,6 +44,7 @@ FLAGS = {  # flag dest -> settings key (llama-server's spellings)
     "host": "server.host",
     "port": "server.port",
     "api_key": "server.api_key",
+    "api_key_file": "server.api_key_file",
 }
 FLAG_NAMES = {key: "--" + dest.replace("_", "-") for dest, key in FLAGS.items()}
 # `target = "DIR"` is short for `[target] model = "DIR"`; messages name the model key the short way.
@@ -264,16 +272,11 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
     for key, value in leaves(msgspec.to_builtins(settings)).items():
         if isinstance(value, float) and not math.isfinite(value):
             raise ProfileError(f"{origin(key, sources, path)}: {value} is not a finite number; give a finite one")
-    api_key = settings.server.api_key
-    if api_key is not None and not api_key.strip():
+    keyed = check_api_keys(settings, sources, path)
+    if settings.server.admin_reload and not keyed:
         raise ProfileError(
-            f"{origin('server.api_key', sources, path)}: empty API key; set a key, or leave server.api_key "
-            "unset to serve without authentication"
-        )
-    if settings.server.admin_reload and api_key is None:
-        raise ProfileError(
-            f"{origin('server.admin_reload', sources, path)}: needs server.api_key (the key guards POST "
-            "/admin/reload, or anyone who reaches the port could reload); set a key, or reload with SIGHUP"
+            f"{origin('server.admin_reload', sources, path)}: needs server.api_key, api_keys or api_key_file (a key "
+            "guards POST /admin/reload, or anyone who reaches the port could reload); set a key, or reload with SIGHUP"
         )
     for entry in settings.server.cors_origins:
         if not CORS_ORIGIN.fullmatch(entry):
@@ -285,6 +288,33 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
     problem = destination_problem(settings.logging.destination)
     if problem:
         raise ProfileError(f"{origin('logging.destination', sources, path)}: {problem}")
+
+
+def check_api_keys(settings: Settings, sources: dict[str, str], path: Path) -> bool:
+    """Every configured key is usable and the key file reads; whether any key is configured."""
+    server = settings.server
+    if server.api_key is not None and not server.api_key.strip():
+        raise ProfileError(
+            f"{origin('server.api_key', sources, path)}: empty API key; set a key, or leave server.api_key "
+            "unset to serve without authentication"
+        )
+    if any(not key.strip() for key in server.api_keys):
+        raise ProfileError(f"{origin('server.api_keys', sources, path)}: an empty API key; drop it from the list")
+    if server.api_key_file is None:
+        return server.api_key is not None or bool(server.api_keys)
+    where = origin("server.api_key_file", sources, path)
+    try:
+        keys = read_key_file(server.api_key_file)
+    except OSError as exc:
+        raise ProfileError(f"{where}: cannot read the key file {server.api_key_file}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{where}: {server.api_key_file} is not UTF-8 text; write one key per line") from exc
+    if not keys:
+        raise ProfileError(
+            f"{where}: {server.api_key_file} holds no key (only blank lines and # comments); write one key per "
+            "line, or leave server.api_key_file unset"
+        )
+    return True
 
 
 def check_parallel(settings: Settings, sources: dict[str, str], path: Path) -> None:
@@ -358,6 +388,9 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="listen address (server.host)")
     parser.add_argument("--port", type=int, help="listen port (server.port)")
     parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` (server.api_key)")
+    parser.add_argument(
+        "--api-key-file", help="accept each key of FILE, one per line, each a tenant (server.api_key_file)"
+    )
 
 
 def flags_of(args: argparse.Namespace) -> dict[str, Any]:

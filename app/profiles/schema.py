@@ -10,6 +10,8 @@ from app.loading.paths import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 
 DrafterKindName = Literal["none", "draft-model", "prompt-lookup", "mtp", "dflash"]
 ParallelName = Literal["none", "tensor"]
+# whose prompt-cache entries a request may find: its own tenant's, or every tenant's
+CacheScopeName = Literal["tenant", "global"]
 # The block loops' (MTP, DFlash family) rule: the contract's biased argmax-against-argmax, or the
 # classic loop's lossless rules over the drafters' proposal rows q.
 BlockRuleName = Literal["argmax-against-argmax", "lossless"]
@@ -75,7 +77,10 @@ class SamplingDefaults(Group):
 class ServerSettings(Group):
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
+    # API keys, each a tenant (app/profiles/tenants.py): one key, a list, and a file of keys, together
     api_key: str | None = None
+    api_keys: list[str] = msgspec.field(default_factory=list)
+    api_key_file: str | None = None  # one key per line; blank lines and `#` comments skipped
     max_rows: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8  # rows decoded concurrently; more wait
     max_queue: Annotated[int, msgspec.Meta(ge=0)] = 64  # requests waiting beyond max_rows (then 503)
     # target positions one tick forwards (prefill chunks and verify widths); rows over it go first next tick
@@ -94,9 +99,11 @@ class ServerSettings(Group):
     # the prompt cache (app/loading/prompt_cache.py): its budget in MiB (0 turns it off) and entries
     prompt_cache_mb: Annotated[int, msgspec.Meta(ge=0, le=1 << 20)] = 512
     prompt_cache_entries: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
+    # "tenant": a request finds only its own tenant's prefixes; "global": every tenant's (a timing side channel)
+    prompt_cache_scope: CacheScopeName = "tenant"
     # browser origins CORS lets call: "*" reflects any origin (llama-server's behaviour); [] turns CORS off
     cors_origins: list[str] = msgspec.field(default_factory=lambda: ["*"])
-    # POST /admin/reload (hot profile reload); needs api_key, which guards it. SIGHUP reloads regardless.
+    # POST /admin/reload (hot profile reload); needs an API key, which guards it. SIGHUP reloads regardless.
     admin_reload: bool = False
 
 

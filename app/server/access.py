@@ -96,6 +96,7 @@ class AccessLog:
                 prompt_n=usage.prompt_n,
                 predicted_n=usage.predicted_n,
                 profile=self.app.state.settings.profile,
+                tenant=scope.get("state", {}).get("tenant"),  # the auth guard's (app/server/auth.py), never the key
             )
 
 

@@ -1,27 +1,34 @@
-"""The API key gate: with server.api_key set, every route but the public ones needs the key.
+"""The API key gate: with keys configured, every route but the public ones needs one of them,
+and the key a request presents says which tenant it is (app/profiles/tenants.py).
 
 As llama-server: health, the model list and the schema are public (handlers with
 opt={"public": True}); the key comes as `Authorization: Bearer KEY` or, Anthropic's spelling,
 `x-api-key: KEY`. OPTIONS never needs it: browsers send no key on a CORS preflight, and the
-answer names only the allowed methods.
+answer names only the allowed methods. Without keys every request is the anonymous tenant's; so
+is a request without a valid key on a public route, which starts no rows and shows no slots.
 """
 
 from __future__ import annotations
 
-import hmac
-
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
+from app.profiles.tenants import ANONYMOUS, Tenants
 from app.server.errors import ApiError
 
 
 def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
-    key = connection.app.state.settings.server.api_key
-    if not key or handler.opt.get("public") or connection.scope["method"] == "OPTIONS":
+    tenants: Tenants = connection.app.state.tenants
+    tenant = None if tenants.open else tenants.identify(presented_key(connection))
+    connection.state.tenant = tenant or ANONYMOUS
+    if tenant or tenants.open or handler.opt.get("public") or connection.scope["method"] == "OPTIONS":
         return
-    if not hmac.compare_digest(presented_key(connection).encode(), key.encode()):
-        raise ApiError(401, "Invalid API Key", "authentication_error")
+    raise ApiError(401, "Invalid API Key", "authentication_error")
+
+
+def tenant_of(connection: ASGIConnection) -> str:
+    """The tenant the guard identified for this request."""
+    return connection.state.tenant
 
 
 def presented_key(connection: ASGIConnection) -> str:

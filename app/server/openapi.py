@@ -52,7 +52,7 @@ def error_responses(handler: HTTPRouteHandler, guards: Sequence[object]) -> dict
     if takes_body:
         responses[413] = error("a body larger than server.max_body_bytes")
     if not handler.opt.get("public"):
-        responses[401] = error("with server.api_key set: no key, or a wrong one")
+        responses[401] = error("with API keys set: no key, or none of them")
     if require_ready in guards:
         responses[503] = error("models still loading, the server draining or failed, or the queue full")
     if handler.status_code == 501:

@@ -313,9 +313,11 @@ def row_request(
     params: SamplingParams,
     choice: int = 0,
     grammar: Grammar | None = None,
+    *,
+    tenant: str,
 ) -> RowRequest:
-    """Row `choice` of a prompt; `grammar` is the request's (requests.grammar, built once for
-    all its rows: each row gets its own matcher over it)."""
+    """Row `choice` of a prompt, for `tenant` (the one the API key identified); `grammar` is the
+    request's (requests.grammar, built once for all its rows: each row gets its own matcher over it)."""
     if len(tokens) > settings.server.max_prompt_tokens:
         raise ApiError(
             400,
@@ -340,4 +342,5 @@ def row_request(
         probs=probs_request(request),
         grammar=grammar,
         cache_prompt=request.cache_prompt,
+        tenant=tenant,
     )

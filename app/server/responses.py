@@ -189,7 +189,7 @@ class Slot(msgspec.Struct, kw_only=True):
     """One of /slots; the request fields only while the slot is processing."""
 
     id: int
-    id_task: int | str  # -1 when idle, else the request id
+    id_task: int | str  # the request id; -1 when idle or another tenant's (is_processing tells them apart)
     is_processing: bool
     n_ctx: int
     # while processing, as llama-server names them: the prompt, its tokens prefilled, and restored from the prompt cache

@@ -12,6 +12,7 @@ from litestar.types import Receive
 from app.decoding.builder import RowRequest
 from app.sampling.grammar import Grammar
 from app.server import access, field_policy, requests, shaping
+from app.server.auth import tenant_of
 from app.server.engine_view import Delta, EngineView, Event, Failed, Finished, Job, Started
 from app.server.errors import ApiError
 from app.server.prompts import check_rows
@@ -122,7 +123,7 @@ def start(
     """
     settings = engine.settings
     params = requests.sampling(data, settings, engine.tokenizer, engine.vocab_size)
-    row_request = requests.row_request(data, tokens, settings, params, choice, grammar)
+    row_request = requests.row_request(data, tokens, settings, params, choice, grammar, tenant=tenant_of(request))
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
 

@@ -137,9 +137,16 @@ def props(engine: EngineView) -> Props:
     )
 
 
-def slots(engine: EngineView) -> list[Slot]:
+def slots(engine: EngineView, tenant: str) -> list[Slot]:
+    """The slots as `tenant` may see them: another tenant's row is only busy, with no request id,
+    settings (its seed, its logit biases) or counts (its prompt's length, its cache hits)."""
     rows, n_ctx = engine.rows(), engine.context_limit
-    return [slot(index, rows.get(index), n_ctx, engine.plan.width) for index in range(engine.settings.server.max_rows)]
+    return [
+        slot(index, row, n_ctx, engine.plan.width)
+        if (row := rows.get(index)) is None or row.request.tenant == tenant
+        else Slot(id=index, id_task=-1, is_processing=True, n_ctx=n_ctx)
+        for index in range(engine.settings.server.max_rows)
+    ]
 
 
 def slot(index: int, row: RowView | None, n_ctx: int, width: int) -> Slot:

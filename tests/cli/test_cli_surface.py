@@ -61,10 +61,12 @@ def test_a_reader_that_leaves_early_gets_no_traceback() -> None:
 
 def test_profiles_show_masks_the_api_key(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     monkeypatch.setenv("MLXCEL_SERVER__API_KEY", "s3cret-key")
+    monkeypatch.setenv("MLXCEL_SERVER__API_KEYS", '["other-key", "third-key"]')
     assert main(["profiles", "show", "target-only"]) == 0
     shown = capsys.readouterr().out
-    assert "s3cret-key" not in shown
+    assert "s3cret-key" not in shown and "other-key" not in shown and "third-key" not in shown
     assert "server.api_key" in shown and '"********"    # env' in shown
+    assert '["********","********"]    # env' in shown
 
 
 def serve_args(*flags: str) -> argparse.Namespace:

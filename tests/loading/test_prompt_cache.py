@@ -20,6 +20,7 @@ from app.loading.runner import PREFILL_CHUNK, ModelRunner
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
 
 B = PREFILL_CHUNK
+TENANT = "tests"
 MODELS = REPO_ROOT / "models"
 
 
@@ -31,7 +32,7 @@ def prefilled(model: LoadedModel, tokens: list[int], cache: PromptCache | None =
     """A runner holding `tokens` (restored from `cache` where it can), and the last logits."""
     runner = ModelRunner(model.model)
     if cache is not None:
-        cache.restore({"target": runner}, tokens)
+        cache.restore({"target": runner}, tokens, tenant=TENANT)
     logits = runner.prefill(tokens)
     mx.eval(logits)
     return runner, logits
@@ -61,7 +62,7 @@ def test_a_restored_prefix_gives_the_full_prefills_bits(embedded_target: LoadedM
     first, second = prompt(3, 2 * B + 40), prompt(3, 2 * B + 40)[: 2 * B + 11] + prompt(4, 150)
     cache = PromptCache(budget_bytes=1 << 30, max_entries=8)
     runner, _ = prefilled(embedded_target, first)
-    cache.store({"target": runner}, first)
+    cache.store({"target": runner}, first, tenant=TENANT)
     restored, restored_logits = prefilled(embedded_target, second, cache)
     full, full_logits = prefilled(embedded_target, second)
     assert cache.counters.bytes > 0 and len(cache) == 1
@@ -76,11 +77,11 @@ def test_rows_never_write_into_the_entry_they_restored(embedded_target: LoadedMo
     tokens = prompt(5, 2 * B + 3)
     cache = PromptCache(budget_bytes=1 << 30, max_entries=8)
     runner, _ = prefilled(embedded_target, tokens)
-    cache.store({"target": runner}, tokens)
+    cache.store({"target": runner}, tokens, tenant=TENANT)
     (entry,) = cache._entries.values()
     before = [np.array(a.astype(mx.float32)) for kv in entry.models["target"] for a in kv]
     row = ModelRunner(embedded_target.model)
-    assert cache.restore({"target": row}, tokens) == 2 * B
+    assert cache.restore({"target": row}, tokens, tenant=TENANT) == 2 * B
     mx.eval(row.prefill(tokens))
     row.rewind(row.length - B - 7)  # into the restored rows, as a speculative rewind could
     mx.eval(row.forward([1, 2, 3, 4, 5, 6, 7, 8]))
@@ -88,32 +89,49 @@ def test_rows_never_write_into_the_entry_they_restored(embedded_target: LoadedMo
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 
 
+def test_tenants_find_only_their_own_prefixes_unless_the_cache_is_global(embedded_target: LoadedModel) -> None:
+    """Per tenant, B finds nothing of A's, and B's longer prompt neither reuses nor drops the entry
+    of A's that it covers; shared, B finds A's."""
+    tokens, longer = prompt(7, 2 * B + 3), prompt(7, 3 * B + 3)
+    runner, _ = prefilled(embedded_target, tokens)
+    apart = PromptCache(budget_bytes=1 << 30, max_entries=8)
+    apart.store({"target": runner}, tokens, tenant="a")
+    assert apart.restore({"target": ModelRunner(embedded_target.model)}, tokens, tenant="b") == 0
+    apart.store({"target": prefilled(embedded_target, longer)[0]}, longer, tenant="b")
+    assert len(apart) == 2
+    assert apart.restore({"target": ModelRunner(embedded_target.model)}, tokens, tenant="a") == 2 * B
+    shared = PromptCache(budget_bytes=1 << 30, max_entries=8, per_tenant=False)
+    shared.store({"target": runner}, tokens, tenant="a")
+    assert shared.restore({"target": ModelRunner(embedded_target.model)}, tokens, tenant="b") == 2 * B
+
+
 def test_eviction_keeps_bytes_and_entries_within_the_budget(embedded_target: LoadedModel) -> None:
     """Each one-chunk entry takes `size` bytes; a budget of two and a half entries keeps two,
     dropping the least recently used; an entry a longer one covers is replaced, not kept twice."""
     probe = PromptCache(budget_bytes=1 << 30, max_entries=8)
     runners = {seed: prefilled(embedded_target, prompt(seed, B + 1))[0] for seed in (10, 11, 12)}
-    probe.store({"target": runners[10]}, prompt(10, B + 1))
+    probe.store({"target": runners[10]}, prompt(10, B + 1), tenant=TENANT)
     size = probe.counters.bytes
     cache = PromptCache(budget_bytes=size * 5 // 2, max_entries=8)
     for seed in (10, 11):
-        cache.store({"target": runners[seed]}, prompt(seed, B + 1))
+        cache.store({"target": runners[seed]}, prompt(seed, B + 1), tenant=TENANT)
         assert cache.counters.bytes <= cache.budget_bytes
-    assert cache.restore({"target": ModelRunner(embedded_target.model)}, prompt(10, B + 5)) == B  # 10 is now recent
-    cache.store({"target": runners[12]}, prompt(12, B + 1))
+    fresh = {"target": ModelRunner(embedded_target.model)}
+    assert cache.restore(fresh, prompt(10, B + 5), tenant=TENANT) == B  # 10 is now recent
+    cache.store({"target": runners[12]}, prompt(12, B + 1), tenant=TENANT)
     assert (len(cache), cache.counters.evictions, cache.counters.bytes) == (2, 1, 2 * size)
-    assert cache.restore({"target": ModelRunner(embedded_target.model)}, prompt(11, B + 5)) == 0  # 11 went
-    assert cache.restore({"target": ModelRunner(embedded_target.model)}, prompt(10, B + 5)) == B
+    assert cache.restore({"target": ModelRunner(embedded_target.model)}, prompt(11, B + 5), tenant=TENANT) == 0
+    assert cache.restore({"target": ModelRunner(embedded_target.model)}, prompt(10, B + 5), tenant=TENANT) == B
     longer = prompt(12, 2 * B + 1)
-    cache.store({"target": prefilled(embedded_target, longer)[0]}, longer)  # covers entry 12
+    cache.store({"target": prefilled(embedded_target, longer)[0]}, longer, tenant=TENANT)  # covers entry 12
     assert cache.counters.bytes <= cache.budget_bytes
     assert [len(e.tokens) for e in cache._entries.values()] == [2 * B]  # 10 evicted for room, 12 replaced
     small = PromptCache(budget_bytes=size - 1, max_entries=8)
-    small.store({"target": runners[10]}, prompt(10, B + 1))
+    small.store({"target": runners[10]}, prompt(10, B + 1), tenant=TENANT)
     assert (len(small), small.counters.bytes) == (0, 0)  # larger than the whole budget: not kept
     one = PromptCache(budget_bytes=1 << 30, max_entries=1)
     for seed in (10, 11):
-        one.store({"target": runners[seed]}, prompt(seed, B + 1))
+        one.store({"target": runners[seed]}, prompt(seed, B + 1), tenant=TENANT)
     assert (len(one), one.counters.evictions) == (1, 1)
 
 
@@ -133,7 +151,8 @@ def test_block_drafters_resume_from_a_restored_prefix_exactly(embedded_target: L
                                Speculation(rule=Rule.ARGMAX_AGAINST_ARGMAX, draft_kind=bound.draft_kind))  # fmt: skip
         caching = None
         if cache is not None:
-            caching = RowCaching(cache, tuple(tokens), {"target": loop.target, "drafter": loop.proposer.context})
+            models = {"target": loop.target, "drafter": loop.proposer.context}
+            caching = RowCaching(cache, tuple(tokens), models, TENANT)
             caching.restore()
         state = RowState(tokens=list(tokens), sampler=SamplerPipeline(SamplingParams(temperature=0.0), 4096),
                          rng=RowRng(0))  # fmt: skip
@@ -147,7 +166,7 @@ def test_block_drafters_resume_from_a_restored_prefix_exactly(embedded_target: L
     full, full_drafter = decoded(second, None)
     assert restored.cache_n == 2 * B and len(cache) == 1
     assert cache.counters.bytes == sum(
-        a.nbytes for rows in cache._entries[0].models.values() for kv in rows for a in kv
+        a.nbytes for rows in next(iter(cache._entries.values())).models.values() for kv in rows for a in kv
     )
     context = [restored_drafter.context, full_drafter.context]
     assert context[0].length == context[1].length == len(second)

@@ -199,6 +199,23 @@ def test_an_empty_api_key_from_environment_or_flag_is_refused(cli: Callable[...,
     assert_refused(cli, profile, "flag --api-key: empty API key", flags=("--api-key", ""))
 
 
+def test_an_empty_key_in_api_keys_is_refused(cli: Callable[..., str], tmp_path: Path) -> None:
+    profile = write(tmp_path, "p", f'{TARGET_ONLY}[server]\napi_keys = ["k1", " "]\n')
+    assert_refused(cli, profile, f"{profile}: server.api_keys: an empty API key")
+
+
+def test_a_key_file_that_is_missing_or_holds_no_key_is_refused(cli: Callable[..., str], tmp_path: Path) -> None:
+    """A relative key file in a profile is relative to the profile; one of only comments would
+    serve with no key at all, so it is refused as an empty key is."""
+    profile = write(tmp_path, "p", f'{TARGET_ONLY}[server]\napi_key_file = "keys.txt"\n')
+    keys = tmp_path / "keys.txt"
+    assert_refused(cli, profile, f"{profile}: server.api_key_file: cannot read the key file {keys}: No such file")
+    keys.write_text("# no keys yet\n\n")
+    assert_refused(cli, profile, f"{profile}: server.api_key_file: {keys} holds no key")
+    keys.write_text("# the one key\n  k1  \n")
+    assert resolve(str(profile)).settings.server.api_key_file == str(keys)
+
+
 @pytest.mark.parametrize("entry", ['"app.example"', '"https://app.example/"', '"https://app.example/page"', '""'])
 def test_a_cors_origin_that_is_not_an_origin_is_refused(cli: Callable[..., str], tmp_path: Path, entry: str) -> None:
     profile = write(tmp_path, "p", f'{TARGET_ONLY}[server]\ncors_origins = ["*", {entry}]\n')

@@ -7,6 +7,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from app.server import shaping
+from app.server.auth import tenant_of
 from app.server.engine_view import EngineView, require_ready
 from app.server.errors import ApiError
 from app.server.metrics import CONTENT_TYPE, exposition
@@ -53,9 +54,10 @@ class IntrospectionController(Controller):
         raise ApiError(501, "/props: settings change per profile at startup, not at run time", "not_supported_error")
 
     @get("/slots", name="slots", guards=[require_ready])
-    async def slots(self, engine: NamedDependency[EngineView]) -> list[Slot]:
-        """One entry per row; a busy row shows its request's settings and drafting so far."""
-        return shaping.slots(engine)
+    async def slots(self, request: Request, engine: NamedDependency[EngineView]) -> list[Slot]:
+        """One entry per row; a busy row of the caller's tenant shows its request's settings and
+        drafting so far, another tenant's only that it is busy."""
+        return shaping.slots(engine, tenant_of(request))
 
     @get("/metrics", name="metrics", guards=[require_ready], media_type=CONTENT_TYPE)
     async def metrics(self, request: Request, engine: NamedDependency[EngineView]) -> bytes:
