@@ -7,7 +7,8 @@ requests then go to it, and the old one finishes its requests and is stopped (En
 
 Anything that goes wrong leaves the old engine serving and refuses the reload with one line
 (`ReloadRefusedError`): the profile's own error (naming the file and key, environment variable or
-flag, as at startup), a key that only a restart can change, or models that do not load.
+flag, as at startup), a profile file that sets nothing, a key that only a restart can change, a
+change to who may call that the new profile does not allow, or models that do not load.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from app.engine.engine import Engine
 from app.engine.scheduler import EngineState
 from app.engine.switch import EngineSwitch
 from app.loading import ModelLoadError
-from app.profiles.loader import ProfileError, leaves
+from app.profiles.loader import ProfileError, Resolved, leaves
 from app.profiles.schema import Settings
 
 # Keys bound when the process started: the listener, the HTTP app's body limit and CORS layer,
@@ -42,6 +43,16 @@ RESTART_ONLY = (
     "logging.format",
     "logging.destination",
 )
+# Keys that say who may call and what they see. A reload that changes one is refused unless the new
+# profile sets `server.reload_may_change_auth = true`: a profile half written by an editor, or a
+# deployment tool that dropped a table, must not open the server. An accepted change is a warning.
+# (server.host and server.cors_origins say so too, but are restart-only above: no reload changes them.)
+ACCESS_KEYS = (
+    "server.api_key",
+    "server.admin_reload",
+    "server.allowed_hosts",
+    "server.props_show_paths",
+)
 POLL_S = 0.05  # how often a reload looks at the engine it waits on (loading, or finishing its requests)
 
 
@@ -49,17 +60,27 @@ class ReloadRefusedError(Exception):
     """The reload did not happen; the old engine goes on serving. The message is one line."""
 
 
+def changed_keys(old: Settings, new: Settings, keys: tuple[str, ...]) -> list[str]:
+    before, after = leaves(msgspec.to_builtins(old)), leaves(msgspec.to_builtins(new))
+    return [key for key in keys if before.get(key) != after.get(key)]
+
+
 def restart_only_changes(old: Settings, new: Settings) -> list[str]:
     """`key: old -> new` for each restart-only key the new profile changes."""
     before, after = leaves(msgspec.to_builtins(old)), leaves(msgspec.to_builtins(new))
-    return [f"{key}: {before[key]!r} -> {after[key]!r}" for key in RESTART_ONLY if before[key] != after[key]]
+    return [f"{key}: {before[key]!r} -> {after[key]!r}" for key in changed_keys(old, new, RESTART_ONLY)]
+
+
+def access_changes(old: Settings, new: Settings) -> list[str]:
+    """The access keys the new profile changes, by name only (the values may be secrets)."""
+    return changed_keys(old, new, ACCESS_KEYS)
 
 
 class Reloader:
     def __init__(
         self,
         engines: EngineSwitch,
-        resolve: Callable[[], Settings],
+        resolve: Callable[[], Resolved],
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.engines = engines
@@ -83,6 +104,9 @@ class Reloader:
         finally:
             self._busy.release()
         settings = engine.settings
+        changed = access_changes(replaced.settings, settings)
+        if changed:
+            self._log.warning("reload_changed_access", trigger=trigger, keys=changed, profile_file=settings.source)
         self._log.info(
             "reload_succeeded",
             trigger=trigger,
@@ -114,12 +138,24 @@ class Reloader:
         if current.settings.target.parallel == "tensor":  # the follower ranks hold the serving target's shards
             raise ReloadRefusedError("target.parallel = tensor: only a restart reloads a tensor-parallel target")
         try:
-            settings = self.resolve()
+            resolved = self.resolve()
         except (ProfileError, ModelLoadError) as exc:
             raise ReloadRefusedError(str(exc)) from exc
+        settings = resolved.settings
+        if "file" not in resolved.sources.values():
+            raise ReloadRefusedError(
+                f"{settings.source}: the profile file sets no key (empty, or read while it was being written); "
+                "nothing was reloaded; write the whole profile (to a temporary file renamed over this one) and reload"
+            )
         changed = restart_only_changes(current.settings, settings)
         if changed:
             raise ReloadRefusedError(f"{'; '.join(changed)}: only a restart changes these; nothing was reloaded")
+        changed = access_changes(current.settings, settings)
+        if changed and not settings.server.reload_may_change_auth:
+            raise ReloadRefusedError(
+                f"{', '.join(changed)}: the new profile changes who may call or what they see; set "
+                "server.reload_may_change_auth = true in it to allow that, or restore them; nothing was reloaded"
+            )
         try:
             engine = Engine(settings, prepare_drafter=True)
         except (ProfileError, ModelLoadError) as exc:
