@@ -17,7 +17,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import msgspec
 import structlog
@@ -60,20 +60,20 @@ class ReloadRefusedError(Exception):
     """The reload did not happen; the old engine goes on serving. The message is one line."""
 
 
-def changed_keys(old: Settings, new: Settings, keys: tuple[str, ...]) -> list[str]:
+def changes(old: Settings, new: Settings, keys: tuple[str, ...]) -> dict[str, tuple[Any, Any]]:
+    """(old value, new value) of each of `keys` the new profile changes."""
     before, after = leaves(msgspec.to_builtins(old)), leaves(msgspec.to_builtins(new))
-    return [key for key in keys if before.get(key) != after.get(key)]
+    return {key: (before[key], after[key]) for key in keys if before[key] != after[key]}
 
 
 def restart_only_changes(old: Settings, new: Settings) -> list[str]:
     """`key: old -> new` for each restart-only key the new profile changes."""
-    before, after = leaves(msgspec.to_builtins(old)), leaves(msgspec.to_builtins(new))
-    return [f"{key}: {before[key]!r} -> {after[key]!r}" for key in changed_keys(old, new, RESTART_ONLY)]
+    return [f"{key}: {was!r} -> {now!r}" for key, (was, now) in changes(old, new, RESTART_ONLY).items()]
 
 
 def access_changes(old: Settings, new: Settings) -> list[str]:
     """The access keys the new profile changes, by name only (the values may be secrets)."""
-    return changed_keys(old, new, ACCESS_KEYS)
+    return list(changes(old, new, ACCESS_KEYS))
 
 
 class Reloader:

@@ -46,9 +46,9 @@ AT_CAST = re.compile(r"@[a-z_]+(\s|$)")
 # What a browser sends as Origin: scheme://host[:port], no path. "*" inside one is Litestar's
 # wildcard ("https://*.example.com"); "*" alone reflects any origin.
 CORS_ORIGIN = re.compile(r"\*|https?://[^/\s?#]+")
-# A Host header's name without its port: a DNS name ("*." first for its subdomains), a bracketed
-# IPv6 address, or "*" for any.
-ALLOWED_HOST = re.compile(r"\*|(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?|\[[0-9a-f:.]+\]", re.IGNORECASE)
+# A Host header's name without its port: a DNS name ("*." first for its subdomains) or "*" for
+# any. IP addresses need no entry: the Host check always serves them (app/server/hosts.py).
+ALLOWED_HOST = re.compile(r"\*|(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?", re.IGNORECASE)
 
 
 class ProfileError(Exception):
@@ -293,7 +293,7 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
         if not ALLOWED_HOST.fullmatch(entry):
             raise ProfileError(
                 f"{origin('server.allowed_hosts', sources, path)}: {entry!r} is not a host name; write a name "
-                'as a Host header gives it, without the port ("mlxcel.example", "*.example", "[fd00::1]"), or "*"'
+                'as a Host header gives it, without the port ("mlxcel.example", "*.example"), or "*" for any'
             )
     check_parallel(settings, sources, path)
     problem = destination_problem(settings.logging.destination)

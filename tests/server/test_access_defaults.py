@@ -150,6 +150,11 @@ def test_a_reload_cannot_open_the_server(tmp_path: Path) -> None:
         assert f"{profile}: the profile file sets no key" in refused["reason"]
         assert keyless.get("/props").status_code == 401
 
+        # Cut mid-line, over POST /admin/reload: the profile's own error.
+        profile.write_text('target = "/wo')
+        answer = old.post("/admin/reload")
+        assert answer.status_code == 409 and f"{profile}: not valid TOML" in answer.json()["error"]["message"]
+
         # A profile that lost its [server] table: refused, naming the access keys it would change.
         write(tmp_path, "guarded", TARGET_ONLY)
         answer = old.post("/admin/reload")
@@ -172,6 +177,8 @@ def test_a_reload_cannot_open_the_server(tmp_path: Path) -> None:
             assert new.get("/health", headers={"Host": "proxy.example:443"}).status_code == 200  # allowed_hosts
             assert new.get("/health", headers={"Host": "other.example"}).status_code == 400
     assert [e["event"] for e in server.events() if e["event"].startswith("reload_")] == [
+        "reload_requested",
+        "reload_refused",
         "reload_requested",
         "reload_refused",
         "reload_requested",
