@@ -44,7 +44,7 @@ SHORT_KEYS = {"target.model": "target"}
 # dynaconf's `@int 8080`, `@jinja {{ ... }}`, `@format ...`: refused, never evaluated (see env_layer).
 AT_CAST = re.compile(r"@[a-z_]+(\s|$)")
 # What a browser sends as Origin: scheme://host[:port], no path. "*" inside one is Litestar's
-# wildcard ("https://*.example.com"); "*" alone reflects any origin.
+# wildcard ("https://*.example.com"); "*" alone is any origin (answered "*", without credentials).
 CORS_ORIGIN = re.compile(r"\*|https?://[^/\s?#]+")
 # A Host header's name without its port: a DNS name ("*." first for its subdomains) or "*" for
 # any. IP addresses need no entry: the Host check always serves them (app/server/hosts.py).

@@ -1,5 +1,5 @@
 """The Host check: a server bound to loopback answers only requests that name it by a loopback
-name or an IP address.
+name, an IP address, its own `server.host` or a name `server.allowed_hosts` lists; others get 400.
 
 DNS rebinding: a web page on attacker.example makes its own name resolve to 127.0.0.1, and the
 browser, which sees one origin, lets the page read what the local server answers. The request
