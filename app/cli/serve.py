@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from app.cli.exit_codes import EXIT_CONFIG
-from app.profiles import add_profile_flags, origin, settings_from_args, settled
+from app.profiles import add_profile_flags, origin, settled
 from app.profiles.loader import flags_of, resolve
 from app.runtime.logging import configure_logging, log_stream
 
@@ -74,5 +74,5 @@ def run(args: argparse.Namespace) -> int:
         tensor_launch.restore_stop_signals()
     from app.cli.serving import serve
 
-    status = serve(settings, lambda: settings_from_args(args))
+    status = serve(settings, lambda: settled(resolve(args.profile, flags_of(args))))
     return tensor_launch.record_status(status) if rank == 0 else status

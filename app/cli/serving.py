@@ -21,6 +21,7 @@ from app.engine.engine import Engine, EngineState
 from app.engine.reload import Reloader
 from app.engine.switch import EngineSwitch
 from app.loading import ModelLoadError
+from app.profiles import Resolved
 from app.profiles.schema import Settings
 from app.server.access import with_access_log
 from app.server.app import create_app
@@ -104,7 +105,7 @@ def listen(config: uvicorn.Config) -> socket.socket:
     return sock
 
 
-def serve(settings: Settings, resolve: Callable[[], Settings]) -> int:
+def serve(settings: Settings, resolve: Callable[[], Resolved]) -> int:
     """Load the models behind the HTTP app and serve until drained; the process's exit status.
 
     `resolve` reads the profile again from the same file, environment and flags: SIGHUP (and

@@ -7,7 +7,8 @@ requests then go to it, and the old one finishes its requests and is stopped (En
 
 Anything that goes wrong leaves the old engine serving and refuses the reload with one line
 (`ReloadRefusedError`): the profile's own error (naming the file and key, environment variable or
-flag, as at startup), a key that only a restart can change, or models that do not load.
+flag, as at startup), a profile file that sets nothing, a key that only a restart can change, a
+change to who may call that the new profile does not allow, or models that do not load.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import msgspec
 import structlog
@@ -25,8 +26,9 @@ from app.engine.engine import Engine
 from app.engine.scheduler import EngineState
 from app.engine.switch import EngineSwitch
 from app.loading import ModelLoadError
-from app.profiles.loader import ProfileError, leaves
+from app.profiles.loader import ProfileError, Resolved, leaves
 from app.profiles.schema import Settings
+from app.profiles.tenants import Tenants
 
 # Keys bound when the process started: the listener, the HTTP app's body limit and CORS layer,
 # logging, and the ranks a tensor-parallel target runs on. A reload that changes one is refused,
@@ -42,6 +44,18 @@ RESTART_ONLY = (
     "logging.format",
     "logging.destination",
 )
+# Keys that say who may call and what they see. A reload that changes one is refused unless the new
+# profile sets `server.reload_may_change_auth = true`: a profile half written by an editor, or a
+# deployment tool that dropped a table, must not open the server. An accepted change is a warning.
+# (server.host and server.cors_origins say so too, but are restart-only above: no reload changes them.)
+ACCESS_KEYS = (
+    "server.api_key",
+    "server.api_keys",
+    "server.api_key_file",
+    "server.admin_reload",
+    "server.allowed_hosts",
+    "server.props_show_paths",
+)
 POLL_S = 0.05  # how often a reload looks at the engine it waits on (loading, or finishing its requests)
 
 
@@ -49,17 +63,34 @@ class ReloadRefusedError(Exception):
     """The reload did not happen; the old engine goes on serving. The message is one line."""
 
 
+def changes(old: Settings, new: Settings, keys: tuple[str, ...]) -> dict[str, tuple[Any, Any]]:
+    """(old value, new value) of each of `keys` the new profile changes."""
+    before, after = leaves(msgspec.to_builtins(old)), leaves(msgspec.to_builtins(new))
+    return {key: (before[key], after[key]) for key in keys if before[key] != after[key]}
+
+
 def restart_only_changes(old: Settings, new: Settings) -> list[str]:
     """`key: old -> new` for each restart-only key the new profile changes."""
-    before, after = leaves(msgspec.to_builtins(old)), leaves(msgspec.to_builtins(new))
-    return [f"{key}: {before[key]!r} -> {after[key]!r}" for key in RESTART_ONLY if before[key] != after[key]]
+    return [f"{key}: {was!r} -> {now!r}" for key, (was, now) in changes(old, new, RESTART_ONLY).items()]
+
+
+KEY_FILE_CONTENTS = "server.api_key_file (the keys in it)"
+
+
+def access_changes(old: Settings, new: Settings) -> list[str]:
+    """The access keys the new profile changes, by name only (the values may be secrets); an
+    edited key file under the same path changes who may call too."""
+    changed = list(changes(old, new, ACCESS_KEYS))
+    if "server.api_key_file" not in changed and Tenants.of(old.server) != Tenants.of(new.server):
+        changed.append(KEY_FILE_CONTENTS)
+    return changed
 
 
 class Reloader:
     def __init__(
         self,
         engines: EngineSwitch,
-        resolve: Callable[[], Settings],
+        resolve: Callable[[], Resolved],
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.engines = engines
@@ -76,13 +107,15 @@ class Reloader:
             self._refuse(trigger, "a reload is already running; wait for it to finish")
         try:
             try:
-                engine = self._build()
+                engine, changed = self._build()
             except ReloadRefusedError as exc:
                 self._refuse(trigger, str(exc))
             replaced = self.engines.swap(engine)
         finally:
             self._busy.release()
         settings = engine.settings
+        if changed:
+            self._log.warning("reload_changed_access", trigger=trigger, keys=changed, profile_file=settings.source)
         self._log.info(
             "reload_succeeded",
             trigger=trigger,
@@ -107,19 +140,35 @@ class Reloader:
         self._log.warning("reload_refused", trigger=trigger, reason=reason)
         raise ReloadRefusedError(reason)
 
-    def _build(self) -> Engine:
+    def _build(self) -> tuple[Engine, list[str]]:
+        """The new engine, serving, and the access keys it changes."""
         current = self.engines.current
         if current.state is not EngineState.READY:
             raise ReloadRefusedError(f"the server is {current.state}; reload once it serves")
         if current.settings.target.parallel == "tensor":  # the follower ranks hold the serving target's shards
             raise ReloadRefusedError("target.parallel = tensor: only a restart reloads a tensor-parallel target")
         try:
-            settings = self.resolve()
+            resolved = self.resolve()
         except (ProfileError, ModelLoadError) as exc:
             raise ReloadRefusedError(str(exc)) from exc
+        settings = resolved.settings
+        if "file" not in resolved.sources.values():
+            raise ReloadRefusedError(
+                f"{settings.source}: the profile file sets no key (empty, or read while it was being written); "
+                "nothing was reloaded; write the whole profile (to a temporary file renamed over this one) and reload"
+            )
         changed = restart_only_changes(current.settings, settings)
         if changed:
             raise ReloadRefusedError(f"{'; '.join(changed)}: only a restart changes these; nothing was reloaded")
+        try:
+            changed = access_changes(current.settings, settings)
+        except (OSError, UnicodeDecodeError) as exc:  # the key file went away since the profile was checked
+            raise ReloadRefusedError(f"server.api_key_file: cannot read the key file: {exc}") from exc
+        if changed and not settings.server.reload_may_change_auth:
+            raise ReloadRefusedError(
+                f"{', '.join(changed)}: the new profile changes who may call or what they see; set "
+                "server.reload_may_change_auth = true in it to allow that, or restore them; nothing was reloaded"
+            )
         try:
             engine = Engine(settings, prepare_drafter=True)
         except (ProfileError, ModelLoadError) as exc:
@@ -134,7 +183,7 @@ class Reloader:
             engine.stop()
             raise ReloadRefusedError(f"the server is {current.state}; the new engine was not swapped in")
         engine.on_failure = self.on_failure
-        return engine
+        return engine, changed
 
     def _release(self, replaced: Engine) -> None:
         """Wait for the replaced engine's requests to end, then stop it (its memory goes with it)."""

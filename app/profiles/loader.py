@@ -52,8 +52,11 @@ SHORT_KEYS = {"target.model": "target"}
 # dynaconf's `@int 8080`, `@jinja {{ ... }}`, `@format ...`: refused, never evaluated (see env_layer).
 AT_CAST = re.compile(r"@[a-z_]+(\s|$)")
 # What a browser sends as Origin: scheme://host[:port], no path. "*" inside one is Litestar's
-# wildcard ("https://*.example.com"); "*" alone reflects any origin.
+# wildcard ("https://*.example.com"); "*" alone is any origin (answered "*", without credentials).
 CORS_ORIGIN = re.compile(r"\*|https?://[^/\s?#]+")
+# A Host header's name without its port: a DNS name ("*." first for its subdomains) or "*" for
+# any. IP addresses need no entry: the Host check always serves them (app/server/hosts.py).
+ALLOWED_HOST = re.compile(r"\*|(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?", re.IGNORECASE)
 
 
 class ProfileError(Exception):
@@ -283,6 +286,17 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
             raise ProfileError(
                 f"{origin('server.cors_origins', sources, path)}: {entry!r} is not an origin; write "
                 'scheme://host[:port] with no path (e.g. "https://app.example:8443"), or "*" for any origin'
+            )
+    if "*" in settings.server.cors_origins and len(settings.server.cors_origins) > 1:
+        raise ProfileError(
+            f'{origin("server.cors_origins", sources, path)}: "*" beside listed origins: "*" answers every '
+            'origin without credentials, so the listed ones would lose theirs; write ["*"] or the list alone'
+        )
+    for entry in settings.server.allowed_hosts:
+        if not ALLOWED_HOST.fullmatch(entry):
+            raise ProfileError(
+                f"{origin('server.allowed_hosts', sources, path)}: {entry!r} is not a host name; write a name "
+                'as a Host header gives it, without the port ("mlxcel.example", "*.example"), or "*" for any'
             )
     check_parallel(settings, sources, path)
     problem = destination_problem(settings.logging.destination)

@@ -101,10 +101,17 @@ class ServerSettings(Group):
     prompt_cache_entries: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
     # "tenant": a request finds only its own tenant's prefixes; "global": every tenant's (a timing side channel)
     prompt_cache_scope: CacheScopeName = "tenant"
-    # browser origins CORS lets call: "*" reflects any origin (llama-server's behaviour); [] turns CORS off
+    # browser origins CORS lets call: ["*"] answers any origin with "*" and no credentials; listed
+    # origins are reflected with credentials; [] turns CORS off
     cors_origins: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    # Host names served beside loopback names and IP literals (app/server/hosts.py): checked on a
+    # loopback bind, and on any bind once the list is set; ["*"] allows any Host
+    allowed_hosts: list[str] = msgspec.field(default_factory=list)
+    props_show_paths: bool = False  # /props and /v1/models show filesystem paths, not just their last part
     # POST /admin/reload (hot profile reload); needs an API key, which guards it. SIGHUP reloads regardless.
     admin_reload: bool = False
+    # a reload may change the keys that say who may call (app/engine/reload.py ACCESS_KEYS)
+    reload_may_change_auth: bool = False
 
 
 class LoggingSettings(Group):

@@ -36,19 +36,17 @@ CONTROLLERS: list[type[Controller]] = [
 
 
 def cors(origins: list[str]) -> CORSConfig | None:
-    """llama-server's CORS: the caller's origin reflected (never the literal "*", which browsers
-    refuse beside credentials), credentials allowed, GET and POST, any header; browsers may read
-    the request id and the acceptance rule. `server.cors_origins` narrows the origins; an empty list turns CORS off.
-
-    Litestar answers "*" when "*" is among allow_origins, so "*" becomes a match-all regex,
-    which makes it reflect the origin instead.
+    """CORS for GET and POST, any header; browsers may read the request id and the acceptance
+    rule. `server.cors_origins` = ["*"] (the default) answers `Access-Control-Allow-Origin: *`
+    without credentials: any page may call, as it could call any public API, but never with the
+    browser's credentials for this server. Listed origins (no "*" among them: the profile check
+    refuses the mix) get their origin reflected and credentials allowed. An empty list turns CORS off.
     """
     if not origins:
         return None
     return CORSConfig(
-        allow_origins=[o for o in origins if o != "*"],
-        allow_origin_regex=".*" if "*" in origins else None,
-        allow_credentials=True,
+        allow_origins=origins,
+        allow_credentials="*" not in origins,
         allow_methods=["GET", "POST"],
         allow_headers=["*"],
         expose_headers=[REQUEST_ID_HEADER, RULE_HEADER],

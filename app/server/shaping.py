@@ -68,6 +68,13 @@ def model_alias(settings: Settings) -> str:
     return settings.server.model_alias or Path(settings.target.model).name
 
 
+def shown_path(settings: Settings, path: str) -> str:
+    """A filesystem path as /props and /v1/models show it: its last part (the model's directory
+    name, the profile's file name) unless `server.props_show_paths`, because anyone who may read
+    them learns the machine's layout (user names, mount points) otherwise."""
+    return path if settings.server.props_show_paths else Path(path).name
+
+
 def logit_bias_entries(params: SamplingParams) -> list[LogitBiasEntry]:
     banned = float("-inf")
     return [LogitBiasEntry(bias=None if b == banned else b, token=t) for t, b in params.logit_bias.items()]
@@ -89,18 +96,22 @@ def model_list(engine: EngineView) -> ModelList:
 def model_entry(engine: EngineView) -> ModelEntry:
     """The one model served, as OpenAI's model object (its size facts once it is loaded)."""
     settings = engine.settings
-    meta = ModelMeta(path=settings.target.model)
+    path = shown_path(settings, settings.target.model)
+    meta = ModelMeta(path=path)
     if engine.unavailable is None:
-        meta = ModelMeta(path=settings.target.model, n_vocab=engine.vocab_size, n_ctx_train=engine.context_limit)
+        meta = ModelMeta(path=path, n_vocab=engine.vocab_size, n_ctx_train=engine.context_limit)
     return ModelEntry(id=model_alias(settings), created=int(time.time()), meta=meta)
 
 
 def drafter_info(settings: Settings, plan: LoopPlan) -> DrafterInfo:
     return DrafterInfo(
         profile=settings.profile,
-        profile_file=settings.source,
+        profile_file=shown_path(settings, settings.source),
         drafter=DrafterSummary(
-            kind=settings.drafter.kind, model=settings.drafter.model, width=plan.width, p_min=settings.drafter.p_min
+            kind=settings.drafter.kind,
+            model=settings.drafter.model and shown_path(settings, settings.drafter.model),
+            width=plan.width,
+            p_min=settings.drafter.p_min,
         ),
         rule_at_temperature_0=plan.rules[SamplerClass.ARGMAX],
         rule_at_temperature_above_0=plan.rules[SamplerClass.SAMPLED],
@@ -129,7 +140,7 @@ def props(engine: EngineView) -> Props:
     return Props(
         default_generation_settings=defaults,
         total_slots=settings.server.max_rows,
-        model_path=settings.target.model,
+        model_path=shown_path(settings, settings.target.model),
         model_alias=model_alias(settings),
         build_info=BUILD_INFO,
         chat_template=getattr(engine.tokenizer, "chat_template", None) if ready else None,

@@ -224,6 +224,20 @@ def test_a_cors_origin_that_is_not_an_origin_is_refused(cli: Callable[..., str],
     assert_refused(cli, write(tmp_path, "q", TARGET_ONLY), "environment: MLXCEL_SERVER__CORS_ORIGINS: ", env=env)
 
 
+def test_a_star_beside_listed_cors_origins_is_refused(cli: Callable[..., str], tmp_path: Path) -> None:
+    """ "*" answers every origin without credentials: the listed origin would silently lose its."""
+    profile = write(tmp_path, "p", f'{TARGET_ONLY}[server]\ncors_origins = ["*", "https://app.example"]\n')
+    assert_refused(cli, profile, f'{profile}: server.cors_origins: "*" beside listed origins')
+
+
+@pytest.mark.parametrize("entry", ['"proxy.example:8080"', '"http://proxy.example"', '"a b"', '""', '"::1"'])
+def test_an_allowed_host_that_is_not_a_host_name_is_refused(
+    cli: Callable[..., str], tmp_path: Path, entry: str
+) -> None:
+    profile = write(tmp_path, "p", f'{TARGET_ONLY}[server]\nallowed_hosts = ["proxy.example", {entry}]\n')
+    assert_refused(cli, profile, f"{profile}: server.allowed_hosts: {json.loads(entry)!r} is not a host name")
+
+
 # --- 5. errors name the source that set the value --------------------------------------------------
 
 

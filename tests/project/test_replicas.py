@@ -105,6 +105,15 @@ def test_prefix_key_keeps_a_prefix_on_one_replica(replicas: list[RunningServer],
     assert cached[0] == 0 and min(cached[1:]) >= 128, cached
 
 
+def test_a_public_host_name_reaches_replicas_that_refuse_it(
+    replicas: list[RunningServer], balancer: httpx.Client
+) -> None:
+    """A loopback replica refuses a Host that is not a loopback name (DNS rebinding); nginx names it localhost."""
+    public = {"Host": "mlxcel.example.com"}
+    assert balancer.get("/props", headers=public).status_code == 200
+    assert httpx.get(f"{replicas[0].url}/props", headers=public, timeout=10).status_code == 400
+
+
 def test_killed_replica_loses_no_completed_request(
     replicas: list[RunningServer], balancer: httpx.Client, nginx_dir: Path
 ) -> None:

@@ -94,8 +94,9 @@ def test_reload_swaps_under_load_refuses_bad_profiles_and_follows_sighup(tmp_pat
         assert drafter_kind(keyed) == "draft-model"
         assert '"draft_n"' in keyed.post("/completion", json=BODY).text
 
-        # SIGHUP reloads whatever the profile says; this one also turns the route off.
-        write(tmp_path, "live", TARGET_ONLY)
+        # SIGHUP reloads whatever the profile says; this one also turns the route off, which it
+        # must say it may (an access key: a warning names it).
+        write(tmp_path, "live", TARGET_ONLY + "[server]\nreload_may_change_auth = true\n")
         server.process.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 60
         while drafter_kind(keyed) != "none":
@@ -113,6 +114,7 @@ def test_reload_swaps_under_load_refuses_bad_profiles_and_follows_sighup(tmp_pat
         ("reload_requested", "http"),
         ("reload_refused", "http"),
         ("reload_requested", "SIGHUP"),
+        ("reload_changed_access", "SIGHUP"),
         ("reload_succeeded", "SIGHUP"),
     ]
     assert len(server.events("engine_released")) == 2

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.loading import EMBEDDED_TARGET
 from app.loading.runner import PREFILL_CHUNK
 from app.profiles.tenants import tenant_id
 from tests.support.cli import mlxcel
@@ -106,21 +107,37 @@ def test_slots_show_another_tenants_row_only_as_busy(server: RunningServer) -> N
 
 
 def test_a_global_prompt_cache_is_shared_and_a_reload_reads_the_key_file_again(tmp_path: Path) -> None:
-    env = {"MLXCEL_SERVER__PROMPT_CACHE_SCOPE": "global"}
+    """Rotating keys by editing the key file is a change of who may call: refused until the
+    profile allows it (server.reload_may_change_auth), then the new keys serve."""
     keys = key_file(tmp_path)
-    with serve(tmp_path, "--profile", "target-only", "--api-key-file", str(keys), env=env) as shared:
+    profile = tmp_path / "keyed.toml"
+    body = f'target = "{EMBEDDED_TARGET}"\n[server]\napi_key_file = "{keys}"\nprompt_cache_scope = "global"\n'
+    profile.write_text(body)
+    with serve(tmp_path, "--profile", str(profile)) as shared:
         prompt = tokens(13, 2 * B + 37)
         assert complete(shared, ALPHA, prompt)["cache_n"] == 0
         assert complete(shared, BETA, prompt)["cache_n"] == 2 * B
         keys.write_text(f"{ALPHA}\n{SOLO}\n")  # beta's key is revoked, solo's added
-        shared.process.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 60
-        while not shared.events("reload_succeeded"):
-            assert time.monotonic() < deadline, "SIGHUP did not reload"
-            time.sleep(0.1)
+        (refused,) = sighup(shared, "reload_refused")
+        assert "server.api_key_file (the keys in it)" in refused["reason"] and refused["level"] == "warning"
+        profile.write_text(body + "reload_may_change_auth = true\n")
+        sighup(shared, "reload_succeeded")
+        (changed,) = shared.events("reload_changed_access")
+        assert changed["keys"] == ["server.api_key_file (the keys in it)"]
         statuses = [httpx.get(f"{shared.url}/slots", headers=bearer(key)).status_code for key in (ALPHA, BETA, SOLO)]
         assert statuses == [200, 401, 200]
     assert not any(key in shared.log.read_text() for key in (SOLO, ALPHA, BETA))
+
+
+def sighup(server: RunningServer, outcome: str) -> list[dict]:
+    """Send SIGHUP and wait for the reload's `outcome` event; every such event so far."""
+    before = len(server.events(outcome))
+    server.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 60
+    while len(server.events(outcome)) == before:
+        assert time.monotonic() < deadline, f"SIGHUP: no {outcome}"
+        time.sleep(0.1)
+    return server.events(outcome)
 
 
 def test_a_missing_key_file_fails_at_startup_naming_it(tmp_path: Path) -> None:
