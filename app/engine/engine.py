@@ -25,6 +25,7 @@ from app.engine.row import Failed, Job
 from app.engine.scheduler import EngineState, Scheduler, UnavailableError, unavailable_message
 from app.engine.snapshot import EngineSnapshot, copy_metrics, row_view
 from app.profiles.schema import Settings
+from app.profiles.tenants import Tenants
 from app.runtime.logging import log_internal_error
 
 __all__ = ["Engine", "EngineState", "UnavailableError", "unavailable_message"]
@@ -37,8 +38,12 @@ class Engine:
         on_failure: Callable[[BaseException], None] | None = None,
         on_ready: Callable[[Engine], None] | None = None,
         prepare_drafter: bool = False,
+        tenants: Tenants | None = None,
     ) -> None:
         self.settings = settings
+        # the API keys, read once: the key file as it was when this engine was built (a reload
+        # compares the next file's keys with these)
+        self.tenants = Tenants.of(settings.server) if tenants is None else tenants
         # a reload's engine: load a block drafter and run its exactness probes before turning READY
         self.prepare_drafter = prepare_drafter
         self.host = ModelHost(settings)

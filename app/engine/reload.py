@@ -77,11 +77,11 @@ def restart_only_changes(old: Settings, new: Settings) -> list[str]:
 KEY_FILE_CONTENTS = "server.api_key_file (the keys in it)"
 
 
-def access_changes(old: Settings, new: Settings) -> list[str]:
-    """The access keys the new profile changes, by name only (the values may be secrets); an
-    edited key file under the same path changes who may call too."""
-    changed = list(changes(old, new, ACCESS_KEYS))
-    if "server.api_key_file" not in changed and Tenants.of(old.server) != Tenants.of(new.server):
+def access_changes(old: Engine, new: Settings, new_tenants: Tenants) -> list[str]:
+    """The access keys the new profile changes, by name only (the values may be secrets); a key
+    file edited under the same path changes who may call too."""
+    changed = list(changes(old.settings, new, ACCESS_KEYS))
+    if not changed and new_tenants != old.tenants:
         changed.append(KEY_FILE_CONTENTS)
     return changed
 
@@ -161,16 +161,17 @@ class Reloader:
         if changed:
             raise ReloadRefusedError(f"{'; '.join(changed)}: only a restart changes these; nothing was reloaded")
         try:
-            changed = access_changes(current.settings, settings)
+            tenants = Tenants.of(settings.server)
         except (OSError, UnicodeDecodeError) as exc:  # the key file went away since the profile was checked
             raise ReloadRefusedError(f"server.api_key_file: cannot read the key file: {exc}") from exc
+        changed = access_changes(current, settings, tenants)
         if changed and not settings.server.reload_may_change_auth:
             raise ReloadRefusedError(
                 f"{', '.join(changed)}: the new profile changes who may call or what they see; set "
                 "server.reload_may_change_auth = true in it to allow that, or restore them; nothing was reloaded"
             )
         try:
-            engine = Engine(settings, prepare_drafter=True)
+            engine = Engine(settings, prepare_drafter=True, tenants=tenants)
         except (ProfileError, ModelLoadError) as exc:
             raise ReloadRefusedError(str(exc)) from exc
         engine.start()

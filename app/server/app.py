@@ -7,7 +7,6 @@ from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 from litestar.handlers import HTTPRouteHandler
 
-from app.profiles.tenants import Tenants
 from app.server.access import REQUEST_ID_HEADER
 from app.server.auth import require_api_key
 from app.server.body import StrictJsonRequest
@@ -91,12 +90,12 @@ def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) 
     app.state.engines = engines
     app.state.reloader = reloader
     app.state.settings = settings  # the live profile's: the API key and JSON depth follow a reload
-    app.state.tenants = Tenants.of(settings.server)  # its keys (the key file read again on a reload)
+    app.state.tenants = engines.current.tenants  # its keys (a reload's engine read the key file again)
     app.state.http_metrics = HttpMetrics()  # counted by the access log, read by /metrics; outlives reloads
 
     def follow(new: Engine) -> None:
         app.state.settings = new.settings
-        app.state.tenants = Tenants.of(new.settings.server)
+        app.state.tenants = new.tenants
 
     engines.on_swap.append(follow)
     return app
