@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Any
@@ -46,13 +47,18 @@ SAMPLING_FIELDS = (
 )
 
 
-def max_tokens(request: SamplingFields, settings: Settings) -> int:
-    """n_predict, or its OpenAI aliases; -1 means until EOS, capped by the server's limit."""
+def requested_tokens(request: SamplingFields, settings: Settings) -> int:
+    """n_predict, or its OpenAI aliases, or the profile's default; -1 means until EOS."""
     values = (request.n_predict, request.max_tokens, request.max_completion_tokens)
     value = next((v for v in values if v is not None), settings.sampling.n_predict)
     if value < -1:
         raise ApiError(400, f"n_predict must be -1 (until EOS) or >= 0, got {value}")
-    cap = settings.server.max_tokens
+    return value
+
+
+def max_tokens(request: SamplingFields, settings: Settings) -> int:
+    """The tokens a row may decide: the requested number (-1: until EOS), capped by the server's limit."""
+    value, cap = requested_tokens(request, settings), settings.server.max_tokens
     return cap if value == -1 else min(value, cap)
 
 
@@ -279,11 +285,13 @@ NO_ECHO_LOGPROBS = (
 )
 
 
-def probs_request(request: SamplingFields) -> ProbsRequest | None:
+def probs_request(request: SamplingFields, settings: Settings, rows: int = 1) -> ProbsRequest | None:
     """The log-probabilities a request asks for, in its route's spelling; None: none.
 
     OpenAI chat: `logprobs` with `top_logprobs`; OpenAI completions: `logprobs` as a count;
     llama-server: `n_probs` (any route, as llama-server reads it) and `post_sampling_probs`.
+    Each of the request's `rows` gets an equal share of server.max_logprob_entries
+    (logprob_share).
     """
     top, wanted = request.n_probs, request.n_probs > 0
     if not 0 <= top <= MAX_N_PROBS:
@@ -303,7 +311,31 @@ def probs_request(request: SamplingFields) -> ProbsRequest | None:
         raise ApiError(400, "post_sampling_probs needs n_probs > 0 (or logprobs) to report anything")
     if wanted and isinstance(request, OpenAICompletionRequest) and request.echo:
         raise ApiError(400, NO_ECHO_LOGPROBS)
-    return ProbsRequest(top, request.post_sampling_probs) if wanted else None
+    if not wanted:
+        return None
+    return logprob_share(ProbsRequest(top, request.post_sampling_probs), request, settings, rows)
+
+
+def logprob_share(probs: ProbsRequest, request: SamplingFields, settings: Settings, rows: int) -> ProbsRequest:
+    """`probs` bounded to its row's share of server.max_logprob_entries (the request's budget
+    split evenly over its rows, so the rows together stay within it).
+
+    A request that names its length is refused now when that length would pass the share; one
+    that runs until EOS usually ends far sooner than server.max_tokens, so it runs, and stops
+    with a 400 only if it reaches its share (ProbsRequest.check_room)."""
+    budget = settings.server.max_logprob_entries
+    bounded = dataclasses.replace(probs, max_entries=budget // rows)
+    if requested_tokens(request, settings) == -1:
+        return bounded
+    tokens = max_tokens(request, settings)
+    wanted = rows * bounded.entries(tokens)
+    if bounded.entries(tokens) > bounded.max_entries:
+        raise ApiError(
+            400,
+            f"log-probabilities: {rows} row(s) x {tokens} tokens x {probs.top + 1} entries make {wanted}; "
+            f"this server builds at most {budget} per request (server.max_logprob_entries)",
+        )
+    return bounded
 
 
 def row_request(
@@ -313,9 +345,10 @@ def row_request(
     params: SamplingParams,
     choice: int = 0,
     grammar: Grammar | None = None,
+    rows: int = 1,
 ) -> RowRequest:
-    """Row `choice` of a prompt; `grammar` is the request's (requests.grammar, built once for
-    all its rows: each row gets its own matcher over it)."""
+    """Row `choice` of a prompt, one of the request's `rows`; `grammar` is the request's
+    (requests.grammar, built once for all its rows: each row gets its own matcher over it)."""
     if len(tokens) > settings.server.max_prompt_tokens:
         raise ApiError(
             400,
@@ -337,7 +370,7 @@ def row_request(
         n_max=n_max,
         n_min=max(0, request.speculative_n_min or 0),
         p_min=p_min,
-        probs=probs_request(request),
+        probs=probs_request(request, settings, rows),
         grammar=grammar,
         cache_prompt=request.cache_prompt,
     )
