@@ -12,7 +12,6 @@ from typing import Any, TextIO
 import msgspec
 import structlog
 
-
 FIELD_CAP = 4096  # characters one logged string may keep: a grammar, a body or a path is cut here
 EXCEPTION_CAP = 32_768  # a traceback's: larger, since a deep one is worth reading, but still bounded
 
