@@ -158,19 +158,35 @@ def test_the_audits_amplification_is_a_quick_400_and_health_stays_responsive(tar
 
 @pytest.mark.slow
 def test_ordinary_logprob_requests_still_answer(target_only_server) -> None:
-    """OpenAI's top_logprobs 20 on chat; and a large native body (100,000 entries, some 9 MB),
-    built off the event loop while /health answers."""
+    """OpenAI's top_logprobs 20 on chat, and llama-server's n_probs on a list of prompts."""
     with target_only_server.client() as http:
         chat = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 20}
         answer = http.post("/v1/chat/completions", json=chat | {"max_tokens": 8})
         assert answer.status_code == 200, answer.text[:300]
         assert all(len(e["top_logprobs"]) == 20 for e in answer.json()["choices"][0]["logprobs"]["content"])
-        large = {"prompt": "def f(x):", "n_probs": 499, "n_predict": 200, "temperature": 0, "ignore_eos": True}
-        with health_canary(target_only_server.url) as health:
-            answer = http.post("/completion", json=large)
+        native = {"prompt": ["def f(x):", "class A:"], "n_probs": 10, "n_predict": 8, "temperature": 0}
+        answer = http.post("/completion", json=native)
     assert answer.status_code == 200, answer.text[:300]
-    assert len(answer.json()["completion_probabilities"]) == 200
-    assert max(health) < HEALTH_S, health
+    assert all(len(body["completion_probabilities"]) == body["tokens_predicted"] for body in answer.json())
+
+
+@pytest.fixture(scope="module")
+def raised_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """Budgets an operator raised: room for a body of some 40 MB."""
+    env = {"MLXCEL_SERVER__MAX_LOGPROB_ENTRIES": "600000", "MLXCEL_SERVER__MAX_RESPONSE_BYTES": str(128 << 20)}
+    with serve(tmp_path_factory.mktemp("raised"), "--profile", "target-only", env=env) as running:
+        yield running
+
+
+@pytest.mark.slow
+def test_a_large_body_is_built_off_the_event_loop(raised_server) -> None:
+    """500 tokens x 1000 entries: shaping and encoding it held the event loop 3 s before."""
+    large = {"prompt": "def f(x):", "n_probs": 999, "n_predict": 500, "temperature": 0, "ignore_eos": True}
+    with health_canary(raised_server.url) as health, raised_server.client() as http:
+        answer = http.post("/completion", json=large)
+    assert answer.status_code == 200, answer.text[:300]
+    assert len(answer.content) > 30_000_000
+    assert max(health) < HEALTH_S, max(health)
 
 
 @pytest.mark.slow
