@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from typing import Any
@@ -290,8 +289,7 @@ def probs_request(request: SamplingFields, settings: Settings, rows: int = 1) ->
 
     OpenAI chat: `logprobs` with `top_logprobs`; OpenAI completions: `logprobs` as a count;
     llama-server: `n_probs` (any route, as llama-server reads it) and `post_sampling_probs`.
-    Each of the request's `rows` gets an equal share of server.max_logprob_entries
-    (logprob_share).
+    Each of the request's `rows` gets an equal share of server.max_logprob_entries.
     """
     top, wanted = request.n_probs, request.n_probs > 0
     if not 0 <= top <= MAX_N_PROBS:
@@ -313,29 +311,26 @@ def probs_request(request: SamplingFields, settings: Settings, rows: int = 1) ->
         raise ApiError(400, NO_ECHO_LOGPROBS)
     if not wanted:
         return None
-    return logprob_share(ProbsRequest(top, request.post_sampling_probs), request, settings, rows)
+    probs = ProbsRequest(top, request.post_sampling_probs, settings.server.max_logprob_entries // rows)
+    refuse_known_excess(probs, request, settings, rows)
+    return probs
 
 
-def logprob_share(probs: ProbsRequest, request: SamplingFields, settings: Settings, rows: int) -> ProbsRequest:
-    """`probs` bounded to its row's share of server.max_logprob_entries (the request's budget
-    split evenly over its rows, so the rows together stay within it).
-
-    A request that names its length is refused now when that length would pass the share; one
-    that runs until EOS usually ends far sooner than server.max_tokens, so it runs, and stops
-    with a 400 only if it reaches its share (ProbsRequest.check_room)."""
-    budget = settings.server.max_logprob_entries
-    bounded = dataclasses.replace(probs, max_entries=budget // rows)
+def refuse_known_excess(probs: ProbsRequest, request: SamplingFields, settings: Settings, rows: int) -> None:
+    """A request that names its length is refused up front when a row's entries would pass its
+    share (ProbsRequest.max_entries: the budget split evenly, so the rows together stay within
+    it). One that runs until EOS usually ends far sooner than server.max_tokens, so it runs, and
+    a row stops with a 400 only once it reaches its share (ProbsRequest.check_room)."""
     if requested_tokens(request, settings) == -1:
-        return bounded
-    tokens = max_tokens(request, settings)
-    wanted = rows * bounded.entries(tokens)
-    if bounded.entries(tokens) > bounded.max_entries:
+        return
+    tokens, budget = max_tokens(request, settings), settings.server.max_logprob_entries
+    wanted = rows * probs.entries(tokens)  # over the budget exactly when a row's pass its share
+    if wanted > budget:
         raise ApiError(
             400,
             f"log-probabilities: {rows} row(s) x {tokens} tokens x {probs.top + 1} entries make {wanted}; "
             f"this server builds at most {budget} per request (server.max_logprob_entries)",
         )
-    return bounded
 
 
 def row_request(
