@@ -72,6 +72,7 @@ class RowState:
         """
         if self.probs is None:
             return
+        self.probs.check_room(len(self.reported) + len(decided))
         n, start = len(decided), len(self.tokens) - len(decided)
         rows = None if p is None else p[:n]
         logits = logits[:n]

@@ -50,6 +50,10 @@ class Reporter:
     def drafter_unavailable(self, job: Job, reason: str) -> None:
         self._log.warning("drafter_unavailable", request_id=job.request_id, reason=reason)
 
+    def bound_reached(self, job: Job, reason: str) -> None:
+        """A row stopped at its request's bound (the client got 400 with `reason`)."""
+        self._log.warning("request_bound_reached", request_id=job.request_id, reason=reason)
+
     def cancelled(self, job: Job, decided: int) -> None:
         self._log.info("request_cancelled", request_id=job.request_id, decided=decided)
 

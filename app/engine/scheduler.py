@@ -32,6 +32,7 @@ from app.engine.host import ModelHost
 from app.engine.reporter import Reporter
 from app.engine.row import Event, Failed, Job, Row, Started
 from app.profiles.schema import ServerSettings
+from app.runtime.bounds import RequestBoundError
 from app.runtime.logging import internal_error_message, log_internal_error
 
 IDLE_WAIT_S = 0.05
@@ -201,7 +202,13 @@ class Scheduler:
         return len(row.generation.emitted) if row is not None else 0
 
     def _fail_row(self, job: Job, exc: Exception, stage: str) -> None:
-        """One row's internal error: logged with its traceback under an id the client also gets."""
+        """One row's internal error: logged with its traceback under an id the client also gets.
+
+        A row that reached its request's bound is the request's doing: a 400 naming the limit."""
+        if isinstance(exc, RequestBoundError):
+            self.reporter.bound_reached(job, str(exc))
+            self._deliver(job, Failed(str(exc), 400, "invalid_request_error"))
+            return
         failure_id = log_internal_error(self._log, "row_failed", exc, request_id=job.request_id, stage=stage)
         self._deliver(job, Failed(internal_error_message(failure_id, exc)))
 

@@ -96,6 +96,11 @@ class ServerSettings(Group):
     chat_template_file: str | None = None  # operator's Jinja chat template (sandboxed); default: the model's
     template_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=60.0)] = 2.0  # a render running longer: 400
     template_max_chars: Annotated[int, msgspec.Meta(ge=1024)] = 4 * 1024 * 1024  # a larger rendered prompt: 400
+    # What one request may make the server build (docs/reliability.md, "Limits"): log-probability
+    # entries (a token's own and each alternative, over all its rows: 4096 tokens x 32 by default,
+    # so one row of OpenAI's top_logprobs 20 at max_tokens fits) and a non-streamed body's bytes.
+    max_logprob_entries: Annotated[int, msgspec.Meta(ge=1)] = 131_072
+    max_response_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024 * 1024
     # the prompt cache (app/loading/prompt_cache.py): its budget in MiB (0 turns it off) and entries
     prompt_cache_mb: Annotated[int, msgspec.Meta(ge=0, le=1 << 20)] = 512
     prompt_cache_entries: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64

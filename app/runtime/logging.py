@@ -12,11 +12,36 @@ from typing import Any, TextIO
 import msgspec
 import structlog
 
+FIELD_CAP = 4096  # characters one logged string may keep: a grammar, a body or a path is cut here
+EXCEPTION_CAP = 32_768  # a traceback's: larger, since a deep one is worth reading, but still bounded
+
+
+def capped(value: Any, cap: int) -> Any:
+    """`value` with every string in it (through dicts, lists and tuples) cut to `cap` characters,
+    each cut one ending with a marker saying how many characters went."""
+    if isinstance(value, str):
+        return value if len(value) <= cap else f"{value[:cap]}...[{len(value) - cap} characters cut]"
+    if isinstance(value, dict):
+        return {key: capped(item, cap) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [capped(item, cap) for item in value]
+    return value
+
+
+def cap_fields(_logger: object, _method: str, event: dict) -> dict:
+    """A processor: no logged field carries a whole grammar, body or prompt, so no line runs to
+    megabytes; `exception` (the traceback) gets the larger EXCEPTION_CAP."""
+    return {key: capped(value, EXCEPTION_CAP if key == "exception" else FIELD_CAP) for key, value in event.items()}
+
+
+def _as_text(value: object) -> str:
+    return capped(str(value), FIELD_CAP)
+
 
 def _json(_logger: object, _method: str, event: dict) -> str:
     """One JSON object per line (msgspec is several times faster than json.dumps here); a value
-    JSON has no form for is written as its str()."""
-    return msgspec.json.encode(event, enc_hook=str).decode()
+    JSON has no form for is written as its str(), capped like any field."""
+    return msgspec.json.encode(event, enc_hook=_as_text).decode()
 
 
 STANDARD_STREAMS = ("stdout", "stderr")
@@ -83,7 +108,8 @@ def configure_logging(level: str | None, *, fmt: str = "json", stream: TextIO | 
         raise ValueError(f"unknown log level {level!r} (use debug, info, warning, error)")
     stream = stream or sys.stderr
     # Both kinds of record get the same keys before rendering: structlog's through its own chain,
-    # the standard library's through foreign_pre_chain (their message becomes `event`).
+    # the standard library's through foreign_pre_chain (their message becomes `event`). Both then
+    # pass the formatter's `processors`, where the fields are capped (renderers).
     stamp = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -114,11 +140,12 @@ def renderers(fmt: str, stream: TextIO) -> list[structlog.typing.Processor]:
     """JSON lines, unless the profile asks for the console format and a person reads the stream.
 
     `log.exception` puts the traceback into the JSON line's "exception"; the console renderer
-    formats tracebacks itself.
+    formats tracebacks itself. Fields are capped (cap_fields) once the traceback is text, the
+    last step before rendering, which every record of both chains passes.
     """
     if fmt == "console" and stream.isatty():
-        return [structlog.dev.ConsoleRenderer(colors=True)]
-    return [structlog.processors.format_exc_info, _json]
+        return [cap_fields, structlog.dev.ConsoleRenderer(colors=True)]
+    return [structlog.processors.format_exc_info, cap_fields, _json]
 
 
 def log_internal_error(logger: Any, event: str, exc: BaseException, **fields: Any) -> str:

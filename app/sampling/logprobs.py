@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from app.runtime.bounds import RequestBoundError
 from app.sampling.distribution import Distribution
 from app.sampling.pipeline import SamplerPipeline
 
@@ -28,10 +29,30 @@ LOWEST = -3.4028234663852886e38  # float32's lowest: log(0) in JSON, which has n
 
 @dataclass(frozen=True)
 class ProbsRequest:
-    """What a request asked for: `top` alternatives per token, from the model's or the sampler's row."""
+    """What a request asked for: `top` alternatives per token, from the model's or the sampler's row.
+
+    `max_entries`: the row's share of `server.max_logprob_entries` (None: unbounded, offline
+    callers). An entry is one token's own log-probability or one of its alternatives, so a token
+    costs `top + 1` of them; each is an object in the answer.
+    """
 
     top: int = 0
     post_sampling: bool = False
+    max_entries: int | None = None
+
+    def entries(self, tokens: int) -> int:
+        """The entries `tokens` decided tokens report."""
+        return tokens * (self.top + 1)
+
+    def check_room(self, tokens: int) -> None:
+        """Refuse to report `tokens` tokens in all when they pass the row's share: checked before
+        computing them, so a row over its bound stops instead of accumulating them."""
+        if self.max_entries is not None and self.entries(tokens) > self.max_entries:
+            raise RequestBoundError(
+                f"log-probabilities: {tokens} tokens x {self.top + 1} entries pass this row's share "
+                f"({self.max_entries} entries) of server.max_logprob_entries; ask for fewer tokens "
+                "(n_predict / max_tokens), fewer alternatives (n_probs / top_logprobs / logprobs) or fewer rows"
+            )
 
 
 @dataclass(frozen=True)

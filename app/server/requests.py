@@ -46,13 +46,18 @@ SAMPLING_FIELDS = (
 )
 
 
-def max_tokens(request: SamplingFields, settings: Settings) -> int:
-    """n_predict, or its OpenAI aliases; -1 means until EOS, capped by the server's limit."""
+def requested_tokens(request: SamplingFields, settings: Settings) -> int:
+    """n_predict, or its OpenAI aliases, or the profile's default; -1 means until EOS."""
     values = (request.n_predict, request.max_tokens, request.max_completion_tokens)
     value = next((v for v in values if v is not None), settings.sampling.n_predict)
     if value < -1:
         raise ApiError(400, f"n_predict must be -1 (until EOS) or >= 0, got {value}")
-    cap = settings.server.max_tokens
+    return value
+
+
+def max_tokens(request: SamplingFields, settings: Settings) -> int:
+    """The tokens a row may decide: the requested number (-1: until EOS), capped by the server's limit."""
+    value, cap = requested_tokens(request, settings), settings.server.max_tokens
     return cap if value == -1 else min(value, cap)
 
 
@@ -279,11 +284,12 @@ NO_ECHO_LOGPROBS = (
 )
 
 
-def probs_request(request: SamplingFields) -> ProbsRequest | None:
+def probs_request(request: SamplingFields, settings: Settings, rows: int = 1) -> ProbsRequest | None:
     """The log-probabilities a request asks for, in its route's spelling; None: none.
 
     OpenAI chat: `logprobs` with `top_logprobs`; OpenAI completions: `logprobs` as a count;
     llama-server: `n_probs` (any route, as llama-server reads it) and `post_sampling_probs`.
+    Each of the request's `rows` gets an equal share of server.max_logprob_entries.
     """
     top, wanted = request.n_probs, request.n_probs > 0
     if not 0 <= top <= MAX_N_PROBS:
@@ -303,7 +309,28 @@ def probs_request(request: SamplingFields) -> ProbsRequest | None:
         raise ApiError(400, "post_sampling_probs needs n_probs > 0 (or logprobs) to report anything")
     if wanted and isinstance(request, OpenAICompletionRequest) and request.echo:
         raise ApiError(400, NO_ECHO_LOGPROBS)
-    return ProbsRequest(top, request.post_sampling_probs) if wanted else None
+    if not wanted:
+        return None
+    probs = ProbsRequest(top, request.post_sampling_probs, settings.server.max_logprob_entries // rows)
+    refuse_known_excess(probs, request, settings, rows)
+    return probs
+
+
+def refuse_known_excess(probs: ProbsRequest, request: SamplingFields, settings: Settings, rows: int) -> None:
+    """A request that names its length is refused up front when a row's entries would pass its
+    share (ProbsRequest.max_entries: the budget split evenly, so the rows together stay within
+    it). One that runs until EOS usually ends far sooner than server.max_tokens, so it runs, and
+    a row stops with a 400 only once it reaches its share (ProbsRequest.check_room)."""
+    if requested_tokens(request, settings) == -1:
+        return
+    tokens, budget = max_tokens(request, settings), settings.server.max_logprob_entries
+    wanted = rows * probs.entries(tokens)  # over the budget exactly when a row's pass its share
+    if wanted > budget:
+        raise ApiError(
+            400,
+            f"log-probabilities: {rows} row(s) x {tokens} tokens x {probs.top + 1} entries make {wanted}; "
+            f"this server builds at most {budget} per request (server.max_logprob_entries)",
+        )
 
 
 def row_request(
@@ -313,11 +340,13 @@ def row_request(
     params: SamplingParams,
     choice: int = 0,
     grammar: Grammar | None = None,
+    rows: int = 1,
     *,
     tenant: str,
 ) -> RowRequest:
-    """Row `choice` of a prompt, for `tenant` (the one the API key identified); `grammar` is the
-    request's (requests.grammar, built once for all its rows: each row gets its own matcher over it)."""
+    """Row `choice` of a prompt, one of the request's `rows`, for `tenant` (the one the API key
+    identified); `grammar` is the request's (requests.grammar, built once for all its rows: each
+    row gets its own matcher over it)."""
     if len(tokens) > settings.server.max_prompt_tokens:
         raise ApiError(
             400,
@@ -339,7 +368,7 @@ def row_request(
         n_max=n_max,
         n_min=max(0, request.speculative_n_min or 0),
         p_min=p_min,
-        probs=probs_request(request),
+        probs=probs_request(request, settings, rows),
         grammar=grammar,
         cache_prompt=request.cache_prompt,
         tenant=tenant,

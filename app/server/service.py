@@ -115,15 +115,16 @@ def start(
     choice: int = 0,
     request_id: str | None = None,
     grammar: Grammar | None = None,
+    rows: int = 1,
 ) -> tuple[Submission, GenerationSettings]:
-    """Validate the sampling fields, build the row request (choice `choice` of its prompt, under
-    the request's `grammar`) and submit it.
+    """Validate the sampling fields, build the row request (choice `choice` of its prompt, one
+    of the request's `rows`, under the request's `grammar`) and submit it.
 
     Returns the submission and the settings the request runs with (for its answer).
     """
     settings = engine.settings
     params = requests.sampling(data, settings, engine.tokenizer, engine.vocab_size)
-    row_request = requests.row_request(data, tokens, settings, params, choice, grammar, tenant=tenant_of(request))
+    row_request = requests.row_request(data, tokens, settings, params, choice, grammar, rows, tenant=tenant_of(request))
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -211,6 +212,7 @@ def start_rows(
     request's grammar is built once, and each row follows it with its own matcher."""
     field_policy.refuse_unhonoured(data)
     check_rows(len(prompts), n, engine.settings)
+    rows = len(prompts) * n
     grammar = requests.grammar(data)
     request_id = access.request_id()
     submissions: list[Submission] = []
@@ -220,7 +222,15 @@ def start_rows(
             for choice in range(n):
                 row_id = f"{request_id}-{len(submissions)}" if submissions else request_id
                 submission, row_settings = start(
-                    request, engine, data, tokens, route, choice=choice, request_id=row_id, grammar=grammar
+                    request,
+                    engine,
+                    data,
+                    tokens,
+                    route,
+                    choice=choice,
+                    request_id=row_id,
+                    grammar=grammar,
+                    rows=rows,
                 )
                 submissions.append(submission)
                 settings.append(row_settings)

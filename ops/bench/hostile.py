@@ -91,6 +91,14 @@ def corpus(max_body_bytes: int = 16 * 1024 * 1024) -> list[Hostile]:
             "body over max_body_bytes", "POST", "/completion", 413, b'{"prompt": "' + b"x" * max_body_bytes + b'"}'
         ),
         Hostile("n_predict -2", "POST", "/completion", 400, {**PROMPT, "n_predict": -2}),
+        # Issue 24's amplification: 8 x 300 x 1001 log-probability entries (a 200 MB answer before)
+        Hostile(
+            "8 prompts x n_probs 1000 x n_predict 300",
+            "POST",
+            "/completion",
+            400,
+            {"prompt": ["def f(x):"] * 8, "n_probs": 1000, "n_predict": 300},
+        ),
         Hostile("unknown route", "GET", "/no-such-route", 404),
         Hostile("wrong method", "GET", "/completion", 405),
     ]

@@ -11,6 +11,7 @@ from litestar.params import JSONBody
 from litestar.response import Stream
 
 from app.server import requests, shaping, tools
+from app.server.bodies import json_response
 from app.server.engine_view import EngineView, require_ready
 from app.server.errors import ApiError
 from app.server.openapi import streamed_or
@@ -52,8 +53,13 @@ class ChatController(Controller):
         if data.stream:
             return await sse(rows, chat_frames(rows, data.timings_per_token, head, data.n, logprobs))
         results = await rows.results()
-        body = shaping.chat_completion(head, results, logprobs, plan)
-        return Response(body, headers=shaping.rule_header([r.rule for r in results]))
+        return await json_response(
+            lambda: shaping.chat_completion(head, results, logprobs, plan),
+            results,
+            [],
+            engine.settings.server.max_response_bytes,
+            shaping.rule_header([r.rule for r in results]),
+        )
 
 
 async def chat_frames(

@@ -12,6 +12,7 @@ from litestar.response import Stream
 
 from app.server import prompts as prompt_shapes
 from app.server import shaping
+from app.server.bodies import json_response
 from app.server.engine_view import EngineView, require_ready
 from app.server.openapi import streamed_or
 from app.server.responses import TextCompletion
@@ -47,8 +48,13 @@ class OpenAICompletionController(Controller):
         if data.stream:
             return await sse(rows, echoed_frames(rows, data, head, echoes, logprobs))
         results = await rows.results()
-        body = shaping.text_completion_body(head, results, data.n, echoes, logprobs)
-        return Response(body, headers=shaping.rule_header([r.rule for r in results]))
+        return await json_response(
+            lambda: shaping.text_completion_body(head, results, data.n, echoes, logprobs),
+            results,
+            echoes,
+            engine.settings.server.max_response_bytes,
+            shaping.rule_header([r.rule for r in results]),
+        )
 
 
 async def echoed_frames(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency
@@ -11,6 +12,7 @@ from litestar.response import Stream
 
 from app.server import prompts as prompt_shapes
 from app.server import shaping
+from app.server.bodies import json_response
 from app.server.engine_view import EngineView, require_ready
 from app.server.openapi import streamed_or
 from app.server.responses import NativeCompletion
@@ -47,11 +49,15 @@ class NativeCompletionController(Controller):
         if data.stream:
             return await sse(rows, native_frames(rows, texts, logprobs=logprobs, **shape))
         results = await rows.results()
-        bodies = [
-            shaping.native_body(result, settings, text, streamed=False, index=index, logprobs=shaper, **shape)
-            for index, (result, settings, text, shaper) in enumerate(
-                zip(results, rows.settings, texts, logprobs, strict=True)
-            )
-        ]
+
+        def body() -> Any:
+            shaped = [
+                shaping.native_body(result, settings, text, streamed=False, index=index, logprobs=shaper, **shape)
+                for index, (result, settings, text, shaper) in enumerate(
+                    zip(results, rows.settings, texts, logprobs, strict=True)
+                )
+            ]
+            return shaped[0] if len(shaped) == 1 else shaped
+
         headers = shaping.rule_header([result.rule for result in results])
-        return Response(bodies[0] if len(bodies) == 1 else bodies, headers=headers)
+        return await json_response(body, results, texts, engine.settings.server.max_response_bytes, headers)
