@@ -33,6 +33,7 @@ from app.engine.reporter import Reporter
 from app.engine.row import Event, Failed, Job, Row, Started
 from app.profiles.schema import ServerSettings
 from app.runtime.logging import internal_error_message, log_internal_error
+from app.sampling.grammar import GrammarError
 
 IDLE_WAIT_S = 0.05
 
@@ -201,7 +202,13 @@ class Scheduler:
         return len(row.generation.emitted) if row is not None else 0
 
     def _fail_row(self, job: Job, exc: Exception, stage: str) -> None:
-        """One row's internal error: logged with its traceback under an id the client also gets."""
+        """One row's failure. Its grammar's (a mask over llguidance's fuel or the CPU budget) is
+        the client's: a 400, logged without the grammar; any other is an internal error, logged
+        with its traceback under an id the client also gets."""
+        if isinstance(exc, GrammarError):
+            self._log.warning("row_grammar_failed", request_id=job.request_id, stage=stage, reason=str(exc))
+            self._deliver(job, Failed(str(exc), 400, "invalid_request_error"))
+            return
         failure_id = log_internal_error(self._log, "row_failed", exc, request_id=job.request_id, stage=stage)
         self._deliver(job, Failed(internal_error_message(failure_id, exc)))
 
