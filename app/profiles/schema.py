@@ -108,7 +108,7 @@ class GrammarSettings(Group):
     # checked in pure Python before compiling (400s naming the key)
     max_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 << 20)] = 256 * 1024  # the grammar or schema text
     max_rules: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1000  # GBNF rules
-    max_ref_depth: Annotated[int, msgspec.Meta(ge=1, le=900)] = 128  # $ref chain (about 1000 overflows llguidance)
+    max_ref_depth: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 128  # $ref chain (about 1000 overflow llguidance)
     max_definitions: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 2000  # $defs / definitions entries
     max_alternatives: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1000  # one anyOf / oneOf / enum
     max_property_name: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 1024  # characters

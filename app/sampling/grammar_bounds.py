@@ -10,13 +10,14 @@ and its property names. Each refusal names its [grammar] key.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from app.sampling.grammar import GrammarError
 from app.sampling.grammar_child import GrammarLimits
 
 RULE = re.compile(r"::=")
-LOCAL_REF = re.compile(r"#/(\$defs|definitions)/([^/]+)$")
+DEFINITIONS = ("$defs", "definitions")
 ALTERNATIVES = ("anyOf", "oneOf", "enum")
 
 
@@ -36,28 +37,30 @@ def check_gbnf(text: str, limits: GrammarLimits) -> None:
 def check_schema(schema: dict[str, Any], text: str, limits: GrammarLimits) -> None:
     """`text` is the schema as JSON (what the compiler gets)."""
     check_size("JSON schema", text, limits)
-    definitions: dict[str, Any] = {}
-    for table in ("$defs", "definitions"):
-        found = schema.get(table)
-        if isinstance(found, dict):
-            definitions |= {f"{table}/{name}": value for name, value in found.items()}
-    if len(definitions) > limits.max_definitions:
+    definitions = sum(len(found) for table in DEFINITIONS if isinstance(found := schema.get(table), dict))
+    if definitions > limits.max_definitions:
         raise GrammarError(
-            f"JSON schema: {len(definitions)} definitions; this server accepts "
+            f"JSON schema: {definitions} definitions; this server accepts "
             f"{limits.max_definitions} (grammar.max_definitions)"
         )
-    refs = {name: set(_walk(value, limits)) for name, value in definitions.items()}
-    root_refs = set(_walk({k: v for k, v in schema.items() if k not in ("$defs", "definitions")}, limits))
-    depth = _ref_depth(root_refs, refs)
+    _walk(schema, limits)  # the widths and names everywhere, referred to or not
+    roots = _walk({key: value for key, value in schema.items() if key not in DEFINITIONS}, limits)
+    referred: dict[str, list[str]] = {}
+
+    def refs(pointer: str) -> list[str]:
+        if pointer not in referred:
+            referred[pointer] = _walk(_resolved(schema, pointer), limits)
+        return referred[pointer]
+
+    depth = _ref_depth(roots, refs)
     if depth > limits.max_ref_depth:
         raise GrammarError(
-            f"JSON schema: $ref chains {depth} definitions deep; this server accepts "
-            f"{limits.max_ref_depth} (grammar.max_ref_depth)"
+            f"JSON schema: $ref chains {depth} deep; this server accepts {limits.max_ref_depth} (grammar.max_ref_depth)"
         )
 
 
 def _walk(node: Any, limits: GrammarLimits) -> list[str]:
-    """The local definitions `node` refers to, checking widths and property names on the way."""
+    """The local `$ref` pointers in `node`, checking widths and property names on the way."""
     found: list[str] = []
     stack = [node]
     while stack:
@@ -83,15 +86,29 @@ def _walk(node: Any, limits: GrammarLimits) -> list[str]:
                     f"{limits.max_property_name} (grammar.max_property_name)"
                 )
         ref = item.get("$ref")
-        if isinstance(ref, str) and (local := LOCAL_REF.match(ref)):
-            found.append(f"{local[1]}/{local[2]}")
+        if isinstance(ref, str) and ref.startswith("#"):
+            found.append(ref[1:])
         stack.extend(value for key, value in item.items() if key != "$ref")
     return found
 
 
-def _ref_depth(roots: set[str], refs: dict[str, set[str]]) -> int:
-    """The longest chain of definitions reached from the root, iteratively (a chain may be
-    thousands long); a cycle counts once (llguidance compiles recursion without unrolling it)."""
+def _resolved(schema: Any, pointer: str) -> Any:
+    """The node a JSON pointer (`/$defs/a`) names in `schema`, or None."""
+    node = schema
+    for part in pointer.split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _ref_depth(roots: list[str], refs: Callable[[str], list[str]]) -> int:
+    """The longest chain of `$ref`s from the root, iteratively (a chain may be thousands long);
+    a cycle counts once (llguidance compiles recursion without unrolling it)."""
     depth: dict[str, int] = {}
     on_path: set[str] = set()
     deepest = 0
@@ -101,12 +118,12 @@ def _ref_depth(roots: set[str], refs: dict[str, set[str]]) -> int:
             name, done = stack.pop()
             if done:
                 on_path.discard(name)
-                depth[name] = 1 + max((depth.get(c, 0) for c in refs.get(name, ()) if c not in on_path), default=0)
+                depth[name] = 1 + max((depth.get(c, 0) for c in refs(name) if c not in on_path), default=0)
                 continue
-            if name in depth or name in on_path or name not in refs:
+            if name in depth or name in on_path:
                 continue
             on_path.add(name)
             stack.append((name, True))
-            stack.extend((child, False) for child in refs[name] if child not in depth and child not in on_path)
+            stack.extend((child, False) for child in refs(name) if child not in depth and child not in on_path)
         deepest = max(deepest, depth.get(root, 0))
     return deepest
