@@ -15,6 +15,7 @@ import time
 import httpx
 import pytest
 
+from tests.support.canary import HealthCanary
 from tests.support.server import RunningServer, serve
 
 COMPLETION = {"prompt": "x", "n_predict": 4}
@@ -84,33 +85,6 @@ def assert_serves(server: RunningServer) -> None:
         response = http.post("/completion", json={**COMPLETION, "json_schema": {"type": "integer"}})
     assert response.status_code == 200, response.text[:300]
     int(response.json()["content"])
-
-
-class HealthCanary:
-    """Polls /health from a thread; `slowest` is its slowest answer (an error counts as forever)."""
-
-    def __init__(self, url: str) -> None:
-        self.url, self.slowest, self._done = url, 0.0, threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def __enter__(self) -> HealthCanary:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _poll(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=30) as http:
-            while not self._done.is_set():
-                started = time.perf_counter()
-                try:
-                    ok = http.get("/health").status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                self.slowest = max(self.slowest, time.perf_counter() - started if ok else float("inf"))
-                time.sleep(0.05)
 
 
 @pytest.mark.slow
