@@ -100,6 +100,9 @@ class ServerSettings(Group):
     admin_reload: bool = False
 
 
+MAX_GRAMMAR_QUEUE = 256  # grammar.max_queue's ceiling: the server keeps a thread for each waiting request
+
+
 class GrammarSettings(Group):
     """What an untrusted grammar (json_schema, grammar, response_format, tools) may cost; the
     fields are app/sampling/grammar_child.py's GrammarLimits (docs/structured-output.md says why
@@ -116,7 +119,7 @@ class GrammarSettings(Group):
     # the worker process that compiles them
     compile_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=600.0)] = 2.0
     compile_memory_mb: Annotated[int, msgspec.Meta(ge=256, le=1 << 20)] = 2048
-    max_queue: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 16  # requests waiting for the worker (then 503)
+    max_queue: Annotated[int, msgspec.Meta(ge=1, le=MAX_GRAMMAR_QUEUE)] = 16  # waiting for the worker (then 503)
     cache_entries: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)] = 256  # checked grammars kept by hash
     # per row, per token: the CPU time one mask may take (the row then ends with a 400-type error)
     mask_budget_ms: Annotated[float, msgspec.Meta(gt=0.0, le=60_000.0)] = 100.0

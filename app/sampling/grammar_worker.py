@@ -34,8 +34,9 @@ CHILD = Path(grammar_child.__file__)
 STARTUP_TIMEOUT_S = 60.0  # the tokenizer's build (about a second; more on a loaded machine)
 
 
-class GrammarBusyError(Exception):
-    """More compiles are waiting than grammar.max_queue allows (a 503: try again)."""
+class GrammarUnavailableError(Exception):
+    """No compile now: more are waiting than grammar.max_queue allows, or the worker would not
+    start (a 503: try again)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class ChildGoneError(Exception):
 
 
 class GrammarCompiler:
+    """The worker process for one tokenizer and one set of limits, its queue and its cache."""
+
     def __init__(self, vocabulary: WorkerVocabulary, limits: GrammarLimits) -> None:
         self.vocabulary = vocabulary
         self.limits = limits
@@ -73,7 +76,7 @@ class GrammarCompiler:
     def compile(self, kind: str, text: str, source: str) -> Grammar:
         """The checked grammar for `text` (GBNF, or a JSON schema as JSON text); blocking.
 
-        GrammarError: refused (the message names the limit); GrammarBusyError: the queue is full.
+        GrammarError: refused (the message names the limit); GrammarUnavailableError: no compile now.
         """
         key = hashlib.sha256(f"{kind}\0{text}".encode()).hexdigest()
         verdict = self._cached(key)
@@ -97,7 +100,7 @@ class GrammarCompiler:
     def _queued(self, key: str, kind: str, text: str) -> Grammar | str:
         with self._waiting_lock:
             if self._waiting >= self.limits.max_queue:
-                raise GrammarBusyError(
+                raise GrammarUnavailableError(
                     f"grammar: {self._waiting} grammars are waiting to compile; this server queues "
                     f"{self.limits.max_queue} (grammar.max_queue); try again"
                 )
@@ -167,7 +170,7 @@ class GrammarCompiler:
         except ChildGoneError as exc:
             child.kill()
             child.wait()
-            raise GrammarError(f"grammar: the grammar compiler did not start ({exc})") from exc
+            raise GrammarUnavailableError(f"grammar: the grammar compiler did not start ({exc})") from exc
         self._log.info("grammar_worker_started", pid=child.pid)
         self._child = child
         return child

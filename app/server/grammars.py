@@ -11,15 +11,16 @@ import asyncio
 import dataclasses
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgspec
 
-from app.profiles.schema import GrammarSettings
+from app.profiles.schema import MAX_GRAMMAR_QUEUE, GrammarSettings
 from app.sampling.grammar import Grammar, GrammarError
 from app.sampling.grammar_bounds import check_gbnf, check_schema
 from app.sampling.grammar_child import GrammarLimits
-from app.sampling.grammar_worker import GrammarBusyError, GrammarCompiler, WorkerVocabulary
+from app.sampling.grammar_worker import GrammarCompiler, GrammarUnavailableError, WorkerVocabulary
 from app.server.engine_view import EngineView
 from app.server.errors import ApiError
 
@@ -42,24 +43,34 @@ class Grammars:
         self._compiler: GrammarCompiler | None = None
         self._tokenizer: Any = None  # the one the compiler's worker was built from
         self._lock = threading.Lock()
+        # Its own threads, not the loop's default executor (which renders chat templates and
+        # tokenizes prompts): grammars waiting for the worker must not hold other requests up.
+        # One thread per waiting request, so grammar.max_queue counts every one.
+        self._threads = ThreadPoolExecutor(max_workers=MAX_GRAMMAR_QUEUE + 1, thread_name_prefix="grammar")
 
     async def compiled(self, engine: EngineView, kind: str, value: Any) -> Grammar:
         """The checked grammar of requests.requested_grammar's (kind, value); ApiError if refused."""
         grammar_limits = limits(engine.settings.grammar)
-        kind, text, source = source_text(kind, value, grammar_limits)
-        compiler = self._compiler_for(engine, grammar_limits)
         try:
-            return await asyncio.to_thread(compiler.compile, kind, text, source)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._threads, self._compile, engine, grammar_limits, kind, value)
         except GrammarError as exc:
             raise ApiError(400, str(exc)) from exc
-        except GrammarBusyError as exc:
+        except GrammarUnavailableError as exc:
             raise ApiError(503, str(exc), "unavailable_error") from exc
 
     def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             if self._compiler is not None:
                 self._compiler.close()
             self._compiler = self._tokenizer = None
+
+    def _compile(self, engine: EngineView, grammar_limits: GrammarLimits, kind: str, value: Any) -> Grammar:
+        """Blocking, so off the event loop: the bounds walk a schema of up to max_bytes, and the
+        first compile also serializes the tokenizer."""
+        kind, text, source = source_text(kind, value, grammar_limits)
+        return self._compiler_for(engine, grammar_limits).compile(kind, text, source)
 
     def _compiler_for(self, engine: EngineView, grammar_limits: GrammarLimits) -> GrammarCompiler:
         tokenizer = engine.tokenizer
