@@ -123,6 +123,8 @@ class GrammarSettings(Group):
     cache_entries: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)] = 256  # checked grammars kept by hash
     # per row, per token: the CPU time one mask may take (the row then ends with a 400-type error)
     mask_budget_ms: Annotated[float, msgspec.Meta(gt=0.0, le=60_000.0)] = 100.0
+    # per row: building its matcher and first mask (checked in the worker; the engine thread does it for every row)
+    matcher_budget_ms: Annotated[float, msgspec.Meta(gt=0.0, le=60_000.0)] = 500.0
     # llguidance's own limits (LLParserLimits), for the compile and for every mask
     max_items_in_row: Annotated[int, msgspec.Meta(ge=1)] = 2000
     initial_lexer_fuel: Annotated[int, msgspec.Meta(ge=1)] = 1_000_000

@@ -21,6 +21,7 @@ import resource
 import signal
 import struct
 import sys
+import time
 from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO
 
@@ -54,6 +55,7 @@ class GrammarLimits:
     max_queue: int = 16
     cache_entries: int = 256
     mask_budget_ms: float = 100.0
+    matcher_budget_ms: float = 500.0
     max_items_in_row: int = 2000
     initial_lexer_fuel: int = 1_000_000
     step_lexer_fuel: int = 200_000
@@ -108,10 +110,18 @@ def checked(kind: str, text: str, tokenizer: llguidance.LLTokenizer, limits: Gra
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer, limits=parser_limits)
     if is_error:
         raise RefusedGrammarError(f"invalid {label(kind)}: {short(messages[0] if messages else '')}")
+    started = time.thread_time()
     matcher = llguidance.LLMatcher(tokenizer, grammar, limits=parser_limits)
     if matcher.is_error():
         raise RefusedGrammarError(f"invalid {label(kind)}: {short(matcher.get_error())}")
     first_mask(matcher, tokenizer, kind)
+    # The engine thread builds a matcher and its first mask again for every row of the request.
+    spent_ms = (time.thread_time() - started) * 1000
+    if spent_ms > limits.matcher_budget_ms:
+        raise RefusedGrammarError(
+            f"{label(kind)}: a row's matcher took {spent_ms:.0f} ms of CPU to build, over the "
+            f"{limits.matcher_budget_ms:g} ms budget (grammar.matcher_budget_ms)"
+        )
     return grammar
 
 
