@@ -123,7 +123,9 @@ class GrammarCompiler:
         started = time.perf_counter()
         try:
             _send(child, {"kind": kind, "text": text})
-            answer = _receive(child, self.limits.compile_timeout_s)
+            timeout_s = self.limits.compile_timeout_s
+            overrun = f"compiling took longer than {timeout_s:g} s (grammar.compile_timeout_s)"
+            answer = _receive(child, timeout_s, overrun)
         except ChildGoneError as exc:
             reason = str(exc) or self._death(child)
             self._log.warning("grammar_worker_lost", kind=kind, reason=reason, bytes=len(text))
@@ -166,7 +168,7 @@ class GrammarCompiler:
         }
         try:
             _send(child, setup)
-            _receive(child, STARTUP_TIMEOUT_S)
+            _receive(child, STARTUP_TIMEOUT_S, f"it took longer than {STARTUP_TIMEOUT_S:g} s")
         except ChildGoneError as exc:
             child.kill()
             child.wait()
@@ -197,16 +199,14 @@ def _send(child: subprocess.Popen[bytes], value: Any) -> None:
         raise ChildGoneError("") from exc
 
 
-def _receive(child: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
-    """The child's next answer within `timeout_s`; past it the child is killed."""
-    assert child.stdout is not None
+def _receive(child: subprocess.Popen[bytes], timeout_s: float, overrun: str) -> dict[str, Any]:
+    """The child's next answer within `timeout_s`; past it the child is killed (`overrun` says why)."""
     deadline = time.monotonic() + timeout_s
-    header = _read(child, HEADER.size, deadline, timeout_s)
-    (size,) = HEADER.unpack(header)
-    return json.loads(_read(child, size, deadline, timeout_s))
+    (size,) = HEADER.unpack(_read(child, HEADER.size, deadline, overrun))
+    return json.loads(_read(child, size, deadline, overrun))
 
 
-def _read(child: subprocess.Popen[bytes], size: int, deadline: float, timeout_s: float) -> bytes:
+def _read(child: subprocess.Popen[bytes], size: int, deadline: float, overrun: str) -> bytes:
     assert child.stdout is not None
     fd = child.stdout.fileno()
     chunks, got = [], 0
@@ -216,7 +216,7 @@ def _read(child: subprocess.Popen[bytes], size: int, deadline: float, timeout_s:
         if not ready:
             child.kill()
             child.wait()
-            raise ChildGoneError(f"compiling took longer than {timeout_s:g} s (grammar.compile_timeout_s)")
+            raise ChildGoneError(overrun)
         chunk = os.read(fd, size - got)
         if not chunk:
             raise ChildGoneError("")
