@@ -34,6 +34,7 @@ from app.engine.row import Event, Failed, Job, Row, Started
 from app.profiles.schema import ServerSettings
 from app.runtime.bounds import RequestBoundError
 from app.runtime.logging import internal_error_message, log_internal_error
+from app.sampling.grammar import GrammarError
 
 IDLE_WAIT_S = 0.05
 
@@ -202,11 +203,15 @@ class Scheduler:
         return len(row.generation.emitted) if row is not None else 0
 
     def _fail_row(self, job: Job, exc: Exception, stage: str) -> None:
-        """One row's internal error: logged with its traceback under an id the client also gets.
-
-        A row that reached its request's bound is the request's doing: a 400 naming the limit."""
+        """One row's failure. A row that reached its request's bound, or whose grammar's mask went
+        over llguidance's fuel or the CPU budget, failed by the request's doing: a 400 naming the
+        limit, logged without the grammar. Any other is an internal error, logged with its
+        traceback under an id the client also gets."""
         if isinstance(exc, RequestBoundError):
             self.reporter.bound_reached(job, str(exc))
+        elif isinstance(exc, GrammarError):
+            self._log.warning("row_grammar_failed", request_id=job.request_id, stage=stage, reason=str(exc))
+        if isinstance(exc, RequestBoundError | GrammarError):
             self._deliver(job, Failed(str(exc), 400, "invalid_request_error"))
             return
         failure_id = log_internal_error(self._log, "row_failed", exc, request_id=job.request_id, stage=stage)

@@ -119,6 +119,40 @@ class ServerSettings(Group):
     reload_may_change_auth: bool = False
 
 
+MAX_GRAMMAR_QUEUE = 256  # grammar.max_queue's ceiling: the server keeps a thread for each waiting request
+
+
+class GrammarSettings(Group):
+    """What an untrusted grammar (json_schema, grammar, response_format, tools) may cost; the
+    fields are app/sampling/grammar_child.py's GrammarLimits (docs/structured-output.md says why
+    each default)."""
+
+    # checked in pure Python before compiling (400s naming the key)
+    max_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 << 20)] = 256 * 1024  # the grammar or schema text
+    max_rules: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1000  # GBNF rules
+    max_ref_depth: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 128  # $ref chain (about 1000 overflow llguidance)
+    max_definitions: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 2000  # $defs / definitions entries
+    max_alternatives: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1000  # one anyOf / oneOf / enum
+    max_property_name: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 1024  # characters
+    max_tools: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 128  # tools in one chat request
+    # the worker process that compiles them
+    compile_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=600.0)] = 2.0
+    compile_memory_mb: Annotated[int, msgspec.Meta(ge=256, le=1 << 20)] = 2048
+    max_queue: Annotated[int, msgspec.Meta(ge=1, le=MAX_GRAMMAR_QUEUE)] = 16  # waiting for the worker (then 503)
+    cache_entries: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)] = 256  # checked grammars kept by hash
+    # per row, per token: the CPU time one mask may take (the row then ends with a 400-type error)
+    mask_budget_ms: Annotated[float, msgspec.Meta(gt=0.0, le=60_000.0)] = 100.0
+    # per row: building its matcher and first mask (checked in the worker; the engine thread does it for every row)
+    matcher_budget_ms: Annotated[float, msgspec.Meta(gt=0.0, le=60_000.0)] = 500.0
+    # llguidance's own limits (LLParserLimits), for the compile and for every mask
+    max_items_in_row: Annotated[int, msgspec.Meta(ge=1)] = 2000
+    initial_lexer_fuel: Annotated[int, msgspec.Meta(ge=1)] = 1_000_000
+    step_lexer_fuel: Annotated[int, msgspec.Meta(ge=1)] = 200_000
+    step_max_items: Annotated[int, msgspec.Meta(ge=1)] = 20_000
+    max_lexer_states: Annotated[int, msgspec.Meta(ge=1)] = 50_000
+    max_grammar_size: Annotated[int, msgspec.Meta(ge=1)] = 200_000
+
+
 class LoggingSettings(Group):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["json", "console"] = "json"
@@ -135,6 +169,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sampling: SamplingDefaults = msgspec.field(default_factory=SamplingDefaults)
     env: dict[str, str] = msgspec.field(default_factory=dict)
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
+    grammar: GrammarSettings = msgspec.field(default_factory=GrammarSettings)
     logging: LoggingSettings = msgspec.field(default_factory=LoggingSettings)
     profile: str = "flags"
     source: str = "command line"

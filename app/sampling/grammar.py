@@ -1,17 +1,20 @@
 """Structured outputs: a grammar compiled once per request, and one matcher per row over it.
 
 The engine is llguidance (docs/structured-output.md says why, with the measurement). A `Grammar`
-is the engine's grammar text for a JSON schema, "any JSON object", or a GBNF grammar; building
-one checks it, so a bad schema or grammar is a `GrammarError` before any row exists. A
-`Constraint` is a row's matcher: it follows the row's decided tokens, gives the next-token mask,
-walks a proposal (cutting it at its first violation, with one mask per verify row) and rolls
-back what it walked, and names the token the grammar forces where it allows exactly one.
+is the engine's grammar text for a JSON schema, "any JSON object", or a GBNF grammar, already
+checked (a request's in the worker process, app/sampling/grammar_worker.py), so a bad schema or
+grammar is a `GrammarError` before any row exists. A `Constraint` is a row's matcher: it follows
+the row's decided tokens, gives the next-token mask (within llguidance's fuel and a CPU-time
+budget, or a `GrammarError` that ends that row alone), walks a proposal (cutting it at its first
+violation, with one mask per verify row) and rolls back what it walked, and names the token the
+grammar forces where it allows exactly one.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import llguidance
@@ -20,22 +23,27 @@ import llguidance.numpy
 import mlx.core as mx
 import numpy as np
 
-# Compact JSON (no free whitespace between tokens): a model that may emit any amount of
-# whitespace inside an object can loop on it until max_tokens; llama-server's converter does
-# the same (at most one space).
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+from app.sampling.grammar_child import GrammarLimits, RefusedGrammarError, converted, label, short
 
 
 class GrammarError(ValueError):
-    """The schema or grammar cannot be compiled; the message says why (the HTTP layer's 400)."""
+    """The schema or grammar cannot be compiled, or a row's mask overran its budget; the message
+    says why (a 400: the grammar is the client's)."""
 
 
 @dataclass(frozen=True)
 class Grammar:
-    """A checked grammar in llguidance's format; `source` names what it came from."""
+    """A checked grammar in llguidance's format; `source` names what it came from, `limits` what
+    it was checked under (each row's matcher runs under the same).
+
+    A request's grammar is checked in the worker process (app/sampling/grammar_worker.py); the
+    constructors below compile in this process and are for the server's own, trusted grammars
+    (tests, benchmarks).
+    """
 
     text: str
     source: str  # json_object | json_schema | grammar
+    limits: GrammarLimits = field(default_factory=GrammarLimits)
 
     @classmethod
     def json_object(cls) -> Grammar:
@@ -46,27 +54,23 @@ class Grammar:
     def json_schema(cls, schema: object, source: str = "json_schema") -> Grammar:
         if not isinstance(schema, dict):
             raise GrammarError("the JSON schema must be an object")
-        try:
-            text = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
-        except ValueError as exc:
-            raise GrammarError(f"invalid JSON schema: {exc}") from exc
-        return cls._checked(text, source)
+        return cls._checked("json_schema", json.dumps(schema), source)
 
     @classmethod
     def gbnf(cls, text: str) -> Grammar:
         """A llama.cpp GBNF grammar (rule `root` is the start)."""
-        try:
-            return cls._checked(llguidance.grammar_from("gbnf", text), "grammar")
-        except (ValueError, TypeError) as exc:
-            raise GrammarError(f"invalid grammar: {exc}") from exc
+        return cls._checked("grammar", text, "grammar")
 
     @classmethod
-    def _checked(cls, text: str, source: str) -> Grammar:
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text)
+    def _checked(cls, kind: str, text: str, source: str) -> Grammar:
+        try:
+            grammar = converted(kind, text)
+        except RefusedGrammarError as exc:
+            raise GrammarError(str(exc)) from exc
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
         if is_error:
-            kind = "JSON schema" if source.startswith("json") else "grammar"
-            raise GrammarError(f"invalid {kind}: {messages[0]}")
-        return cls(text=text, source=source)
+            raise GrammarError(f"invalid {label(kind)}: {short(messages[0])}")
+        return cls(text=grammar, source=source)
 
 
 class GrammarVocabulary:
@@ -78,7 +82,8 @@ class GrammarVocabulary:
         self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=eos_token_ids)
 
     def constraint(self, grammar: Grammar) -> Constraint:
-        return Constraint(llguidance.LLMatcher(self.tokenizer, grammar.text), self.vocab_size, self.eos)
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar.text, limits=grammar.limits.parser_limits())
+        return Constraint(matcher, self.vocab_size, self.eos, grammar.limits.mask_budget_ms)
 
 
 class Constraint:
@@ -88,10 +93,17 @@ class Constraint:
     row stops at it, so it is tracked here as the end (`ended`).
     """
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self,
+        matcher: llguidance.LLMatcher,
+        vocab_size: int,
+        eos_token_ids: frozenset[int],
+        mask_budget_ms: float = GrammarLimits.mask_budget_ms,
+    ) -> None:
         if matcher.is_error():
-            raise GrammarError(f"invalid grammar: {matcher.get_error()}")
+            raise GrammarError(f"invalid grammar: {short(matcher.get_error())}")
         self.matcher = matcher
+        self.mask_budget_ns = int(mask_budget_ms * 1e6)
         self.vocab_size = vocab_size
         self.eos = eos_token_ids
         self.ended = False
@@ -105,7 +117,17 @@ class Constraint:
         """
         if self.ended:
             return np.ones(self.vocab_size, dtype=bool)
+        # CPU time of this thread, not wall time: a busy machine must not fail a cheap grammar
+        started = time.thread_time_ns()
         llguidance.numpy.fill_next_token_bitmask(self.matcher, self._bits, 0)
+        spent = time.thread_time_ns() - started
+        if self.matcher.is_error():  # out of llguidance's fuel (the row's output made it too ambiguous)
+            raise GrammarError(f"grammar: computing the next token's mask failed: {short(self.matcher.get_error())}")
+        if spent > self.mask_budget_ns:
+            raise GrammarError(
+                f"grammar: one token's mask took {spent / 1e6:.0f} ms of CPU, over the "
+                f"{self.mask_budget_ns / 1e6:.0f} ms budget (grammar.mask_budget_ms)"
+            )
         bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
         return bits[: self.vocab_size].astype(bool)
 
@@ -116,7 +138,7 @@ class Constraint:
                 self.ended = True
                 return
             if not self.matcher.consume_token(token):
-                raise GrammarError(f"a decided token broke the grammar: {self.matcher.get_error()}")
+                raise GrammarError(f"grammar: a decided token broke the grammar: {short(self.matcher.get_error())}")
 
     def drafted(self, token: int) -> bool:
         """Follow one draft provisionally (undo with `rollback`); False at an EOS, which ends

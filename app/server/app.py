@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
 from litestar import Controller, Litestar
 from litestar.config.cors import CORSConfig
 from litestar.di import Provide
@@ -12,6 +15,7 @@ from app.server.auth import require_api_key
 from app.server.body import StrictJsonRequest
 from app.server.engine_view import Engine, EngineSwitch, Reloader, engine_lifespan, provide_engine
 from app.server.errors import HANDLERS
+from app.server.grammars import Grammars
 from app.server.metrics import HttpMetrics
 from app.server.openapi import error_responses, openapi_config
 from app.server.routes.admin import AdminController
@@ -68,6 +72,19 @@ def finish_handlers(controllers: list[type[Controller]]) -> None:
             handler.responses = error_responses(handler, guards) | (handler.responses or {})
 
 
+def grammar_lifespan(grammars: Grammars) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
+    """The grammar worker process lives while the app does; shutdown closes its pipe (it exits)."""
+
+    @asynccontextmanager
+    async def run(_: Litestar) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            grammars.close()
+
+    return run
+
+
 def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) -> Litestar:
     """The app takes its engine as an argument: the listener comes up at once while the engine
     loads models on its own thread, answering 503 until they are ready. With a `reloader` (on
@@ -75,12 +92,13 @@ def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) 
     engines = engine if isinstance(engine, EngineSwitch) else EngineSwitch(engine)
     settings = engines.current.settings
     finish_handlers(CONTROLLERS)
+    grammars = Grammars()  # compiles requests' grammars in a worker process (started on the first)
     app = Litestar(
         route_handlers=CONTROLLERS,
         dependencies={"engine": Provide(provide_engine)},  # a generator: held until the handler returns
         exception_handlers=HANDLERS,
         guards=[require_api_key],
-        lifespan=[engine_lifespan(engines)],
+        lifespan=[engine_lifespan(engines), grammar_lifespan(grammars)],
         openapi_config=openapi_config(),
         request_class=StrictJsonRequest,
         request_max_body_size=settings.server.max_body_bytes,
@@ -91,6 +109,7 @@ def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) 
     app.state.reloader = reloader
     app.state.settings = settings  # the live profile's: the API key and JSON depth follow a reload
     app.state.tenants = engines.current.tenants  # its keys (a reload's engine read the key file again)
+    app.state.grammars = grammars
     app.state.http_metrics = HttpMetrics()  # counted by the access log, read by /metrics; outlives reloads
 
     def follow(new: Engine) -> None:

@@ -14,7 +14,7 @@ from app.loading import chat_template
 from app.loading.chat_template import Limits, TemplateLimitError
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
-from app.sampling.grammar import Grammar, GrammarError
+from app.sampling.grammar import Grammar
 from app.sampling.logprobs import MAX_TOP, ProbsRequest
 from app.sampling.rng import KEY_RANGE, RANDOM, resolve_seed
 from app.server import field_policy
@@ -221,21 +221,14 @@ def stop_strings(stop: str | list[str] | None, settings: Settings) -> tuple[str,
     return strings
 
 
-def grammar(request: SamplingFields) -> Grammar | None:
-    """The grammar the output must follow: `json_schema`, `grammar` or OpenAI's `response_format`
-    (at most one of them); a bad schema or grammar is a 400 saying why."""
+def grammar(request: SamplingFields) -> tuple[str, Any] | None:
+    """The grammar the output must follow, uncompiled (app/server/grammars.py compiles it off
+    the event loop): `json_schema`, `grammar`, OpenAI's `response_format` or a forced tool call,
+    at most one of them."""
     chosen = requested_grammar(request)
-    if chosen is None:
-        return None
-    if request.ignore_eos:
+    if chosen is not None and request.ignore_eos:
         raise ApiError(400, "ignore_eos cannot be combined with a grammar: the output ends where the grammar does")
-    kind, value = chosen
-    try:
-        if kind == "grammar":
-            return Grammar.gbnf(value)
-        return Grammar.json_object() if value is None else Grammar.json_schema(value)
-    except GrammarError as exc:
-        raise ApiError(400, str(exc)) from exc
+    return chosen
 
 
 def requested_grammar(request: SamplingFields) -> tuple[str, Any] | None:

@@ -15,6 +15,7 @@ from app.server import access, field_policy, requests, shaping
 from app.server.auth import tenant_of
 from app.server.engine_view import Delta, EngineView, Event, Failed, Finished, Job, Started
 from app.server.errors import ApiError
+from app.server.grammars import Grammars
 from app.server.prompts import check_rows
 from app.server.responses import GenerationSettings
 from app.server.schemas import SamplingFields
@@ -205,15 +206,18 @@ class Rows:
                 task.cancel()  # closes each row's stream, which cancels its row
 
 
-def start_rows(
+async def start_rows(
     request: Request, engine: EngineView, data: SamplingFields, prompts: list[list[int]], n: int, route: str
 ) -> Rows:
     """Submit `n` rows per prompt (choice j of a prompt seeded by requests.choice_seed); the
-    request's grammar is built once, and each row follows it with its own matcher."""
+    request's grammar is compiled once (in the grammar worker, off the event loop), and each
+    row follows it with its own matcher."""
     field_policy.refuse_unhonoured(data)
     check_rows(len(prompts), n, engine.settings)
     rows = len(prompts) * n
-    grammar = requests.grammar(data)
+    wanted = requests.grammar(data)
+    grammars: Grammars = request.app.state.grammars
+    grammar = None if wanted is None else await grammars.compiled(engine, *wanted)
     request_id = access.request_id()
     submissions: list[Submission] = []
     settings: list[GenerationSettings] = []

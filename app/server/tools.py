@@ -61,6 +61,8 @@ def tool_plan(request: ChatRequest) -> ToolPlan | None:
         raise ApiError(400, 'tools: only tools of type "function" are supported')
     if len(set(names)) != len(names):
         raise ApiError(400, "tools: function names must be unique")
+    for index, tool in enumerate(request.tools):
+        check_parameters(index, tool.function.parameters)
     if choice == "none":
         return ToolPlan(request.tools, forced=False, callable=())
     if choice in (None, "auto"):
@@ -68,11 +70,35 @@ def tool_plan(request: ChatRequest) -> ToolPlan | None:
     if choice == "required":
         return ToolPlan(request.tools, forced=True, callable=names)
     if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
+        function = choice.get("function")
+        if not isinstance(function, dict):
+            raise ApiError(400, f"tool_choice.function: expected an object {{name}}, got {type_name(function)}")
+        name = function.get("name")
         if choice.get("type") != "function" or name not in names:
             raise ApiError(400, "tool_choice: name one of the given functions, as {type: function, function: {name}}")
         return ToolPlan(request.tools, forced=True, callable=(name,))
     raise ApiError(400, f"tool_choice must be none, auto, required or a named function, got {choice!r}")
+
+
+def check_parameters(index: int, parameters: dict[str, Any] | None) -> None:
+    """A tool's parameters are the schema of its call's `arguments`, which are a JSON object:
+    a schema of anything else could never be reported as a call."""
+    if parameters is None:
+        return
+    kind = parameters.get("type", "object")
+    if kind != "object":
+        raise ApiError(400, f'tools[{index}].function.parameters: must be a JSON schema of type "object", got {kind!r}')
+
+
+def check_count(request: ChatRequest, max_tools: int) -> None:
+    if request.tools and len(request.tools) > max_tools:
+        raise ApiError(400, f"tools: {len(request.tools)} tools; this server accepts {max_tools} (grammar.max_tools)")
+
+
+def type_name(value: object) -> str:
+    """JSON's name for a value's type, for error messages."""
+    names = {str: "a string", list: "an array", bool: "a boolean", int: "a number", float: "a number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 def tool_calls(plan: ToolPlan, text: str) -> list[ToolCall] | None:

@@ -102,6 +102,7 @@ def corpus(max_body_bytes: int = 16 * 1024 * 1024) -> list[Hostile]:
         Hostile("unknown route", "GET", "/no-such-route", 404),
         Hostile("wrong method", "GET", "/completion", 405),
     ]
+    cases += grammar_cases()
     cases += [Hostile(f"invalid UTF-8 on {path}", "POST", path, 400, b'{"prompt": "\xff\xfe"}') for path in POST_ROUTES]
     # Last: before issue 10's fix these killed the engine thread, hanging every later request.
     cases += [
@@ -111,6 +112,91 @@ def corpus(max_body_bytes: int = 16 * 1024 * 1024) -> list[Hostile]:
         Hostile("seed -12345", "POST", "/completion", 200, {**PROMPT, "seed": -12345}),
     ]
     return cases
+
+
+def chain_schema(links: int, pointer: str = "#/$defs/") -> dict[str, Any]:
+    """Nested objects, each a definition `$ref`-ing the next: llguidance recursed along the chain
+    (a thousand deep overflowed its native stack and killed the server)."""
+    defs = {
+        f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"{pointer}d{i + 1}"}}, "required": ["x"]}
+        for i in range(links)
+    }
+    return {"$ref": f"{pointer}d0", "$defs": defs | {f"d{links}": {"type": "string"}}}
+
+
+def tools_body(parameters: Any, tool_choice: Any = "required", count: int = 1) -> dict[str, Any]:
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": parameters}} for i in range(count)]
+    return {**CHAT, "tools": tools, "tool_choice": tool_choice}
+
+
+def grammar_cases() -> list[Hostile]:
+    """Issue 24's untrusted grammars: each once killed, froze or 500ed the server; each is a 400
+    now (the bounds of docs/structured-output.md, or the compile worker behind them)."""
+    many_rules = "\n".join(["root ::= r0", *(f'r{i} ::= "a" r{i + 1} | "b"' for i in range(3000)), 'r3000 ::= "c"'])
+    wide = {"anyOf": [{"const": f"v{i}"} for i in range(5000)]}
+    unsatisfiable = {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/A"}},
+        "required": ["a"],
+        "$defs": {"A": {"type": "object", "properties": {"b": {"$ref": "#/$defs/A"}}, "required": ["b"]}},
+    }
+    long_name = {"type": "object", "properties": {"k" * 5000: {"type": "string"}}}
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": chain_schema(1000)}}
+    return [
+        Hostile(
+            "json_schema $ref chain 1000 deep",
+            "POST",
+            "/completion",
+            400,
+            {**PROMPT, "json_schema": chain_schema(1000)},
+        ),
+        Hostile(
+            "response_format $ref chain 1000 deep",
+            "POST",
+            "/v1/chat/completions",
+            400,
+            {**CHAT, "response_format": response_format},
+        ),
+        Hostile(
+            "tool parameters $ref chain 1000 deep",
+            "POST",
+            "/v1/chat/completions",
+            400,
+            tools_body(chain_schema(1000, "#/properties/arguments/$defs/")),
+        ),
+        Hostile("GBNF of 3000 rules", "POST", "/completion", 400, {**PROMPT, "grammar": many_rules}),
+        Hostile("anyOf of 5000 branches", "POST", "/completion", 400, {**PROMPT, "json_schema": wide}),
+        Hostile(
+            "3000 tools under tool_choice required",
+            "POST",
+            "/v1/chat/completions",
+            400,
+            tools_body({"type": "object"}, count=3000),
+        ),
+        Hostile("a property name of 5000 chars", "POST", "/completion", 400, {**PROMPT, "json_schema": long_name}),
+        Hostile("unsatisfiable schema", "POST", "/completion", 400, {**PROMPT, "json_schema": unsatisfiable}),
+        Hostile(
+            "tool_choice function a string",
+            "POST",
+            "/v1/chat/completions",
+            400,
+            tools_body({"type": "object"}, {"type": "function", "function": "f0"}),
+        ),
+        Hostile(
+            "tool_choice function a list",
+            "POST",
+            "/v1/chat/completions",
+            400,
+            tools_body({"type": "object"}, {"type": "function", "function": ["f0"]}),
+        ),
+        Hostile(
+            "tool parameters of type string",
+            "POST",
+            "/v1/chat/completions",
+            400,
+            tools_body({"type": "string"}, "auto"),
+        ),
+    ]
 
 
 def envelope_problem(response: httpx.Response | Any) -> str | None:

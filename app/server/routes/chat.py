@@ -35,6 +35,7 @@ class ChatController(Controller):
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[ChatRequest]
     ) -> Response | Stream:
         """Chat through the model's chat template; `timings` rides on the body or the finish chunk."""
+        tools.check_count(data, engine.settings.grammar.max_tools)
         plan = tools.tool_plan(data)
         if plan is not None and plan.callable and data.stream:
             raise ApiError(400, 'stream: streaming tool calls is not supported yet; stream false or tool_choice "none"')
@@ -47,7 +48,7 @@ class ChatController(Controller):
             tools=plan.template_tools() if plan else None,
         )
         requests.check_token_ids(tokens, engine.vocab_size)
-        rows = start_rows(request, engine, data, [tokens], data.n, request.url.path)
+        rows = await start_rows(request, engine, data, [tokens], data.n, request.url.path)
         head = shaping.openai_head("chatcmpl", rows.request_id, rows.settings[0].model)
         logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)
         if data.stream:

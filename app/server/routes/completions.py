@@ -41,7 +41,7 @@ class OpenAICompletionController(Controller):
         `logprobs` gives each choice its own (never with `echo`: requests.probs_request).
         """
         prompts = await asyncio.to_thread(prompt_shapes.prompts, data.prompt, engine.tokenizer, engine.vocab_size)
-        rows = start_rows(request, engine, data, [p.tokens for p in prompts], data.n, "/v1/completions")
+        rows = await start_rows(request, engine, data, [p.tokens for p in prompts], data.n, "/v1/completions")
         echoes = [prompt.text if data.echo else "" for prompt in prompts for _ in range(data.n)]
         head = shaping.openai_head("cmpl", rows.request_id, rows.settings[0].model)
         logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)

@@ -42,7 +42,7 @@ class NativeCompletionController(Controller):
         order, each with its `index`; its stream interleaves the prompts' frames.
         """
         prompts = await asyncio.to_thread(prompt_shapes.prompts, data.prompt, engine.tokenizer, engine.vocab_size)
-        rows = start_rows(request, engine, data, [p.tokens for p in prompts], 1, "/completion")
+        rows = await start_rows(request, engine, data, [p.tokens for p in prompts], 1, "/completion")
         texts = [p.text for p in prompts]
         logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)
         shape = {"return_tokens": data.return_tokens, "response_fields": data.response_fields}

@@ -1,0 +1,129 @@
+"""Pure-Python bounds on an untrusted grammar, checked before it reaches the compiler.
+
+They are cheap (one pass over the text or the schema) and refuse what is known to be costly
+before a worker spends its time limit on it: the size, GBNF's rule count (conversion time grows
+about cubically with it), a JSON schema's `$ref` chains (llguidance recurses along them: a
+thousand deep overflows its native stack), its definitions, its `anyOf`/`oneOf`/`enum` widths
+and its property names. Each refusal names its [grammar] key.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from app.sampling.grammar import GrammarError
+from app.sampling.grammar_child import GrammarLimits
+
+RULE = re.compile(r"::=")
+DEFINITIONS = ("$defs", "definitions")
+ALTERNATIVES = ("anyOf", "oneOf", "enum")
+
+
+def check_size(what: str, text: str, limits: GrammarLimits) -> None:
+    size = len(text.encode())
+    if size > limits.max_bytes:
+        raise GrammarError(f"{what}: {size} bytes; this server accepts {limits.max_bytes} (grammar.max_bytes)")
+
+
+def check_gbnf(text: str, limits: GrammarLimits) -> None:
+    check_size("grammar", text, limits)
+    rules = len(RULE.findall(text))
+    if rules > limits.max_rules:
+        raise GrammarError(f"grammar: {rules} rules; this server accepts {limits.max_rules} (grammar.max_rules)")
+
+
+def check_schema(schema: dict[str, Any], text: str, limits: GrammarLimits) -> None:
+    """`text` is the schema as JSON (what the compiler gets)."""
+    check_size("JSON schema", text, limits)
+    definitions = sum(len(found) for table in DEFINITIONS if isinstance(found := schema.get(table), dict))
+    if definitions > limits.max_definitions:
+        raise GrammarError(
+            f"JSON schema: {definitions} definitions; this server accepts "
+            f"{limits.max_definitions} (grammar.max_definitions)"
+        )
+    _walk(schema, limits)  # the widths and names everywhere, referred to or not
+    roots = _walk({key: value for key, value in schema.items() if key not in DEFINITIONS}, limits)
+    referred: dict[str, list[str]] = {}
+
+    def refs(pointer: str) -> list[str]:
+        if pointer not in referred:
+            referred[pointer] = _walk(_resolved(schema, pointer), limits)
+        return referred[pointer]
+
+    depth = _ref_depth(roots, refs)
+    if depth > limits.max_ref_depth:
+        raise GrammarError(
+            f"JSON schema: $ref chains {depth} deep; this server accepts {limits.max_ref_depth} (grammar.max_ref_depth)"
+        )
+
+
+def _walk(node: Any, limits: GrammarLimits) -> list[str]:
+    """The local `$ref` pointers in `node`, checking widths and property names on the way."""
+    found: list[str] = []
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+            continue
+        if not isinstance(item, dict):
+            continue
+        for key in ALTERNATIVES:
+            options = item.get(key)
+            if isinstance(options, list) and len(options) > limits.max_alternatives:
+                raise GrammarError(
+                    f"JSON schema: {key} with {len(options)} alternatives; this server accepts "
+                    f"{limits.max_alternatives} (grammar.max_alternatives)"
+                )
+        properties = item.get("properties")
+        if isinstance(properties, dict):
+            longest = max(map(len, properties), default=0)
+            if longest > limits.max_property_name:
+                raise GrammarError(
+                    f"JSON schema: a property name of {longest} characters; this server accepts "
+                    f"{limits.max_property_name} (grammar.max_property_name)"
+                )
+        ref = item.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            found.append(ref[1:])
+        stack.extend(value for key, value in item.items() if key != "$ref")
+    return found
+
+
+def _resolved(schema: Any, pointer: str) -> Any:
+    """The node a JSON pointer (`/$defs/a`) names in `schema`, or None."""
+    node = schema
+    for part in pointer.split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _ref_depth(roots: list[str], refs: Callable[[str], list[str]]) -> int:
+    """The longest chain of `$ref`s from the root, iteratively (a chain may be thousands long);
+    a cycle counts once (llguidance compiles recursion without unrolling it)."""
+    depth: dict[str, int] = {}
+    on_path: set[str] = set()
+    deepest = 0
+    for root in roots:
+        stack: list[tuple[str, bool]] = [(root, False)]
+        while stack:
+            name, done = stack.pop()
+            if done:
+                on_path.discard(name)
+                depth[name] = 1 + max((depth.get(c, 0) for c in refs(name) if c not in on_path), default=0)
+                continue
+            if name in depth or name in on_path:
+                continue
+            on_path.add(name)
+            stack.append((name, True))
+            stack.extend((child, False) for child in refs(name) if child not in depth and child not in on_path)
+        deepest = max(deepest, depth.get(root, 0))
+    return deepest

@@ -1,0 +1,225 @@
+"""Untrusted grammars compiled in a worker process, within a time and a memory limit.
+
+One persistent child (app/sampling/grammar_child.py) compiles one grammar at a time; callers
+wait in a bounded queue in front of it. A compile that runs past `compile_timeout_s` gets the
+child killed; one that crashes it (a native stack overflow, the memory limit) leaves it dead;
+either way the caller gets a `GrammarError` naming the limit and the next compile starts a
+fresh child. Verdicts are cached by the text's hash (bounded), so a repeated schema costs a
+dictionary lookup and a repeated bad one cannot keep killing the worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from app.sampling import grammar_child
+from app.sampling.grammar import Grammar, GrammarError
+from app.sampling.grammar_child import HEADER, GrammarLimits, label
+
+CHILD = Path(grammar_child.__file__)
+STARTUP_TIMEOUT_S = 60.0  # the tokenizer's build (about a second; more on a loaded machine)
+
+
+class GrammarUnavailableError(Exception):
+    """No compile now: more are waiting than grammar.max_queue allows, or the worker would not
+    start (a 503: try again)."""
+
+
+@dataclass(frozen=True)
+class WorkerVocabulary:
+    """The target's tokenizer as the worker rebuilds it: the fast tokenizer's JSON and its sizes."""
+
+    tokenizer_json: str
+    n_vocab: int
+    eos: list[int]
+
+    @classmethod
+    def of(cls, hf_tokenizer: Any, n_vocab: int, eos: list[int]) -> WorkerVocabulary:
+        """What llguidance.hf.from_tokenizer reads, without the padding and truncation settings."""
+        backend = hf_tokenizer.backend_tokenizer
+        spec = json.loads(backend.to_str())
+        spec["padding"] = spec["truncation"] = None
+        return cls(json.dumps(spec), n_vocab, eos)
+
+
+class ChildGoneError(Exception):
+    """The child died or was killed mid-compile; the message says which limit."""
+
+
+class GrammarCompiler:
+    """The worker process for one tokenizer and one set of limits, its queue and its cache."""
+
+    def __init__(self, vocabulary: WorkerVocabulary, limits: GrammarLimits) -> None:
+        self.vocabulary = vocabulary
+        self.limits = limits
+        self._child: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()  # one compile at a time in the child
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
+        self._cache: OrderedDict[str, Grammar | str] = OrderedDict()  # hash -> grammar, or the refusal
+        self._log = structlog.get_logger("mlxcel.grammar")
+
+    def compile(self, kind: str, text: str, source: str) -> Grammar:
+        """The checked grammar for `text` (GBNF, or a JSON schema as JSON text); blocking.
+
+        GrammarError: refused (the message names the limit); GrammarUnavailableError: no compile now.
+        """
+        key = hashlib.sha256(f"{kind}\0{text}".encode()).hexdigest()
+        verdict = self._cached(key)
+        if verdict is None:
+            verdict = self._queued(key, kind, text)
+        if isinstance(verdict, str):
+            raise GrammarError(verdict)
+        return verdict if verdict.source == source else Grammar(verdict.text, source, verdict.limits)
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop_child()
+
+    def _cached(self, key: str) -> Grammar | str | None:
+        with self._waiting_lock:
+            verdict = self._cache.get(key)
+            if verdict is not None:
+                self._cache.move_to_end(key)
+            return verdict
+
+    def _queued(self, key: str, kind: str, text: str) -> Grammar | str:
+        with self._waiting_lock:
+            if self._waiting >= self.limits.max_queue:
+                raise GrammarUnavailableError(
+                    f"grammar: {self._waiting} grammars are waiting to compile; this server queues "
+                    f"{self.limits.max_queue} (grammar.max_queue); try again"
+                )
+            self._waiting += 1
+        try:
+            with self._lock:
+                verdict = self._cached(key) or self._compiled(kind, text)
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+        with self._waiting_lock:
+            self._cache[key] = verdict
+            while len(self._cache) > self.limits.cache_entries:
+                self._cache.popitem(last=False)
+        return verdict
+
+    def _compiled(self, kind: str, text: str) -> Grammar | str:
+        """The child's verdict: the grammar, or the refusal's message."""
+        child = self._running_child()
+        started = time.perf_counter()
+        try:
+            _send(child, {"kind": kind, "text": text})
+            timeout_s = self.limits.compile_timeout_s
+            overrun = f"compiling took longer than {timeout_s:g} s (grammar.compile_timeout_s)"
+            answer = _receive(child, timeout_s, overrun)
+        except ChildGoneError as exc:
+            reason = str(exc) or self._death(child)
+            self._log.warning("grammar_worker_lost", kind=kind, reason=reason, bytes=len(text))
+            self._stop_child()
+            return f"{label(kind)}: {reason}"
+        self._log.debug("grammar_compiled", kind=kind, ms=round((time.perf_counter() - started) * 1000, 1))
+        if "error" in answer:
+            return answer["error"]
+        return Grammar(answer["grammar"], kind, self.limits)
+
+    def _death(self, child: subprocess.Popen[bytes]) -> str:
+        """Why the child died mid-compile, for the client (a signal: most likely a native stack overflow)."""
+        try:
+            code = child.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return "the grammar compiler stopped answering"
+        if code < 0 and -code in (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGKILL):
+            return (
+                f"the grammar compiler crashed on it ({signal.Signals(-code).name}: too deeply nested, "
+                f"or over grammar.compile_memory_mb = {self.limits.compile_memory_mb})"
+            )
+        return f"the grammar compiler exited with code {code}"
+
+    def _running_child(self) -> subprocess.Popen[bytes]:
+        if self._child is not None and self._child.poll() is None:
+            return self._child
+        child = subprocess.Popen(
+            [sys.executable, str(CHILD)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # llguidance's warnings there can quote the grammar
+            bufsize=0,
+        )
+        vocabulary = self.vocabulary
+        setup = {
+            "tokenizer": vocabulary.tokenizer_json,
+            "n_vocab": vocabulary.n_vocab,
+            "eos": vocabulary.eos,
+            "limits": self.limits.as_dict(),
+        }
+        try:
+            _send(child, setup)
+            _receive(child, STARTUP_TIMEOUT_S, f"it took longer than {STARTUP_TIMEOUT_S:g} s")
+        except ChildGoneError as exc:
+            child.kill()
+            child.wait()
+            raise GrammarUnavailableError(f"grammar: the grammar compiler did not start ({exc})") from exc
+        self._log.info("grammar_worker_started", pid=child.pid)
+        self._child = child
+        return child
+
+    def _stop_child(self) -> None:
+        child, self._child = self._child, None
+        if child is None:
+            return
+        if child.stdin is not None:
+            child.stdin.close()  # the child's read loop ends on EOF
+        try:
+            child.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _send(child: subprocess.Popen[bytes], value: Any) -> None:
+    body = json.dumps(value).encode()
+    try:
+        assert child.stdin is not None
+        child.stdin.write(HEADER.pack(len(body)) + body)
+    except (BrokenPipeError, OSError) as exc:
+        raise ChildGoneError("") from exc
+
+
+def _receive(child: subprocess.Popen[bytes], timeout_s: float, overrun: str) -> dict[str, Any]:
+    """The child's next answer within `timeout_s`; past it the child is killed (`overrun` says why)."""
+    deadline = time.monotonic() + timeout_s
+    (size,) = HEADER.unpack(_read(child, HEADER.size, deadline, overrun))
+    return json.loads(_read(child, size, deadline, overrun))
+
+
+def _read(child: subprocess.Popen[bytes], size: int, deadline: float, overrun: str) -> bytes:
+    assert child.stdout is not None
+    fd = child.stdout.fileno()
+    chunks, got = [], 0
+    while got < size:
+        remaining = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(remaining, 0))
+        if not ready:
+            child.kill()
+            child.wait()
+            raise ChildGoneError(overrun)
+        chunk = os.read(fd, size - got)
+        if not chunk:
+            raise ChildGoneError("")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
