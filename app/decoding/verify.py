@@ -25,7 +25,8 @@ from app.acceptance import Rule, Verdict, rules
 from app.decoding.batch import run_together
 from app.decoding.state import RowState
 from app.drafters.base import Forward, Proposal, Proposer, Steps
-from app.loading.runner import ModelRunner
+from app.execution.forward import forward
+from app.execution.runner import ModelRunner
 from app.sampling import Distribution
 from app.sampling.grammar import masked
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from app.decoding.loop import Speculation
-    from app.drafters.target_taps import FeatureHook
+    from app.execution.target_taps import FeatureHook
 
 
 ARGMAX_RULES = {Rule.GREEDY_ARGMAX: rules.greedy_argmax, Rule.ARGMAX_AGAINST_ARGMAX: rules.argmax_against_argmax}
@@ -76,7 +77,7 @@ def verifying(row: VerifyRow) -> Steps[Verdict]:
         logits = yield Forward(target, inputs)
     else:
         with observed(row.proposer.hook) as features:
-            logits = target.forward(inputs)
+            (logits,) = forward([Forward(target, inputs)])
     rows = logits[-(proposal.k + 1) :]
     # The rule judges against the masked target rows; log-probabilities read the unmasked ones.
     logits = rows if row.masks is None else masked(rows, row.masks)
