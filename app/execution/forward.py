@@ -2,7 +2,9 @@
 
 `forward(rows)` gives, bit for bit, what `[row.runner.forward(row.tokens) for row in rows]` gives
 (a row's output never depends on its batch-mates), and leaves each runner's cache and `length` as
-those calls would. A tap open on the model (target_taps.py) records each row as its own forward would.
+those calls would. A tap open on the model (target_taps.py) records each row as its own forward
+would, and a row with a block drafter's hook gets its own hidden states, so block-drafter rows
+share the target's batched forward with every other row.
 
 On the CPU a forward of a small model costs mostly per-op dispatch, so rows of one model share one
 call of mlx-lm's own model: their tokens go in as a batch of N one-token sequences `[N, 1]`, and
@@ -32,9 +34,9 @@ KVCache and RotatingKVCache, a device without the row-stable kernel and a tensor
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from types import ModuleType
 
 import mlx.core as mx
@@ -45,7 +47,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache
 from app.execution.device import backend
 from app.execution.lockstep import lockstep_of
 from app.execution.runner import ModelRunner, Tokens
-from app.execution.target_taps import taps_of
+from app.execution.target_taps import FeatureHook, taps_of
 
 Span = tuple[int, int]
 
@@ -61,25 +63,36 @@ ROW_CACHES = (KVCache, RotatingKVCache)
 
 @dataclass(frozen=True)
 class RowForward:
-    """One row's forward: `tokens` appended to `runner`'s cache."""
+    """One row's forward: `tokens` appended to `runner`'s cache. With a `hook` (a block drafter's),
+    the forward also leaves the hook's rows of these tokens `[1, w, F]` in `features`."""
 
     runner: ModelRunner
     tokens: Tokens
+    hook: FeatureHook | None = None
+    features: list[mx.array] = field(default_factory=list)
 
 
 def forward(rows: Sequence[RowForward]) -> list[mx.array]:
     """Logits `[len(row.tokens), V]` for each row (lazy). Rows of several models may mix; only
     consecutive rows of one model share a pass."""
     if len(rows) == 1:  # nothing to share
-        return [rows[0].runner.forward(rows[0].tokens)]
+        return [_solo_forward(rows[0], rows[0].tokens)]
     tokens = [_flat_tokens(row.tokens) for row in rows]
     logits: list[mx.array] = []
     for group in _groups(rows, [int(t.size) for t in tokens]):
-        runners = [rows[i].runner for i in group]
         if len(group) == 1:
-            logits.append(runners[0].forward(tokens[group.start]))
+            logits.append(_solo_forward(rows[group.start], tokens[group.start]))
         else:
-            logits.extend(_flat_forward(runners, [tokens[i] for i in group]))
+            logits.extend(_flat_forward([rows[i] for i in group], [tokens[i] for i in group]))
+    return logits
+
+
+def _solo_forward(row: RowForward, tokens: Tokens) -> mx.array:
+    if row.hook is None:
+        return row.runner.forward(tokens)
+    with row.hook.capture() as features:
+        logits = row.runner.forward(tokens)
+    row.features.extend(features)
     return logits
 
 
@@ -221,13 +234,14 @@ def _install_row_attention(architecture: ModuleType) -> None:
     architecture.scaled_dot_product_attention = attention
 
 
-def _flat_forward(runners: list[ModelRunner], rows: list[mx.array]) -> list[mx.array]:
+def _flat_forward(rows: list[RowForward], tokens: list[mx.array]) -> list[mx.array]:
+    runners = [row.runner for row in rows]
     model = runners[0].model
     _install_row_attention(sys.modules[type(model).__module__])
     spans, start = [], 0
-    for row in rows:
-        spans.append((start, start + int(row.size)))
-        start += int(row.size)
+    for row_tokens in tokens:
+        spans.append((start, start + int(row_tokens.size)))
+        start += int(row_tokens.size)
     positions: dict[tuple[int, ...], mx.array] = {}
     caches = []
     for index in range(len(runners[0].cache)):
@@ -238,10 +252,25 @@ def _flat_forward(runners: list[ModelRunner], rows: list[mx.array]) -> list[mx.a
                 [p for o, (a, b) in zip(offsets, spans, strict=True) for p in range(o, o + b - a)]
             )
         caches.append(FlatRows(layer, spans, positions[offsets]))
-    taps = taps_of(model)
-    with taps.flattened(spans) if taps is not None else nullcontext():
-        logits = model(mx.concatenate(rows).reshape(start, 1), cache=caches)
+    with _taps_read(model, rows, spans):
+        logits = model(mx.concatenate(tokens).reshape(start, 1), cache=caches)
     for runner, (a, b) in zip(runners, spans, strict=True):
         runner.length += b - a
     logits = logits.reshape(start, -1)
     return [logits[a:b] for a, b in spans]
+
+
+@contextmanager
+def _taps_read(model: nn.Module, rows: list[RowForward], spans: list[Span]) -> Iterator[None]:
+    """The model's taps record each row's slice of the batch; a hooked row's features are its own
+    slices of the taps its hook names, as its solo forward's capture would give them."""
+    taps = taps_of(model)
+    if taps is None:
+        yield
+        return
+    names = list(dict.fromkeys(name for row in rows if row.hook is not None for name in row.hook.names))
+    with taps.flattened(spans), taps.capture(names) if names else nullcontext({}) as seen:
+        yield
+    for i, row in enumerate(rows):
+        if row.hook is not None:
+            row.features.append(mx.concatenate([seen[name][i] for name in row.hook.names], axis=-1))
