@@ -239,8 +239,7 @@ class TargetLoop:
         return not state.sampler.needs_context and params.xtc_probability == 0.0 and host_free
 
     def _decide_lazily(self, state: RowState, inputs: mx.array | list[int]) -> mx.array:
-        (logits,) = forward([Forward(self.target, inputs)])
-        logits = logits[-1:]
+        logits = forward([Forward(self.target, inputs)])[0][-1:]
         if state.sampler.is_greedy:
             return state.sampler.greedy(logits)
         return state.sampler.distribution(logits).draw(state.rng.next_key())

@@ -97,11 +97,14 @@ def test_other_models_give_their_solo_forwards(kind, tmp_path: Path) -> None:
     for a, b in zip(solo, batched, strict=True):
         prompt = rng.integers(4, 4000, size=int(rng.integers(2, 20))).tolist()
         mx.eval(a.prefill(prompt), b.prefill(prompt))
-    assert batching(model) == {
-        "mamba": "per-row (mlx_lm.models.mamba.Model is not one of the architectures checked to batch)",
-        "llama": "rows",
-        "nudged qwen3": "per-row (layer Nudged is not qwen3's own)",
-    }[kind]
+    assert (
+        batching(model)
+        == {
+            "mamba": "per-row (mlx_lm.models.mamba.Model is not one of the architectures checked to batch)",
+            "llama": "rows",
+            "nudged qwen3": "per-row (layer Nudged is not qwen3's own)",
+        }[kind]
+    )
     for _ in range(2):
         inputs = [rng.integers(4, 4000, size=int(rng.integers(1, 6))).tolist() for _ in range(4)]
         assert_same_rows(solo, batched, inputs)
