@@ -1,4 +1,4 @@
-"""One flattened forward of B rows (`forward_rows`) against the same B rows' solo forwards.
+"""One flattened forward of B rows (`forward`) against the same B rows' solo forwards.
 
 Rows sit at different cache lengths (prompts of 100 to 250 tokens); each repeat times both arms
 back to back (the machine is shared and noisy), evaluating all B rows' logits at once, then
@@ -23,9 +23,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, load_model
-from app.loading.batched import forward_rows
-from app.loading.runner import ModelRunner
+from app.execution.forward import RowForward, forward
+from app.execution.model import load_model
+from app.execution.runner import ModelRunner
+from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 from app.runtime.blas import row_stable_rows
 
 ROWS = (1, 2, 4, 8, 16)
@@ -51,7 +52,9 @@ def measure(
         inputs = [rng.integers(4, 4000, size=width).tolist() for _ in range(rows)]
         ms, want = timed(lambda tokens: [r.forward(t) for r, t in zip(solo, tokens, strict=True)], inputs)
         solo_ms.append(ms)
-        ms, got = timed(lambda tokens: forward_rows(batched, tokens), inputs)
+        ms, got = timed(
+            lambda tokens: forward([RowForward(r, t) for r, t in zip(batched, tokens, strict=True)]), inputs
+        )
         batched_ms.append(ms)
         exact &= all(np.array_equal(a, b) for a, b in zip(want, got, strict=True))
         for runner in [*solo, *batched]:
