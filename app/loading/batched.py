@@ -8,9 +8,10 @@ On the CPU a forward of a small model costs mostly per-op dispatch, so the rows'
 flattened into one sequence `[1, N, H]` and everything that treats tokens independently runs once
 for all rows: embedding, norms, projections, MLP, final norm, lm_head, and RoPE (each token at its
 own row's position). That is exact because the shim's matrix kernel computes every output row with
-the same code whatever the row count, up to `row_stable_rows()` rows (app/runtime/sgemm_rows.c);
-rows are packed into groups of at most that many tokens. What depends on a row's cache (the cache
-update and attention with mlx-lm's mask) runs per row, with the shapes of the row's solo forward.
+the same code whatever the row count, up to `row_stable_rows()` rows (app/runtime/sgemm_rows.c;
+1024, so a tick of up to the default `server.max_batch_tokens` positions is one pass); rows are
+packed into groups of at most that many tokens. What depends on a row's cache (the cache update
+and attention with mlx-lm's mask) runs per row, with the shapes of the row's solo forward.
 Models of other architectures, caches other than KVCache, devices without the row-stable kernel,
 and a tensor-parallel target (app/loading/lockstep.py) take the reference loop.
 """
