@@ -11,7 +11,8 @@ call of mlx-lm's own model: their tokens go in as a batch of N one-token sequenc
 everything that treats tokens independently (embedding, norms, projections, MLP, lm_head, RoPE)
 runs once for all of them. That is exact because the shim's matrix kernel computes every output
 row with the same code whatever the row count, up to `row_stable_rows()` rows
-(app/runtime/sgemm_rows.c); rows are packed into groups of at most that many tokens. What depends
+(app/runtime/sgemm_rows.c; 1024, so a tick of up to the default `server.max_batch_tokens`
+positions is one pass); rows are packed into groups of at most that many tokens. What depends
 on a row's cache runs per row with the shapes of its solo forward, through two objects of ours
 that the model module is handed, as mlx-lm's own `BatchKVCache` is:
 

@@ -21,10 +21,11 @@ from app.loading.checkpoint import ModelLoadError
 
 Tokens = Sequence[int] | mx.array
 
-# Prefill cuts a prompt at absolute multiples of this. On the CPU a product's bits depend on its
-# row count, so fixed cuts make the KV of a prompt's first k chunks the same in every prompt that
-# starts with them: what lets the prompt cache (prompt_cache.py) reuse them exactly. 128 rather
-# than 512: the same prefill speed on the CPU (measured), and a finer grain for the cache to reuse.
+# Prefill cuts a prompt at absolute multiples of this. A forward's bits may depend on how a prompt
+# is cut (on the GPU, and on the CPU for products longer than the shim's row-stable limit), so
+# fixed cuts make the KV of a prompt's first k chunks the same in every prompt that starts with
+# them: what lets the prompt cache (prompt_cache.py) reuse them exactly. 128 rather than 512: the
+# same prefill speed on the CPU (measured), and a finer grain for the cache to reuse.
 PREFILL_CHUNK = 128
 
 
