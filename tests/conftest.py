@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import structlog
 
-from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, LoadedModel, load_model
+from app.execution.model import LoadedModel, load_model
+from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 from app.profiles.loader import shipped_profiles
 from ops.models.tiny import build_tiny_model
 from tests.support.server import API_KEY, RunningServer, serve

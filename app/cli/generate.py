@@ -19,7 +19,8 @@ from app.decoding.generation import Generation
 from app.decoding.plan import LoopPlan, Switches
 from app.drafters.kinds import DrafterKind, Resolution, resolve_drafter_kind
 from app.drafters.prompt_lookup import PROMPT_LOOKUP_WIDTH
-from app.loading import EMBEDDED_TARGET, Checkpoint, LoadedModel, ModelLoadError, load_model, read_checkpoint
+from app.execution.model import LoadedModel, load_model
+from app.loading import EMBEDDED_TARGET, Checkpoint, ModelLoadError, read_checkpoint
 from app.runtime.logging import configure_logging
 from app.sampling import SamplingParams
 from app.sampling.rng import resolve_seed

@@ -2,7 +2,7 @@
 
 Not under mlx.launch, serve supervises: it starts `mlx.launch --backend ring -n WORLD_SIZE` on
 this host running the same `serve` command, and waits. Each rank then finds itself by MLX_RANK:
-rank 0 serves HTTP (app/cli/serving.py), the others follow (app/loading/tensor_parallel.py) and
+rank 0 serves HTTP (app/cli/serving.py), the others follow (app/execution/tensor_parallel.py) and
 never open the port. On two hosts the operator runs mlx.launch with a hostfile instead
 (docs/deployment.md); the ranks behave the same.
 
@@ -162,7 +162,7 @@ def restore_stop_signals() -> None:
 
 def follow_rank(settings: Settings) -> int:
     """A follower rank: repeat rank 0's forwards until it says stop (or a peer is lost)."""
-    from app.loading.tensor_parallel import follow
+    from app.execution.tensor_parallel import follow
 
     log = structlog.get_logger("mlxcel.tensor")
     outcome: list[BaseException | None] = []

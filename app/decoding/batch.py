@@ -1,7 +1,7 @@
 """Many rows' steps advanced together: the forwards they ask for, served model by model in one pass.
 
 Each row's step is a generator of `Forward` requests (app/drafters/base.py). Every round, the
-rows waiting on a forward are grouped by model and each group goes through one `forward_rows`;
+rows waiting on a forward are grouped by model and each group goes through one `forward`;
 drafting forwards (a draft model's step j of every row) are served before any target forward, so
 all rows' target forwards of a tick end up in one pass. Each row judges, samples and draws keys
 in its own generator in the order it would alone, so its output never depends on its batch-mates.
@@ -19,7 +19,7 @@ from typing import TypeVar
 import mlx.core as mx
 
 from app.drafters.base import Forward, Steps
-from app.loading.batched import forward_rows
+from app.execution.forward import forward
 
 T = TypeVar("T")
 
@@ -45,7 +45,7 @@ def run_together(steps: Sequence[Steps[T]]) -> list[T | Exception]:
         for group in _by_model(served, waiting):
             requests = [waiting.pop(i) for i in group]
             try:
-                logits = forward_rows([r.runner for r in requests], [r.tokens for r in requests])
+                logits = forward(requests)
                 mx.async_eval(logits)  # every row computes while the first one is judged
             except Exception as exc:
                 for i in group:

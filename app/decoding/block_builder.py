@@ -18,7 +18,8 @@ from app.decoding.exactness import ProbeCache, ProbeVerdict
 from app.decoding.loop import Drafting
 from app.decoding.plan import LoopPlan
 from app.drafters.block import BlockDrafterModel, block_proposer, load_block_drafter
-from app.loading import LoadedModel, ModelLoadError
+from app.execution.model import LoadedModel
+from app.loading import ModelLoadError
 from app.profiles.schema import ALLOW_INEXACT_ENV
 from app.sampling import SamplingParams
 

@@ -15,10 +15,11 @@ from app.drafters.draft_model import DraftModelDrafter
 from app.drafters.governor import Listener, make_governor
 from app.drafters.kinds import DrafterKind
 from app.drafters.prompt_lookup import PromptLookupDrafter
-from app.loading import LoadedModel, ModelLoadError
+from app.execution.model import LoadedModel
+from app.execution.prompt_cache import PrefixRows, PromptCache, RowCaching
+from app.execution.runner import ModelRunner
+from app.loading import ModelLoadError
 from app.loading.pairing import require_pairing
-from app.loading.prompt_cache import PrefixRows, PromptCache, RowCaching
-from app.loading.runner import ModelRunner
 from app.profiles.tenants import ANONYMOUS
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
 from app.sampling.grammar import Grammar, GrammarVocabulary

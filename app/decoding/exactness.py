@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from app.loading.runner import ModelRunner
+from app.execution.runner import ModelRunner
 
 PROBE_PROMPTS = ([11, 42, 7, 300, 19, 5, 88, 1024, 3, 64], [901, 17, 17, 4, 250, 6, 2047, 33, 512, 9, 12, 70])
 

@@ -12,7 +12,7 @@ from app.decoding.loop import RoundLoop
 from app.decoding.state import RowState
 from app.decoding.timings import Timings
 from app.drafters.base import Steps
-from app.loading.prompt_cache import RowCaching
+from app.execution.prompt_cache import RowCaching
 from app.sampling.logprobs import TokenLogprob
 
 

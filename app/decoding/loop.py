@@ -22,7 +22,8 @@ from app.decoding.verify import VerifyRow, observed, verifying
 from app.drafters.base import Forward, Proposal, Proposer, Steps, run_alone
 from app.drafters.governor import Governor
 from app.drafters.kinds import DrafterKind
-from app.loading.runner import PREFILL_CHUNK, ModelRunner
+from app.execution.forward import forward
+from app.execution.runner import PREFILL_CHUNK, ModelRunner
 from app.sampling.grammar import Constraint, masked
 
 
@@ -238,7 +239,7 @@ class TargetLoop:
         return not state.sampler.needs_context and params.xtc_probability == 0.0 and host_free
 
     def _decide_lazily(self, state: RowState, inputs: mx.array | list[int]) -> mx.array:
-        logits = self.target.forward(inputs)[-1:]
+        logits = forward([Forward(self.target, inputs)])[0][-1:]
         if state.sampler.is_greedy:
             return state.sampler.greedy(logits)
         return state.sampler.distribution(logits).draw(state.rng.next_key())

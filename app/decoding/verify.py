@@ -8,8 +8,9 @@ decided token but the last.
 
 `verifying` is one row's verify as a step that asks for its target forward, so the engine's tick
 serves every row's in one batched pass (app/decoding/batch.py); `verify` does that for a list of
-rows. A row whose proposer reads the target's hidden states (block drafters) runs its own forward
-inside its hook's capture: the hook records one row's forward, not a batch's.
+rows. A row whose proposer reads the target's hidden states (block drafters) asks for its forward
+with its hook, and gets the hook's rows of its own positions with its logits, batched or not
+(app/execution/forward.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from app.acceptance import Rule, Verdict, rules
 from app.decoding.batch import run_together
 from app.decoding.state import RowState
 from app.drafters.base import Forward, Proposal, Proposer, Steps
-from app.loading.runner import ModelRunner
+from app.execution.runner import ModelRunner
 from app.sampling import Distribution
 from app.sampling.grammar import masked
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from app.decoding.loop import Speculation
-    from app.drafters.target_taps import FeatureHook
+    from app.execution.target_taps import FeatureHook
 
 
 ARGMAX_RULES = {Rule.GREEDY_ARGMAX: rules.greedy_argmax, Rule.ARGMAX_AGAINST_ARGMAX: rules.argmax_against_argmax}
@@ -67,16 +68,13 @@ def verify(rows: Sequence[VerifyRow]) -> list[Verdict]:
 
 
 def verifying(row: VerifyRow) -> Steps[Verdict]:
-    """One row's verify: its target forward asked for (or run under its hook), judged, settled."""
+    """One row's verify: its target forward asked for (with its proposer's hook, if any), judged, settled."""
     state, target, proposal, speculation = row.state, row.target, row.proposal, row.speculation
     base = len(state.tokens)
     inputs = mx.concatenate([mx.array(state.tokens[target.length :]), proposal.tokens])
-    if row.proposer.hook is None:
-        features: list[mx.array] = []
-        logits = yield Forward(target, inputs)
-    else:
-        with observed(row.proposer.hook) as features:
-            logits = target.forward(inputs)
+    request = Forward(target, inputs, hook=row.proposer.hook)
+    logits = yield request
+    features = request.features  # the hook's rows of these positions (none without a hook)
     rows = logits[-(proposal.k + 1) :]
     # The rule judges against the masked target rows; log-probabilities read the unmasked ones.
     logits = rows if row.masks is None else masked(rows, row.masks)

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import mlx.core as mx
 
+from app.execution.forward import RowForward, forward
 from app.sampling import Distribution
 
 if TYPE_CHECKING:
     from app.acceptance import Verdict
     from app.decoding.state import RowState
     from app.drafters.kinds import DrafterKind
-    from app.drafters.target_taps import FeatureHook
-    from app.loading.runner import ModelRunner
+    from app.execution.target_taps import FeatureHook
 
 T = TypeVar("T")
 
@@ -41,7 +41,7 @@ class Proposal:
 
 
 @dataclass(frozen=True)
-class Forward:
+class Forward(RowForward):
     """A forward one row's step asks for: `tokens` appended to `runner`'s cache, logits sent back.
 
     Steps are generators of these, so the engine can serve many rows' forwards on one model in
@@ -50,8 +50,6 @@ class Forward:
     target forward of a tick goes in one pass.
     """
 
-    runner: ModelRunner
-    tokens: Sequence[int] | mx.array
     drafting: bool = False
 
 
@@ -63,7 +61,8 @@ def run_alone(steps: Steps[T]) -> T:
     try:
         request = next(steps)
         while True:
-            request = steps.send(request.runner.forward(request.tokens))
+            (logits,) = forward([request])
+            request = steps.send(logits)
     except StopIteration as done:
         return done.value
 

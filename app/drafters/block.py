@@ -19,11 +19,12 @@ from mlx_lm.models.cache import KVCache
 from app.drafters.base import Proposal, ProposesAtOnce
 from app.drafters.block_model import DFlashModel, DraftShape, MtpHead
 from app.drafters.kinds import DETECTED, DrafterKind
-from app.drafters.target_taps import FINAL, FeatureHook, TargetTaps, taps_for
-from app.loading import CheckpointKind, LoadedModel, ModelLoadError, read_checkpoint
-from app.loading.device import on_gpu
+from app.execution.device import backend
+from app.execution.model import LoadedModel
+from app.execution.runner import chunk_end, restore_rows
+from app.execution.target_taps import FINAL, FeatureHook, TargetTaps, taps_for
+from app.loading import CheckpointKind, ModelLoadError, read_checkpoint
 from app.loading.pairing import require_pairing
-from app.loading.runner import chunk_end, restore_rows
 from app.sampling import Distribution
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ def load_block_drafter(path: str | Path, target: LoadedModel) -> BlockDrafterMod
         module.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:
         raise ModelLoadError(f"{checkpoint.path}: weights do not match its config.json: {exc}") from exc
-    module.set_dtype(mx.bfloat16 if on_gpu() else mx.float32)
+    module.set_dtype(backend().module_dtype)
     mx.eval(module.parameters())
     return BlockDrafterModel(
         kind=checkpoint.kind, module=module, shape=shape, taps=taps, declared_width=declared,
@@ -123,7 +124,7 @@ def prompt_chunks(start: int, end: int) -> Iterator[tuple[int, int]]:
 @dataclass
 class ContextRows:
     """A block drafter row's context caches, as the prompt cache reads and restores them
-    (app/loading/prompt_cache.py `PrefixRows`)."""
+    (app/execution/prompt_cache.py `PrefixRows`)."""
 
     cache: list[KVCache]
     lookahead: int  # tokens past a row that it depends on (an MTP row pairs position i with token i + 1)

@@ -18,7 +18,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.qwen3 import MLP, TransformerBlock
 from mlx_lm.models.qwen3 import ModelArgs as Qwen3Args
 
-from app.loading import row_invariant
+from app.execution import row_invariant
 
 
 @dataclass

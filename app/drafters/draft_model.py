@@ -8,14 +8,14 @@ import mlx.core as mx
 
 from app.drafters.base import Forward, Proposal, Steps, run_alone
 from app.drafters.kinds import DrafterKind
-from app.loading.runner import ModelRunner
+from app.execution.runner import ModelRunner
 from app.sampling import Distribution
 from app.sampling.grammar import masked
 
 if TYPE_CHECKING:
     from app.acceptance import Verdict
     from app.decoding.state import RowState
-    from app.loading import LoadedModel
+    from app.execution.model import LoadedModel
 
 
 class DraftModelDrafter:

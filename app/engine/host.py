@@ -18,9 +18,10 @@ from app.decoding.generation import Generation
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.drafters.governor import Listener
 from app.drafters.kinds import DrafterKind
-from app.loading import LoadedModel, load_model
-from app.loading.lockstep import Lockstep
-from app.loading.prompt_cache import CacheCounters, PromptCache
+from app.execution.forward import batching
+from app.execution.lockstep import Lockstep
+from app.execution.model import LoadedModel, load_model
+from app.execution.prompt_cache import CacheCounters, PromptCache
 from app.profiles.schema import Settings
 
 
@@ -32,6 +33,7 @@ class ModelInfo:
     context_limit: int
     vocab_size: int
     tokenizer: TokenizerWrapper  # HTTP tokenizes and renders templates with it, off the event loop
+    batching: str  # whether the target's rows share forwards: "rows" or "per-row (why)" (app/execution/forward.py)
 
 
 class ModelHost:
@@ -64,6 +66,7 @@ class ModelHost:
             context_limit=self.builder.context_limit,
             vocab_size=target.vocab_size,
             tokenizer=target.tokenizer,
+            batching=batching(target.model),
         )
         return self.info
 
@@ -85,7 +88,7 @@ class ModelHost:
         target = self.settings.target
         if target.parallel != "tensor":
             return load_model(target.model)
-        from app.loading.tensor_parallel import load_leader
+        from app.execution.tensor_parallel import load_leader
 
         loaded, self.lockstep = load_leader(target.model, target.world_size)
         return loaded

@@ -69,7 +69,7 @@ class Metrics:
     spec_decode_num_accepted_tokens_total: int = 0
     spec_accepted_per_position: list[int] = field(default_factory=list)
     spec_accepted_lengths: list[int] = field(default_factory=list)  # [k]: verify rounds that accepted k drafts
-    # the prompt cache's counters (app/loading/prompt_cache.py), copied in by each snapshot
+    # the prompt cache's counters (app/execution/prompt_cache.py), copied in by each snapshot
     prompt_cache_hits_total: int = 0
     prompt_cache_misses_total: int = 0
     prompt_cache_evictions_total: int = 0

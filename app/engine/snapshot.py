@@ -11,7 +11,7 @@ from app.engine.host import ModelInfo
 from app.engine.metrics import Metrics
 from app.engine.row import Row
 from app.engine.scheduler import EngineState
-from app.loading.prompt_cache import CacheCounters
+from app.execution.prompt_cache import CacheCounters
 from app.profiles.schema import Settings
 
 

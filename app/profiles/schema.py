@@ -33,7 +33,7 @@ class TargetSettings(Group):
     """The target model; `target = "DIR"` in a profile is short for `[target] model = "DIR"`."""
 
     model: str = str(EMBEDDED_TARGET)
-    # "tensor": the target is sharded over `world_size` ranks under mlx.launch (app/loading/tensor_parallel.py)
+    # "tensor": the target is sharded over `world_size` ranks under mlx.launch (app/execution/tensor_parallel.py)
     parallel: ParallelName = "none"
     world_size: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1
 
@@ -101,7 +101,7 @@ class ServerSettings(Group):
     # so one row of OpenAI's top_logprobs 20 at max_tokens fits) and a non-streamed body's bytes.
     max_logprob_entries: Annotated[int, msgspec.Meta(ge=1)] = 131_072
     max_response_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024 * 1024
-    # the prompt cache (app/loading/prompt_cache.py): its budget in MiB (0 turns it off) and entries
+    # the prompt cache (app/execution/prompt_cache.py): its budget in MiB (0 turns it off) and entries
     prompt_cache_mb: Annotated[int, msgspec.Meta(ge=0, le=1 << 20)] = 512
     prompt_cache_entries: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
     # "tenant": a request finds only its own tenant's prefixes; "global": every tenant's (a timing side channel)

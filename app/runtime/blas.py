@@ -2,7 +2,9 @@
 
 The Linux `mlx-cpu` wheel links the netlib reference BLAS, which makes a k-token verify forward
 cost about k single-token steps and so defeats speculative decoding. `sgemm_rows.c` (built once by
-`build()`, which the Makefile runs) forwards `cblas_sgemm` to OpenBLAS.
+`build()`, which the Makefile runs) computes products of up to `row_stable_rows()` rows with its
+own register-blocked kernel, which gives each row the same bits whatever the row count (what makes
+verify forwards and batched forwards exact), and forwards longer ones to OpenBLAS.
 Set `MLXCEL_BLAS=reference` to keep the bundled BLAS.
 """
 
@@ -40,7 +42,7 @@ def preload() -> str:
 
 def cuda_build() -> bool:
     """MLX's CUDA build is installed (the `cuda` extra): models compute on the GPU, where the
-    shim has no part (app/loading/row_invariant.py keeps wide forwards exact there)."""
+    shim has no part (app/execution/row_invariant.py keeps wide forwards exact there)."""
     try:
         importlib.metadata.distribution("mlx-cuda-13")
     except importlib.metadata.PackageNotFoundError:
@@ -50,7 +52,8 @@ def cuda_build() -> bool:
 
 def row_stable_rows() -> int:
     """Up to how many rows a CPU matrix product gives each row the same bits whatever the row
-    count (the shim's own kernel); 0 where MLX does not run on the shim."""
+    count (the shim's own kernel: 1024, as many tokens as a tick forwards by default); 0 where
+    MLX does not run on the shim."""
     limit = getattr(_shim, "mlxcel_row_stable_max", None)
     return int(limit()) if limit is not None else 0
 
@@ -72,6 +75,7 @@ def build() -> Path | None:
         compiler,
         "-O3",
         "-march=native",
+        "-ffp-contract=fast",  # the kernel's vector multiply-adds are fused (sgemm_rows.c)
         "-shared",
         "-fPIC",
         str(SOURCE),

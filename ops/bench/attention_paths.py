@@ -8,7 +8,7 @@ Three parts, one JSON line per measurement (the tables in docs/gpu.md come from 
 2. `attention`: one attention call of L queries against a key length that grows every call (as
    while decoding), per path: MLX's fused kernel, plain ops (matmul + mask + softmax), the fused
    kernel over keys bucketed to 256 with an explicit mask (so the shape repeats), plain ops under
-   `mx.compile`, and the project's row kernel (`app/loading/row_invariant.py`).
+   `mx.compile`, and the project's row kernel (`app/execution/row_invariant.py`).
 3. `runner`: `ModelRunner` forwards of width w plus a rewind of w - 1 rows, with MLX's kernels and
    with the row-invariant ones, and the exactness probe's verdict for widths 5, 8 and 16.
 `--big` adds a random-weight bf16 Qwen3 of hidden 2048 x 24 layers beside the embedded target.
@@ -31,9 +31,11 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from app.decoding import exactness
-from app.loading import EMBEDDED_TARGET, load_model, row_invariant
-from app.loading.device import on_cuda, on_gpu
-from app.loading.runner import ModelRunner
+from app.execution import row_invariant
+from app.execution.device import backend
+from app.execution.model import load_model
+from app.execution.runner import ModelRunner
+from app.loading import EMBEDDED_TARGET
 
 WIDTHS = (1, 2, 5, 8, 16)
 STEPS = 40
@@ -61,7 +63,7 @@ def big_model() -> nn.Module:
     model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
     model.set_dtype(mx.bfloat16)
     mx.eval(model.parameters())
-    if on_cuda():
+    if backend().row_invariant_kernels:
         row_invariant.install(model)
     return model
 
@@ -77,7 +79,7 @@ def matmul_rows(sink: list[dict], label: str, shapes: list[tuple[int, int]], dty
             wide = x[:m] @ weight.T
             verdict[m] = mx.abs(wide.astype(mx.float32) - single[:m].astype(mx.float32)).max().item()
         emit(sink, part="matmul", model=label, k=k, n=n, max_diff_vs_one_row_by_m=verdict)
-        if on_cuda() and row_invariant.matmul_applies(x, weight):
+        if backend().row_invariant_kernels and row_invariant.matmul_applies(x, weight):
             row_kernel_rows(sink, label, x, weight, single)
 
 
@@ -151,7 +153,7 @@ def attention_paths(k_buf: mx.array, v_buf: mx.array, scale: float) -> dict[str,
         "fused_bucketed_mask": bucketed,
         "plain_compiled": lambda q, s: compiled(q, k_buf[:, :, :s], v_buf[:, :, :s], scale, causal(q.shape[2], s, s)),
     }
-    if on_cuda():
+    if backend().row_invariant_kernels:
         paths["row_kernel"] = lambda q, s: row_invariant.row_attention(q, k_buf[:, :, :s], v_buf[:, :, :s], scale)
     return paths
 
@@ -186,7 +188,11 @@ def attention(sink: list[dict], label: str, heads: int, kv_heads: int, head_dim:
 
 def runner_policies(sink: list[dict], label: str, model: nn.Module) -> None:
     """`ModelRunner` forwards with MLX's kernels, then with the row-invariant ones."""
-    policies = [("MLX kernels", False), ("row-invariant kernels", True)] if on_cuda() else [("MLX kernels", False)]
+    policies = (
+        [("MLX kernels", False), ("row-invariant kernels", True)]
+        if backend().row_invariant_kernels
+        else [("MLX kernels", False)]
+    )
     limits = row_invariant.ATTENTION_ROWS, row_invariant.MATMUL_ROWS
     for name, use_rows in policies:
         # Row limits of 0 switch the kernels off: every call falls back to MLX's own.
@@ -276,7 +282,7 @@ def main() -> None:
     body = report(sink, header_line)
     print(body)
     if args.write:
-        write_section("attention-gpu" if on_gpu() else "attention-cpu", body)
+        write_section("attention-gpu" if backend().gpu else "attention-cpu", body)
 
 
 if __name__ == "__main__":

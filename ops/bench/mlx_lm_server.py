@@ -18,7 +18,7 @@ from typing import Any
 import mlx.core as mx
 import mlx_lm.server
 
-from app.loading.model import compute_dtype
+from app.execution.device import compute_dtype
 
 MLX_LM_LOAD = mlx_lm.server.load
 

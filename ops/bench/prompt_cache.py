@@ -28,7 +28,7 @@ from functools import partial
 
 import httpx
 
-from app.loading.runner import PREFILL_CHUNK
+from app.execution.runner import PREFILL_CHUNK
 from ops.bench.spawn import spawned_server
 
 SYSTEM_TOKENS, TURNS, TURN_TOKENS, DOCUMENT_TOKENS, QUESTIONS = 500, 6, 60, 1000, 8

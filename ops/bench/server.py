@@ -21,7 +21,8 @@ import time
 
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan
-from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, load_model
+from app.execution.model import load_model
+from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 from app.sampling import SamplingParams
 from ops.bench.prompts import COPY_HEAVY, HELD_OUT_CODE
 from ops.bench.spawn import spawned_server

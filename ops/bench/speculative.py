@@ -34,8 +34,9 @@ from mlx_lm.sample_utils import make_sampler
 
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan, Switches, plan_from_settings
-from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, LoadedModel, load_model
-from app.loading.device import on_gpu
+from app.execution.device import backend
+from app.execution.model import LoadedModel, load_model
+from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 from app.profiles.schema import STOCHASTIC_ACCEPT_ENV, DrafterSettings, Settings
 from app.sampling import SamplingParams
 from ops.bench.prompts import COPY_HEAVY, HELD_OUT_CODE, PROSE
@@ -214,7 +215,7 @@ def run_classic_sets(target: LoadedModel, n: int, k: int, repeats: int, write: b
     )
     print(body)
     if write:
-        write_section("speculative-gpu" if on_gpu() else "speculative", body)
+        write_section("speculative-gpu" if backend().gpu else "speculative", body)
 
 
 def block_builder(target: LoadedModel, name: str, block_rule: str, stochastic: bool = False) -> LoopBuilder:
@@ -273,7 +274,7 @@ def run_block_sets(target: LoadedModel, n: int, repeats: int, write: bool) -> No
     identical = all(cold[name].outputs == cold["target-only"].outputs for name in cold_builders)
     body = "\n".join(
         [
-            "## Block drafters (`ops/bench/speculative.py --sets block`)" + (", GPU" if on_gpu() else ""),
+            "## Block drafters (`ops/bench/speculative.py --sets block`)" + (", GPU" if backend().gpu else ""),
             "",
             f"{machine()}. {len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, EOS ignored, {repeats} "
             "interleaved repeats; wall time includes prefill. Each drafter's width controller is shared by all "
@@ -294,7 +295,7 @@ def run_block_sets(target: LoadedModel, n: int, repeats: int, write: bool) -> No
     )
     print(body)
     if write:
-        write_section("speculative-block-gpu" if on_gpu() else "speculative-block", body)
+        write_section("speculative-block-gpu" if backend().gpu else "speculative-block", body)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan
-from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, load_model
+from app.execution.model import load_model
+from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 from app.sampling import SamplingParams
 from app.sampling.grammar import Constraint, Grammar
 

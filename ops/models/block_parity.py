@@ -30,8 +30,8 @@ from app.decoding.state import RowState  # noqa: E402
 from app.drafters.block import DFlashDrafter as MlxDFlash  # noqa: E402
 from app.drafters.block import MtpDrafter as MlxMtp  # noqa: E402
 from app.drafters.block import load_block_drafter  # noqa: E402
-from app.drafters.target_taps import TargetTaps  # noqa: E402
-from app.loading import load_model  # noqa: E402
+from app.execution.target_taps import TargetTaps  # noqa: E402
+from app.execution.model import load_model  # noqa: E402
 from app.sampling import RowRng, SamplerPipeline, SamplingParams  # noqa: E402
 from ops.models.train_block_drafters import SHAPE, DFlashDrafter, MtpHead, config_for, target_states  # noqa: E402
 

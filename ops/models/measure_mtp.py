@@ -23,7 +23,8 @@ from pathlib import Path
 from app.acceptance import AcceptanceStats
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan, plan_from_settings
-from app.loading import EMBEDDED_TARGET, load_model
+from app.loading import EMBEDDED_TARGET
+from app.execution.model import load_model
 from app.profiles.schema import AdaptiveSettings, DrafterSettings, Settings
 from app.sampling import SamplingParams
 from ops.bench.common import REPO_ROOT

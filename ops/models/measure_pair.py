@@ -19,8 +19,9 @@ import mlx.core as mx
 
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan
-from app.loading.runner import ModelRunner
-from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, LoadedModel, load_model
+from app.execution.runner import ModelRunner
+from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
+from app.execution.model import LoadedModel, load_model
 from app.sampling import SamplingParams
 from ops.bench.prompts import HELD_OUT_CODE
 

@@ -45,7 +45,8 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from app.drafters.block import load_block_drafter
-from app.loading import EMBEDDED_TARGET, LoadedModel, load_model
+from app.loading import EMBEDDED_TARGET
+from app.execution.model import LoadedModel, load_model
 from ops.bench.common import REPO_ROOT
 
 SEED = 20261201

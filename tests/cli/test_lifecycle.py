@@ -16,7 +16,7 @@ import pytest
 
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan
-from app.loading.runner import PREFILL_CHUNK
+from app.execution.runner import PREFILL_CHUNK
 from app.sampling import SamplingParams
 from tests.support.server import RunningServer, free_port, serve
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
+from app.execution.runner import ModelRunner
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
-from app.loading.runner import ModelRunner
 from tests.decoding.test_speculative_guards import PROMPTS
 from tests.support.server import serve
 

@@ -10,9 +10,12 @@ from app.decoding.batch import run_together
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation, StopType
 from app.decoding.loop import SpeculativeLoop, TargetLoop
-from app.decoding.plan import LoopPlan
+from app.decoding.plan import LoopPlan, plan_from_settings
+from app.execution import forward as forward_module
+from app.loading.paths import REPO_ROOT
+from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams
-from tests.support.batched import Arrival, run_batched
+from tests.support.batched import Arrival, run_batched, run_rows
 
 GREEDY = SamplingParams(temperature=0.0)
 WARM = SamplingParams(temperature=0.7)
@@ -100,3 +103,36 @@ def test_a_row_that_fails_ends_alone(builders, embedded_target) -> None:
     outcomes = run_together(steps)
     assert isinstance(outcomes[1], Exception)
     assert all(not isinstance(outcome, Exception) and outcome.tokens for outcome in (outcomes[0], outcomes[2]))
+
+
+def test_block_drafter_rows_share_the_target_forward_and_emit_their_solo_output(
+    builders, embedded_target, monkeypatch
+) -> None:
+    """MTP and DFlash rows verify in the same batched target forward as the other rows, each
+    drafter reading its own row's hidden states: every row emits what it emits alone."""
+    block = {
+        kind: LoopBuilder(embedded_target, None, plan_from_settings(Settings(drafter=DrafterSettings(
+            kind=kind, model=str(REPO_ROOT / "models" / kind)))))
+        for kind in ("mtp", "dflash")
+    }  # fmt: skip
+    cases = [("mtp", 0, GREEDY, 40), ("dflash", 1, GREEDY, 40), ("mtp", 2, WARM, 32), ("target-only", 3, GREEDY, 24)]
+    tokenizer = embedded_target.tokenizer
+
+    def generation(kind: str, prompt: int, sampling: SamplingParams, n: int) -> Generation:
+        request = RowRequest(tokenizer.encode(PROMPTS[prompt]), sampling, n, seed=5, ignore_eos=True)
+        return (block.get(kind) or builders[kind]).build(request)
+
+    solo = [alone(generation(*case)) for case in cases]
+    shared: list[int] = []  # rows per batched target forward
+    flat_forward = forward_module._flat_forward
+
+    def counted(rows, tokens):
+        shared.append(sum(row.hook is not None for row in rows))
+        return flat_forward(rows, tokens)
+
+    monkeypatch.setattr(forward_module, "_flat_forward", counted)
+    batched = run_rows([generation(*case) for case in cases])
+    assert max(shared) == 3  # all three block rows' verify forwards in one pass
+    for case, one, many in zip(cases, solo, batched, strict=True):
+        assert (many.emitted, many.text) == (one.emitted, one.text), case
+        assert many.loop.speculation.stats == one.loop.speculation.stats, case

@@ -30,9 +30,10 @@ from app.decoding.state import RowState
 from app.drafters.block import block_proposer, load_block_drafter
 from app.engine.reporter import Reporter
 from app.engine.row import Job
-from app.loading import EMBEDDED_TARGET, load_model
+from app.execution.model import load_model
+from app.execution.runner import ModelRunner
+from app.loading import EMBEDDED_TARGET
 from app.loading.paths import REPO_ROOT
-from app.loading.runner import ModelRunner
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
 from tests.support.server import clean_env, serve

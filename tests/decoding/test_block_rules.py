@@ -19,7 +19,7 @@ from app.acceptance import Rule
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.plan import LoopPlan, SamplerClass, Switches, plan_from_settings
-from app.loading import LoadedModel, load_model
+from app.execution.model import LoadedModel, load_model
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams

@@ -16,7 +16,7 @@ from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.plan import LoopPlan, Switches, plan_from_settings
 from app.drafters.draft_model import DraftModelDrafter
-from app.loading import LoadedModel
+from app.execution.model import LoadedModel
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams

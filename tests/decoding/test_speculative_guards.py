@@ -14,8 +14,8 @@ from app.decoding.generation import Generation
 from app.decoding.loop import SpeculativeLoop
 from app.decoding.plan import LoopPlan, Switches
 from app.drafters.draft_model import DraftModelDrafter
-from app.loading import LoadedModel, load_model
-from app.loading.runner import ModelRunner
+from app.execution.model import LoadedModel, load_model
+from app.execution.runner import ModelRunner
 from app.sampling import SamplingParams
 from ops.models.tiny import build_tiny_model
 from tests.support.batched import Arrival, run_batched, run_rows, seeded_stream

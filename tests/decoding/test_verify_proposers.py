@@ -13,7 +13,7 @@ from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.verify import VerifyRow, verify, verifying
 from app.drafters.base import Proposer
 from app.drafters.kinds import DrafterKind
-from app.drafters.target_taps import FeatureHook
+from app.execution.target_taps import FeatureHook
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams

@@ -12,7 +12,8 @@ import pytest
 from app.cli import main
 from app.decoding.builder import LoopBuilder
 from app.decoding.plan import LoopPlan
-from app.loading import CheckpointKind, ModelLoadError, load_model, read_checkpoint
+from app.execution.model import load_model
+from app.loading import CheckpointKind, ModelLoadError, read_checkpoint
 from ops.models.tiny import build_block_drafter_checkpoint, build_tiny_model
 from tests.support.checkpoints import DFLASH, DSPARK, MUSE
 

@@ -14,7 +14,7 @@ import mlx.core as mx
 import openai
 import pytest
 
-from app.loading.runner import ModelRunner
+from app.execution.runner import ModelRunner
 from tests.support.server import sse_frames
 
 PROMPT = "def fibonacci(n):"

@@ -10,7 +10,7 @@ import threading
 import httpx
 import pytest
 
-from app.loading.runner import PREFILL_CHUNK
+from app.execution.runner import PREFILL_CHUNK
 from tests.support.server import RunningServer
 
 B = PREFILL_CHUNK

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.execution.runner import PREFILL_CHUNK
 from app.loading import EMBEDDED_TARGET
-from app.loading.runner import PREFILL_CHUNK
 from app.profiles.tenants import tenant_id
 from tests.support.cli import mlxcel
 from tests.support.server import RunningServer, serve

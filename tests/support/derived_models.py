@@ -36,7 +36,7 @@ def constant_output(src: Path, dst: Path, probs: dict[int, float]) -> Path:
     is rebuilt as outer(logits, h) / |h|^2 so that its logits are exactly log(probs) (and -30 for
     every other token). Needs an untied model (its own lm_head).
     """
-    from app.loading import load_model  # loads the base once
+    from app.execution.model import load_model  # loads the base once
 
     assert not json.loads((src / "config.json").read_text())["tie_word_embeddings"]
     weights = dict(mx.load(str(src / "model.safetensors")))
@@ -61,7 +61,7 @@ def fixed_distribution_pair(
     root: Path, tokens: list[int], target_probs: list[float], drafter_probs: list[float]
 ) -> tuple:
     """A target and a drafter of fixed next-token distributions over `tokens`, loaded."""
-    from app.loading import load_model
+    from app.execution.model import load_model
     from ops.models.tiny import build_tiny_model
 
     base = build_tiny_model(root / "base", tie_embeddings=False, layers=1)

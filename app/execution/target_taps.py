@@ -21,9 +21,7 @@ FINAL = "final"
 
 
 class _Tap(nn.Module):
-    # Its output is `inner`'s: a batched forward (app/loading/batched.py) computes through `inner`
-    # and hands each row's slice to `record_rows`.
-    passes_through = True
+    passes_through = True  # its output is `inner`'s (what app/execution/forward.py checks layers by)
 
     def __init__(self, inner: nn.Module, name: int | str, taps: TargetTaps) -> None:
         super().__init__()
@@ -36,12 +34,6 @@ class _Tap(nn.Module):
         self._taps.record(self._name, out)
         return out
 
-    def record_rows(self, out: mx.array, spans: list[tuple[int, int]]) -> None:
-        """Record a flattened batch's output `[1, N, H]` row by row, as the rows' own forwards would."""
-        if self._name in self._taps._wanted:
-            for start, end in spans:
-                self._taps.record(self._name, out[:, start:end])
-
 
 class TargetTaps:
     """Installed once per loaded target; `capture(names)` collects outputs of `layer index | "final"`."""
@@ -52,6 +44,7 @@ class TargetTaps:
             raise ValueError(f"{type(model).__name__} has no model.layers and model.norm to read hidden states from")
         self._wanted: set[int | str] = set()
         self._seen: dict[int | str, mx.array] = {}
+        self._spans: list[tuple[int, int]] | None = None  # a flattened batch's rows, while one runs
         for i, layer in enumerate(inner.layers):
             if not isinstance(layer, _Tap):
                 inner.layers[i] = _Tap(layer, i, self)
@@ -62,8 +55,22 @@ class TargetTaps:
         self._model = model
 
     def record(self, name: int | str, value: mx.array) -> None:
-        if name in self._wanted:
+        if name not in self._wanted:
+            return
+        if self._spans is None:
             self._seen.setdefault(name, []).append(value)
+            return
+        for start, end in self._spans:  # a flattened batch `[N, 1, H]`: each row as its own forward's `[1, w, H]`
+            self._seen.setdefault(name, []).append(value[start:end].reshape(1, end - start, -1))
+
+    @contextmanager
+    def flattened(self, spans: list[tuple[int, int]]) -> Iterator[None]:
+        """Within this block the model runs a flattened batch whose rows are these spans of it."""
+        self._spans = spans
+        try:
+            yield
+        finally:
+            self._spans = None
 
     @contextmanager
     def capture(self, names: list[int | str]) -> Iterator[dict[int | str, list[mx.array]]]:
@@ -104,9 +111,14 @@ class FeatureHook:
         rows.append(TargetTaps.rows(seen, list(self.names)))
 
 
+def taps_of(model: nn.Module) -> TargetTaps | None:
+    """The model's taps, if a drafter installed them."""
+    return getattr(model, "_mlxcel_taps", None)
+
+
 def taps_for(model: nn.Module) -> TargetTaps:
     """The model's taps, installing them on first use."""
-    taps = getattr(model, "_mlxcel_taps", None)
+    taps = taps_of(model)
     if taps is None:
         taps = TargetTaps(model)
         object.__setattr__(model, "_mlxcel_taps", taps)

@@ -1,9 +1,9 @@
 """A model with its KV cache: forward rows, rewind rows.
 
 Forwards run inside `row_invariant.exact_forward()`, so on the GPU a width-w forward gives the bits
-of w single-token steps (app/loading/row_invariant.py says how); on the CPU the BLAS shim does.
+of w single-token steps (app/execution/row_invariant.py says how); on the CPU the BLAS shim does.
 
-On rank 0 of a tensor-parallel target (app/loading/lockstep.py) each forward and rewind is also
+On rank 0 of a tensor-parallel target (app/execution/lockstep.py) each forward and rewind is also
 ordered to the follower ranks, which repeat it on their shards; such a forward is evaluated at once.
 """
 
@@ -15,14 +15,17 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from app.loading import row_invariant
+from app.execution import row_invariant
+from app.execution.lockstep import lockstep_of
 from app.loading.checkpoint import ModelLoadError
-from app.loading.lockstep import lockstep_of
 
-# Prefill cuts a prompt at absolute multiples of this. On the CPU a product's bits depend on its
-# row count, so fixed cuts make the KV of a prompt's first k chunks the same in every prompt that
-# starts with them: what lets the prompt cache (prompt_cache.py) reuse them exactly. 128 rather
-# than 512: the same prefill speed on the CPU (measured), and a finer grain for the cache to reuse.
+Tokens = Sequence[int] | mx.array
+
+# Prefill cuts a prompt at absolute multiples of this. A forward's bits may depend on how a prompt
+# is cut (on the GPU, and on the CPU for products longer than the shim's row-stable limit), so
+# fixed cuts make the KV of a prompt's first k chunks the same in every prompt that starts with
+# them: what lets the prompt cache (prompt_cache.py) reuse them exactly. 128 rather than 512: the
+# same prefill speed on the CPU (measured), and a finer grain for the cache to reuse.
 PREFILL_CHUNK = 128
 
 
@@ -54,7 +57,7 @@ class ModelRunner:
                 "speculative decoding; run it without a drafter"
             )
 
-    def forward(self, tokens: Sequence[int] | mx.array) -> mx.array:
+    def forward(self, tokens: Tokens) -> mx.array:
         """Logits `[T, V]` for T new tokens appended to the cache (lazy, but evaluated on a tensor-parallel target)."""
         inputs = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.int32)
         if self.lockstep is None:

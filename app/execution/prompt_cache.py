@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
-from app.loading.runner import PREFILL_CHUNK
+from app.execution.runner import PREFILL_CHUNK
 
 Layers = list[tuple[mx.array, mx.array]]  # per layer: keys and values `[1, heads, rows, D]`
 SHARED = ""  # the one partition of a cache shared by all tenants

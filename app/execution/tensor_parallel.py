@@ -2,9 +2,9 @@
 
 MLX's own distributed runtime does the work: `mlx.launch` starts the ranks (ring backend on one
 host or over a hostfile), `mx.distributed.init` joins them into one group, mlx-lm's `shard()`
-splits the target (app/loading/model.py), and the shards' products meet in all_sum collectives.
+splits the target (app/execution/model.py), and the shards' products meet in all_sum collectives.
 Rank 0 serves; the followers only repeat rank 0's target forwards and rewinds, in the order rank 0
-sends them (app/loading/lockstep.py), until it tells them to stop.
+sends them (app/execution/lockstep.py), until it tells them to stop.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import mlx.core as mx
 import structlog
 
+from app.execution.lockstep import Lockstep, Order, attach
+from app.execution.model import LoadedModel, load_model
+from app.execution.runner import ModelRunner
 from app.loading.checkpoint import ModelLoadError
-from app.loading.lockstep import Lockstep, Order, attach
-from app.loading.model import LoadedModel, load_model
-from app.loading.runner import ModelRunner
 
 
 def join_group(world_size: int) -> mx.distributed.Group:

@@ -1,4 +1,5 @@
-"""Loading mlx-lm model directories: the embedded pair or a user's Llama/Qwen/Gemma checkpoint."""
+"""Loading mlx-lm model directories onto the device: the embedded pair or a user's Llama/Qwen/Gemma
+checkpoint, in the dtype and with the kernels `device.py` decides."""
 
 from __future__ import annotations
 
@@ -8,16 +9,12 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load as mlx_lm_load
 
-from app.loading import row_invariant
+from app.execution import row_invariant
+from app.execution.device import backend, compute_dtype
 from app.loading.checkpoint import Checkpoint, ModelLoadError, read_checkpoint, require_standalone
-from app.loading.device import on_cuda, on_gpu
-
-# On the CPU backend half-precision products are slower than float32; small models are upcast.
-UPCAST_LIMIT_PARAMS = 1_000_000_000
 
 
 @dataclass
@@ -38,15 +35,6 @@ class LoadedModel:
     def vocab_size(self) -> int:
         """Rows of the output layer (may exceed the tokenizer's size by padding)."""
         return int(self.config.get("vocab_size") or self.config.get("text_config", {}).get("vocab_size"))
-
-
-def compute_dtype(model: nn.Module, config: dict[str, Any], requested: str) -> mx.Dtype | None:
-    if requested != "auto":
-        return getattr(mx, requested)
-    if on_gpu() or "quantization" in config:
-        return None
-    n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
-    return mx.float32 if n_params <= UPCAST_LIMIT_PARAMS else None
 
 
 def load_model(
@@ -77,6 +65,6 @@ def load_model(
         model.set_dtype(target_dtype)
     if target_dtype is not None or shard_group is not None:
         mx.eval(model.parameters())
-    if on_cuda():
+    if backend().row_invariant_kernels:
         row_invariant.install(model)
     return LoadedModel(checkpoint=checkpoint, model=model, tokenizer=tokenizer)

@@ -13,10 +13,10 @@ from app.decoding.generation import Generation
 from app.decoding.loop import Drafting, Speculation, SpeculativeLoop
 from app.decoding.state import RowState
 from app.drafters.block import DFlashDrafter, MtpDrafter, block_proposer, load_block_drafter
-from app.loading import LoadedModel
+from app.execution.model import LoadedModel
+from app.execution.prompt_cache import Entry, PrefixRows, PromptCache, RowCaching, shared_chunks
+from app.execution.runner import PREFILL_CHUNK, ModelRunner
 from app.loading.paths import REPO_ROOT
-from app.loading.prompt_cache import Entry, PrefixRows, PromptCache, RowCaching, shared_chunks
-from app.loading.runner import PREFILL_CHUNK, ModelRunner
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
 
 B = PREFILL_CHUNK

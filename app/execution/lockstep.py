@@ -1,6 +1,6 @@
 """Rank 0's orders to the follower ranks of a tensor-parallel target, over mx.distributed only.
 
-Under tensor parallelism (app/loading/tensor_parallel.py) every rank holds a shard of the target
+Under tensor parallelism (app/execution/tensor_parallel.py) every rank holds a shard of the target
 and each forward's sharded products meet in all_sum collectives, so every rank must run the same
 forwards on the same rows in the same order. Rank 0 decides them (HTTP, scheduling, sampling and
 the drafter live there alone); before each target forward or cache rewind it sends the order as a

@@ -1,8 +1,8 @@
 """Row-invariant forwards: a width-w forward gives the bits of w single steps.
 
-On the CPU the BLAS shim makes that hold; on CUDA the kernels of app/loading/row_invariant.py
+On the CPU the BLAS shim makes that hold; on CUDA the kernels of app/execution/row_invariant.py
 do. The GPU tests run where MLX computes on a GPU (docs/gpu.md: `python3 -m pytest --noconftest
-tests/loading/test_row_invariant.py` on the H200); on the CPU they skip, and the CPU tests check
+tests/execution/test_row_invariant.py` on the H200); on the CPU they skip, and the CPU tests check
 what applies there: the bf16 probe, and that installing the kernels leaves CPU forwards alone.
 """
 
@@ -14,14 +14,18 @@ import pytest
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.exactness import probe_width
 from app.decoding.plan import LoopPlan, plan_from_settings
-from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET, load_model, row_invariant
-from app.loading.device import on_cuda
+from app.execution import row_invariant
+from app.execution.device import backend
+from app.execution.model import load_model
+from app.execution.runner import ModelRunner
+from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 from app.loading.paths import REPO_ROOT
-from app.loading.runner import ModelRunner
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams
 
-gpu_only = pytest.mark.skipif(not on_cuda(), reason="the row-invariant kernels run on an NVIDIA GPU only")
+gpu_only = pytest.mark.skipif(
+    not backend().row_invariant_kernels, reason="the row-invariant kernels run on an NVIDIA GPU only"
+)
 PROMPTS = ([11, 42, 7, 300, 19, 5, 88], [901, 17, 17, 4, 250, 6, 2047, 33, 512], list(range(100, 160)))
 
 
@@ -37,7 +41,7 @@ def test_the_probe_compares_bf16_logits_without_crashing() -> None:
 
 def test_installing_the_kernels_leaves_cpu_forwards_unchanged() -> None:
     """On the CPU every kernel call falls back to MLX's own: same bits as an untouched model."""
-    if on_cuda():
+    if backend().row_invariant_kernels:
         pytest.skip("the kernels apply on CUDA")
     plain = load_model(EMBEDDED_TARGET).model
     routed = load_model(EMBEDDED_TARGET).model

@@ -31,7 +31,7 @@ from functools import cache
 import mlx.core as mx
 import mlx.nn as nn
 
-from app.loading.device import on_cuda
+from app.execution.device import backend
 
 WARPS = 16
 ATTENTION_ROWS = 32  # queries per attention call
@@ -212,7 +212,7 @@ def applies(queries: mx.array, keys: mx.array, mask: object, sinks: object) -> b
     """Whether the attention kernel can stand in for the fused one: causal (or single-query), no
     sinks, a head size it was built for, at most ATTENTION_ROWS queries, on an NVIDIA GPU."""
     return (
-        on_cuda()
+        backend().row_invariant_kernels
         and sinks is None
         and (mask is None or (isinstance(mask, str) and mask == "causal"))
         and queries.shape[2] <= ATTENTION_ROWS
@@ -280,7 +280,7 @@ def matmul_applies(x: mx.array, weight: mx.array) -> bool:
     a depth in 16-byte steps, at most MATMUL_ROWS of them."""
     depth = x.shape[-1]
     return (
-        on_cuda()
+        backend().row_invariant_kernels
         and x.dtype in HALF_TYPES
         and weight.dtype == x.dtype
         and weight.ndim == 2

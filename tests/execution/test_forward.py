@@ -1,7 +1,8 @@
-"""`forward_rows` gives every row, bit for bit, what its own forward gives, whatever its batch-mates."""
+"""`forward` gives every row, bit for bit, what its own forward gives, whatever its batch-mates."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import mlx.core as mx
@@ -9,10 +10,10 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from app.drafters.target_taps import FINAL, taps_for
-from app.loading import load_model
-from app.loading.batched import flattens, forward_rows
-from app.loading.runner import ModelRunner
+from app.execution.forward import RowForward, batching, forward
+from app.execution.model import load_model
+from app.execution.runner import ModelRunner
+from app.execution.target_taps import FINAL, taps_for
 from ops.models.tiny import build_tiny_model
 
 ROWS = 16
@@ -30,9 +31,13 @@ def twin_pools(model: nn.Module, rng: np.random.Generator) -> tuple[list[ModelRu
     return solo, batched
 
 
+def rows_of(runners: list[ModelRunner], inputs: list) -> list[RowForward]:
+    return [RowForward(r, t) for r, t in zip(runners, inputs, strict=True)]
+
+
 def assert_same_rows(solo: list[ModelRunner], batched: list[ModelRunner], inputs: list) -> None:
     expected = [np.array(r.forward(t)) for r, t in zip(solo, inputs, strict=True)]
-    got = forward_rows(batched, inputs)
+    got = forward(rows_of(batched, inputs))
     mx.eval(got)
     for row, (want, have) in enumerate(zip(expected, got, strict=True)):
         assert have.shape == want.shape and np.array_equal(np.array(have), want), f"row {row} of {len(inputs)}"
@@ -54,7 +59,7 @@ def test_rows_match_their_solo_forwards_over_rounds_with_rewinds(role, embedded_
     model = (embedded_target if role == "target" else embedded_drafter).model
     rng = np.random.default_rng(12)
     solo, batched = twin_pools(model, rng)
-    assert flattens(batched)
+    assert batching(model) == "rows"
     for size in [*range(1, ROWS + 1), ROWS]:
         chosen = sorted(rng.choice(ROWS, size=size, replace=False).tolist())
         inputs = [rng.integers(4, 4000, size=int(rng.integers(1, 9))).tolist() for _ in chosen]
@@ -82,7 +87,8 @@ class Nudged(nn.Module):
 
 @pytest.mark.parametrize("kind", ["mamba", "llama", "nudged qwen3"])
 def test_other_models_give_their_solo_forwards(kind, tmp_path: Path) -> None:
-    """An architecture the flattened forward does not mirror takes the reference loop; llama is mirrored."""
+    """An architecture not checked to batch (mamba: its cache is a state, not rows) or a layer that
+    is not the architecture's own runs one forward per row; llama batches."""
     model = load_model(build_tiny_model(tmp_path / "m", model_type=kind.split()[-1], layers=2)).model
     if kind.startswith("nudged"):
         model.model.layers[1] = Nudged(model.model.layers[1])
@@ -91,7 +97,14 @@ def test_other_models_give_their_solo_forwards(kind, tmp_path: Path) -> None:
     for a, b in zip(solo, batched, strict=True):
         prompt = rng.integers(4, 4000, size=int(rng.integers(2, 20))).tolist()
         mx.eval(a.prefill(prompt), b.prefill(prompt))
-    assert flattens(batched) == (kind == "llama")
+    assert (
+        batching(model)
+        == {
+            "mamba": "per-row (mlx_lm.models.mamba.Model is not one of the architectures checked to batch)",
+            "llama": "rows",
+            "nudged qwen3": "per-row (layer Nudged is not qwen3's own)",
+        }[kind]
+    )
     for _ in range(2):
         inputs = [rng.integers(4, 4000, size=int(rng.integers(1, 6))).tolist() for _ in range(4)]
         assert_same_rows(solo, batched, inputs)
@@ -107,8 +120,64 @@ def test_taps_record_each_row_as_its_own_forward_would(embedded_target) -> None:
     with taps.capture(names) as expected:
         mx.eval([r.forward(t) for r, t in zip(solo[:4], inputs, strict=True)])
     with taps.capture(names) as seen:
-        mx.eval(forward_rows(batched[:4], inputs))
+        mx.eval(forward(rows_of(batched[:4], inputs)))
     assert set(seen) == set(names)
     for name in names:
         assert [a.shape for a in seen[name]] == [(1, len(t), 256) for t in inputs]
         assert all(np.array_equal(np.array(a), np.array(b)) for a, b in zip(seen[name], expected[name], strict=True))
+
+
+def tiny(architecture: str, **config: object) -> nn.Module:
+    """A random model of mlx-lm's own module for `architecture` (vocabulary of 512)."""
+    module = importlib.import_module(f"mlx_lm.models.{architecture}")
+    shape = {
+        "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 512, "head_dim": 16,
+    }  # fmt: skip
+    args = module.ModelArgs.from_dict({"model_type": architecture, **shape, **config})
+    mx.random.seed(7)
+    model = module.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+LONGROPE = {"type": "longrope", "long_factor": [1.5] * 8, "short_factor": [1.1] * 8}  # SuScaledRoPE
+ARCHITECTURES = {
+    "qwen3": ("qwen3", {"tie_word_embeddings": True, "rope_theta": 10000.0, "max_position_embeddings": 4096}),
+    "llama": ("llama", {"tie_word_embeddings": False}),
+    "mistral": ("llama", {"model_type": "mistral", "rope_theta": 1e6}),  # mlx-lm loads mistral as llama
+    "llama with sliding layers": (
+        "llama",
+        {"layer_types": ["sliding_attention", "full_attention"] * 2, "sliding_window": 8},
+    ),
+    "qwen2": ("qwen2", {"tie_word_embeddings": True}),
+    "gemma3_text": ("gemma3_text", {"sliding_window": 8, "sliding_window_pattern": 2}),
+    "phi3": ("phi3", {}),
+    "phi3 longrope": (
+        "phi3",
+        {"max_position_embeddings": 8192, "original_max_position_embeddings": 1024, "rope_scaling": LONGROPE},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_each_architecture_batches_bit_for_bit(name) -> None:
+    """Rows of widths 1, 5, 3, 1 (then others) at different cache lengths, after prefills of
+    different lengths, through mlx-lm's own modules: each row's logits and cache are its solo
+    forward's. Sliding-window layers (RotatingKVCache, wrapped past its window) included."""
+    architecture, config = ARCHITECTURES[name]
+    model = tiny(architecture, **config)
+    assert batching(model) == "rows"
+    rng = np.random.default_rng(11)
+    solo, batched = [ModelRunner(model) for _ in range(4)], [ModelRunner(model) for _ in range(4)]
+    for a, b, length in zip(solo, batched, [3, 17, 9, 40], strict=True):
+        prompt = rng.integers(1, 512, size=length).tolist()
+        mx.eval(a.prefill(prompt), b.prefill(prompt))
+    for widths in [(1, 5, 3, 1), (2, 1, 4, 6), (1, 1, 1, 1)]:
+        inputs = [rng.integers(1, 512, size=w).tolist() for w in widths]
+        assert_same_rows(solo, batched, inputs)
+        for a, b in zip(solo, batched, strict=True):
+            if a.can_rewind:  # a sliding window past its size keeps no rows to give back
+                a.rewind(1)
+                b.rewind(1)
+    assert_same_caches(solo, batched)

@@ -1,0 +1,65 @@
+"""What the device decides, in one place: `backend()` (where forwards compute and which kernels
+keep them exact) and `compute_dtype()` (what a checkpoint computes in).
+
+- CPU: the BLAS shim's matrix kernel gives every output row the same bits up to
+  `row_stable_rows()` rows (app/runtime/sgemm_rows.c), which is what lets many rows' tokens share
+  one forward (app/execution/forward.py); small checkpoints are upcast to float32, which the CPU
+  computes faster than half precision.
+- CUDA: the row-invariant kernels (`mx.fast.cuda_kernel`, app/execution/row_invariant.py) keep a
+  width-w forward equal to w single steps; checkpoints keep their half precision.
+- Metal: neither; forwards keep MLX's kernels and the block loops' exactness probe decides per width.
+
+Whether MLX's CUDA wheel is installed at all is decided before MLX is imported
+(`app.runtime.blas.cuda_build`, which chooses the BLAS); this module asks the imported MLX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from app.runtime.blas import row_stable_rows
+
+# On the CPU backend half-precision products are slower than float32; small models are upcast.
+UPCAST_LIMIT_PARAMS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: Literal["cpu", "cuda", "metal"]
+    row_stable_rows: int  # 0 where products are not row-stable (no shim, or a GPU)
+
+    @property
+    def gpu(self) -> bool:
+        return self.name != "cpu"
+
+    @property
+    def row_invariant_kernels(self) -> bool:
+        """The project's CUDA kernels exist (`mx.fast.cuda_kernel` runs on NVIDIA GPUs only)."""
+        return self.name == "cuda"
+
+    @property
+    def module_dtype(self) -> mx.Dtype:
+        """What the project's own modules (the block drafters) compute in."""
+        return mx.bfloat16 if self.gpu else mx.float32
+
+
+def backend() -> Backend:
+    """The device MLX computes on now, and what follows from it."""
+    if mx.default_device().type == mx.DeviceType.gpu:
+        return Backend("metal" if mx.metal.is_available() else "cuda", 0)  # MLX's GPU backends
+    return Backend("cpu", row_stable_rows())
+
+
+def compute_dtype(model: nn.Module, config: dict[str, Any], requested: str) -> mx.Dtype | None:
+    """The dtype a loaded checkpoint computes in; None keeps its own."""
+    if requested != "auto":
+        return getattr(mx, requested)
+    if backend().gpu or "quantization" in config:
+        return None
+    n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
+    return mx.float32 if n_params <= UPCAST_LIMIT_PARAMS else None
