@@ -6,7 +6,9 @@ keep them exact) and `compute_dtype()` (what a checkpoint computes in).
   one forward (app/execution/forward.py); small checkpoints are upcast to float32, which the CPU
   computes faster than half precision.
 - CUDA: the row-invariant kernels (`mx.fast.cuda_kernel`, app/execution/row_invariant.py) keep a
-  width-w forward equal to w single steps; checkpoints keep their half precision.
+  width-w forward equal to w single steps, and their product takes any row count up to
+  CUDA_ROW_INVARIANT_ROWS (in slices of the kernel's own rows), so many rows share one forward
+  there too; checkpoints keep their half precision.
 - Metal: neither; forwards keep MLX's kernels and the block loops' exactness probe decides per width.
 
 Whether MLX's CUDA wheel is installed at all is decided before MLX is imported
@@ -26,12 +28,14 @@ from app.runtime.blas import row_stable_rows
 
 # On the CPU backend half-precision products are slower than float32; small models are upcast.
 UPCAST_LIMIT_PARAMS = 1_000_000_000
+# Rows the CUDA row-invariant product takes: the default server.max_batch_tokens, as the CPU shim.
+CUDA_ROW_INVARIANT_ROWS = 1024
 
 
 @dataclass(frozen=True)
 class Backend:
     name: Literal["cpu", "cuda", "metal"]
-    row_stable_rows: int  # 0 where products are not row-stable (no shim, or a GPU)
+    row_stable_rows: int  # up to how many rows products give each row the same bits (0: not at all)
 
     @property
     def gpu(self) -> bool:
@@ -50,8 +54,8 @@ class Backend:
 
 def backend() -> Backend:
     """The device MLX computes on now, and what follows from it."""
-    if mx.default_device().type == mx.DeviceType.gpu:
-        return Backend("metal" if mx.metal.is_available() else "cuda", 0)  # MLX's GPU backends
+    if mx.default_device().type == mx.DeviceType.gpu:  # MLX's GPU backends: Metal or CUDA
+        return Backend("metal", 0) if mx.metal.is_available() else Backend("cuda", CUDA_ROW_INVARIANT_ROWS)
     return Backend("cpu", row_stable_rows())
 
 

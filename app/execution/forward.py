@@ -45,6 +45,7 @@ import mlx.nn as nn
 from mlx_lm.models import rope_utils
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
+from app.execution import row_invariant
 from app.execution.device import backend
 from app.execution.lockstep import lockstep_of
 from app.execution.runner import ModelRunner, Tokens
@@ -146,8 +147,11 @@ def _unwrap(module: nn.Module) -> nn.Module:
 
 
 def _why_not_batched(model: nn.Module) -> str | None:
-    if backend().row_stable_rows == 0:
+    device = backend()
+    if device.row_stable_rows == 0:
         return "matrix products on this device are not row-stable"
+    if device.row_invariant_kernels and (reason := row_invariant.uncovered(model)) is not None:
+        return reason
     if lockstep_of(model) is not None:
         return "a tensor-parallel target: each row's forward is one order to the followers"
     module = type(model).__module__
@@ -253,7 +257,7 @@ def _flat_forward(rows: list[RowForward], tokens: list[mx.array]) -> list[mx.arr
                 [p for o, (a, b) in zip(offsets, spans, strict=True) for p in range(o, o + b - a)]
             )
         caches.append(FlatRows(layer, spans, positions[offsets]))
-    with _taps_read(model, rows, spans):
+    with _taps_read(model, rows, spans), row_invariant.exact_forward():
         logits = model(mx.concatenate(tokens).reshape(start, 1), cache=caches)
     for runner, (a, b) in zip(runners, spans, strict=True):
         runner.length += b - a

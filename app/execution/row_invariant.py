@@ -11,9 +11,11 @@ forwards (`exact_forward()`, entered by `ModelRunner`):
 - attention: one thread block per (row, head, query) walks the query's visible keys in a fixed
   order (key j to warp j mod WARPS, an online softmax per warp, warps merged in index order), so a
   query's output depends only on its vector and the keys it may see;
-- matrix products of up to MATMUL_ROWS rows: one warp per output column reads the weight row once
-  and reduces every input row over K in the same lane order, so row m's output is the same for
-  one row as for sixteen, and a 5-row product costs about what a 1-row product costs.
+- matrix products: one warp per output column reads the weight row once and reduces every input
+  row over K in the same lane order, so row m's output is the same for one row as for sixteen,
+  and a 5-row product costs about what a 1-row product costs. A product of more rows runs in
+  slices of MATMUL_ROWS (each row reduced the same way in any slice), up to the backend's
+  `row_stable_rows`: what lets many rows' tokens share one forward (app/execution/forward.py).
 
 Anything else (prefill of long prompts, float32 models, masks other than causal) keeps MLX's
 kernels; the block loops' exactness probe then reports what remains.
@@ -35,7 +37,7 @@ from app.execution.device import backend
 
 WARPS = 16
 ATTENTION_ROWS = 32  # queries per attention call
-MATMUL_ROWS = 16  # rows per matrix product: the widest verify forward
+MATMUL_ROWS = 16  # rows per kernel call (a slice of a wider product): the widest verify forward
 HEAD_DIMS = (64, 80, 96, 128, 256)
 
 _ATTENTION_SOURCE = """
@@ -277,16 +279,17 @@ def exact_forward() -> Iterator[None]:
 
 def matmul_applies(x: mx.array, weight: mx.array) -> bool:
     """Whether the matrix-product kernel can stand in for `x @ weight.T`: half-precision rows of
-    a depth in 16-byte steps, at most MATMUL_ROWS of them."""
+    a depth in 16-byte steps, at most the backend's row-invariant rows of them."""
     depth = x.shape[-1]
+    device = backend()
     return (
-        backend().row_invariant_kernels
+        device.row_invariant_kernels
         and x.dtype in HALF_TYPES
         and weight.dtype == x.dtype
         and weight.ndim == 2
         and weight.shape[1] == depth
         and depth % 8 == 0
-        and x.size // depth <= MATMUL_ROWS
+        and x.size // depth <= device.row_stable_rows
     )
 
 
@@ -294,21 +297,30 @@ def row_matmul(x: mx.array, weight: mx.array) -> mx.array:
     """`x @ weight.T` for `x` `[..., K]` and `weight` `[N, K]`, each row reduced the same way."""
     depth, columns = x.shape[-1], weight.shape[0]
     flat = x.reshape(-1, depth)
+    rows = flat.shape[0]
+    slices = [_row_matmul(flat[i : i + MATMUL_ROWS], weight) for i in range(0, rows, MATMUL_ROWS)]
+    out = slices[0] if len(slices) == 1 else mx.concatenate(slices)
+    return out.reshape(*x.shape[:-1], columns)
+
+
+def _row_matmul(flat: mx.array, weight: mx.array) -> mx.array:
+    """One kernel call: `flat` `[M <= MATMUL_ROWS, K]` times `weight.T`."""
+    columns = weight.shape[0]
     threads = 32 * COLUMNS_PER_BLOCK
     (out,) = _matmul_kernel()(
         inputs=[flat, weight],
         template=[
-            ("T", x.dtype),
-            ("BF16", x.dtype == mx.bfloat16),
+            ("T", flat.dtype),
+            ("BF16", flat.dtype == mx.bfloat16),
             ("MAX_ROWS", MATMUL_ROWS),
             ("COLUMNS_PER_BLOCK", COLUMNS_PER_BLOCK),
         ],
         grid=(-(-columns // COLUMNS_PER_BLOCK) * threads, 1, 1),
         threadgroup=(threads, 1, 1),
         output_shapes=[(flat.shape[0], columns)],
-        output_dtypes=[x.dtype],
+        output_dtypes=[flat.dtype],
     )
-    return out.reshape(*x.shape[:-1], columns)
+    return out
 
 
 def _active() -> bool:
@@ -332,6 +344,20 @@ class RowInvariantEmbedding(nn.Embedding):
         if not (_active() and matmul_applies(x, self.weight)):
             return super().as_linear(x)
         return row_matmul(x, self.weight)
+
+
+def uncovered(model: nn.Module) -> str | None:
+    """Why some product of `model` would not take the row-invariant kernel (None: every one does):
+    a layer left as MLX's own (a quantized one, or one `install` did not reach), or weights the
+    kernel does not read."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.QuantizedLinear | nn.QuantizedEmbedding):
+            return f"{name} is quantized: its product is MLX's, whose bits depend on the row count"
+        if type(module) in (nn.Linear, nn.Embedding):
+            return f"{name} is MLX's own {type(module).__name__}, not the row-invariant one"
+        if isinstance(module, RowInvariantLinear | RowInvariantEmbedding) and module.weight.dtype not in HALF_TYPES:
+            return f"{name} computes in {module.weight.dtype}: the kernel reads half-precision weights"
+    return None
 
 
 def install(model: nn.Module) -> bool:

@@ -12,7 +12,11 @@ included), time to first token, and inter-token latency: the gap before a frame 
 tokens it carries (a speculative round of 3 tokens after 30 ms counts as three 10 ms gaps).
 
     python -m ops.bench.concurrency [--clients 1,2,4,8,16] [--tokens 64] [--repeats 2]
-        [--profiles target-only,default,prompt-lookup,mtp] [--no-mlx-lm] [--note TEXT] [--write]
+        [--profiles target-only,default,prompt-lookup,mtp] [--target DIR | --target random-1.2b]
+        [--no-mlx-lm] [--note TEXT] [--write]
+
+`--target` serves every arm on another target: a model directory, or `random-1.2b`, issue 25's
+1.2 B random bf16 Qwen3 (ops/models/random_target.py), built into a temporary folder first.
 """
 
 from __future__ import annotations
@@ -28,16 +32,21 @@ import re
 import selectors
 import socket
 import sys
+import tempfile
 import time
 from bisect import bisect_left
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ops.bench.prompts import HELD_OUT_CODE
 from ops.bench.spawn import REPO_ROOT, spawned, spawned_server
+from ops.models.random_target import SIZE_1_2B, build_random_target
 
 PROFILES = ["target-only", "default", "prompt-lookup", "mtp"]
 MLX_LM = "mlx_lm.server"
+RANDOM_1_2B = "random-1.2b"
+EMBEDDED_TARGET = REPO_ROOT / "models" / "target"
 FRAME = re.compile(rb"^data: (\{.*\})\r?$", re.M)
 WARMUP_TOKENS = 8
 
@@ -130,9 +139,9 @@ def waves_of(clients: int, offset: int) -> list[list[str]]:
     return [prompts[i : i + clients] for i in range(0, count, clients)]
 
 
-def mlx_lm_command(max_clients: int) -> list[str]:
+def mlx_lm_command(max_clients: int, target: Path) -> list[str]:
     width = str(max_clients)
-    return [sys.executable, "-m", "ops.bench.mlx_lm_server", "--model", str(REPO_ROOT / "models" / "target"),
+    return [sys.executable, "-m", "ops.bench.mlx_lm_server", "--model", str(target),
             "--decode-concurrency", width, "--prompt-concurrency", width, "--prompt-cache-size", "0",
             "--log-level", "WARNING"]  # fmt: skip
 
@@ -221,18 +230,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=64, help="tokens per request")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--profiles", type=lambda text: text.split(","), default=PROFILES)
+    parser.add_argument("--target", help=f"a model directory, or {RANDOM_1_2B} (built first); default: the embedded")
     parser.add_argument("--no-mlx-lm", action="store_true", help=f"leave {MLX_LM} out")
     parser.add_argument("--note", default="", help="a line for the section (e.g. the machine's state)")
     parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     return parser.parse_args(argv)
 
 
+def target_dir(name: str | None, scratch: Path) -> Path:
+    if name is None:
+        return EMBEDDED_TARGET
+    if name == RANDOM_1_2B:
+        return build_random_target(scratch / RANDOM_1_2B, **SIZE_1_2B)
+    return Path(name).resolve()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     with ExitStack() as servers:
-        urls = {profile: servers.enter_context(spawned_server(profile))[0] for profile in args.profiles}
+        target = target_dir(args.target, Path(servers.enter_context(tempfile.TemporaryDirectory())))
+        flags = [] if args.target is None else ["-m", str(target)]
+        urls = {profile: servers.enter_context(spawned_server(profile, args=flags))[0] for profile in args.profiles}
         if not args.no_mlx_lm:
-            urls[MLX_LM] = servers.enter_context(spawned(mlx_lm_command(max(args.clients)), {}))[0]
+            urls[MLX_LM] = servers.enter_context(spawned(mlx_lm_command(max(args.clients), target), {}))[0]
         cells = measure(urls, args.clients, args.tokens, args.repeats)
     body = render(cells, args.tokens, args.repeats, args.note)
     print(body)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
@@ -16,10 +17,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_S = 120
 
 
-def spawned_server(profile: str, log: str = "stderr") -> AbstractContextManager[tuple[str, subprocess.Popen]]:
-    """`mlxcel serve --profile PROFILE` logging to `log`. The environment holds no MLXCEL_
-    variable but the log's, so only the profile counts."""
-    command = [sys.executable, "-m", "app", "serve", "--profile", profile]
+def spawned_server(
+    profile: str, log: str = "stderr", args: Sequence[str] = ()
+) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
+    """`mlxcel serve --profile PROFILE [ARGS]` logging to `log`. The environment holds no MLXCEL_
+    variable but the log's, so only the profile (and `args`) count."""
+    command = [sys.executable, "-m", "app", "serve", "--profile", profile, *args]
     return spawned(command, {"MLXCEL_LOGGING__DESTINATION": log}, f"log: {log}")
 
 
@@ -31,13 +34,14 @@ def free_port() -> int:
 
 @contextmanager
 def spawned(command: list[str], env: dict[str, str], hint: str = "") -> Iterator[tuple[str, subprocess.Popen]]:
-    """`command --port PORT` on a free port with only `env` (and PATH) set; its URL and process
-    once /health answers 200. `hint` says where to look when it never does."""
+    """`command --port PORT` on a free port with only `env` (and PATH and HOME) set; its URL and
+    process once /health answers 200. `hint` says where to look when it never does. HOME because
+    `mlx_lm.server` initialises `mx.distributed`, whose Open MPI aborts without it on the GPU machine."""
     port = free_port()
     process = subprocess.Popen(
         [*command, "--port", str(port)],
         cwd=REPO_ROOT,
-        env={"PATH": "/usr/bin:/bin", **env},
+        env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -10,6 +10,8 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from app.execution import row_invariant
+from app.execution.device import backend
 from app.execution.forward import RowForward, batching, forward
 from app.execution.model import load_model
 from app.execution.runner import ModelRunner
@@ -137,6 +139,9 @@ def tiny(architecture: str, **config: object) -> nn.Module:
     args = module.ModelArgs.from_dict({"model_type": architecture, **shape, **config})
     mx.random.seed(7)
     model = module.Model(args)
+    if backend().row_invariant_kernels:  # as load_model leaves a model on an NVIDIA GPU
+        model.set_dtype(mx.bfloat16)
+        row_invariant.install(model)
     mx.eval(model.parameters())
     return model
 
