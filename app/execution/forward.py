@@ -150,8 +150,6 @@ def _why_not_batched(model: nn.Module) -> str | None:
     device = backend()
     if device.row_stable_rows == 0:
         return "matrix products on this device are not row-stable"
-    if device.row_invariant_kernels and (reason := row_invariant.uncovered(model)) is not None:
-        return reason
     if lockstep_of(model) is not None:
         return "a tensor-parallel target: each row's forward is one order to the followers"
     module = type(model).__module__
@@ -164,7 +162,7 @@ def _why_not_batched(model: nn.Module) -> str | None:
             return f"layer {type(block).__name__} is not {name}'s own"
         if not isinstance(block.self_attn.rope, POSITIONWISE_ROPES):
             return f"RoPE {type(block.self_attn.rope).__name__} computes with its offset"
-    return None
+    return row_invariant.uncovered(model) if device.row_invariant_kernels else None
 
 
 class RowMasks:

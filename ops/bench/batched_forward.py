@@ -33,6 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from app.execution.device import backend
 from app.execution.forward import RowForward, forward
 from app.execution.model import load_model
 from app.execution.runner import ModelRunner
@@ -46,11 +47,11 @@ CONTEXT = 256  # cached positions for the attention products
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 
 
-def timed(step: Callable[[list[list[int]]], list[mx.array]], inputs: list[list[int]]) -> tuple[float, list[np.ndarray]]:
+def timed(step: Callable[[list[list[int]]], list[mx.array]], inputs: list[list[int]]) -> tuple[float, list[mx.array]]:
     start = time.perf_counter()
     logits = step(inputs)
     mx.eval(logits)
-    return (time.perf_counter() - start) * 1e3, [np.array(x) for x in logits]
+    return (time.perf_counter() - start) * 1e3, logits
 
 
 def measure(
@@ -69,7 +70,7 @@ def measure(
             lambda tokens: forward([RowForward(r, t) for r, t in zip(batched, tokens, strict=True)]), inputs
         )
         batched_ms.append(ms)
-        exact &= all(np.array_equal(a, b) for a, b in zip(want, got, strict=True))
+        exact &= all(mx.array_equal(a, b).item() for a, b in zip(want, got, strict=True))  # bf16 on the GPU
         for runner in [*solo, *batched]:
             runner.rewind(width)
     return statistics.median(solo_ms), statistics.median(batched_ms), exact
@@ -142,7 +143,7 @@ def main() -> None:
         return
     model = load_model(EMBEDDED_TARGET if args.role == "target" else EMBEDDED_DRAFTER).model
     rng = np.random.default_rng(0)
-    print(f"{args.role}, {machine()}, row-stable products up to {row_stable_rows()} rows")
+    print(f"{args.role}, {machine()}, row-stable products up to {backend().row_stable_rows} rows")
     print("| rows | width | B solo forwards (ms) | one batched forward (ms) | speed-up | bit-identical |")
     print("|---|---|---|---|---|---|")
     for width in WIDTHS:

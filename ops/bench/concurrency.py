@@ -28,6 +28,7 @@ from ops.bench.common import WRITE_HELP, machine, progress, table, write_section
 import argparse
 import json
 import math
+import os
 import re
 import selectors
 import socket
@@ -252,7 +253,9 @@ def main(argv: list[str] | None = None) -> None:
         flags = [] if args.target is None else ["-m", str(target)]
         urls = {profile: servers.enter_context(spawned_server(profile, args=flags))[0] for profile in args.profiles}
         if not args.no_mlx_lm:
-            urls[MLX_LM] = servers.enter_context(spawned(mlx_lm_command(max(args.clients), target), {}))[0]
+            # mlx_lm.server initialises mx.distributed, which needs more of the environment than PATH
+            command = mlx_lm_command(max(args.clients), target)
+            urls[MLX_LM] = servers.enter_context(spawned(command, dict(os.environ)))[0]
         cells = measure(urls, args.clients, args.tokens, args.repeats)
     body = render(cells, args.tokens, args.repeats, args.note)
     print(body)

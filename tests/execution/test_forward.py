@@ -1,4 +1,8 @@
-"""`forward` gives every row, bit for bit, what its own forward gives, whatever its batch-mates."""
+"""`forward` gives every row, bit for bit, what its own forward gives, whatever its batch-mates.
+
+Compared with `mx.array_equal` (bit for bit; numpy has no bfloat16, which models keep on the GPU),
+so the same tests run on the H200 (`python3 -m pytest -o addopts="" tests/execution/`).
+"""
 
 from __future__ import annotations
 
@@ -38,11 +42,12 @@ def rows_of(runners: list[ModelRunner], inputs: list) -> list[RowForward]:
 
 
 def assert_same_rows(solo: list[ModelRunner], batched: list[ModelRunner], inputs: list) -> None:
-    expected = [np.array(r.forward(t)) for r, t in zip(solo, inputs, strict=True)]
+    expected = [r.forward(t) for r, t in zip(solo, inputs, strict=True)]
+    mx.eval(expected)
     got = forward(rows_of(batched, inputs))
     mx.eval(got)
     for row, (want, have) in enumerate(zip(expected, got, strict=True)):
-        assert have.shape == want.shape and np.array_equal(np.array(have), want), f"row {row} of {len(inputs)}"
+        assert have.shape == want.shape and mx.array_equal(have, want).item(), f"row {row} of {len(inputs)}"
     assert [r.length for r in batched] == [r.length for r in solo]
 
 
@@ -51,7 +56,7 @@ def assert_same_caches(solo: list[ModelRunner], batched: list[ModelRunner]) -> N
         for x, y in zip(a.cache, b.cache, strict=True):
             assert x.offset == y.offset
             for p, q in zip(x.keys_and_values(), y.keys_and_values(), strict=True):
-                assert np.array_equal(np.array(p), np.array(q))
+                assert mx.array_equal(p, q).item()
 
 
 @pytest.mark.parametrize("role", ["target", "drafter"])
@@ -91,7 +96,8 @@ class Nudged(nn.Module):
 def test_other_models_give_their_solo_forwards(kind, tmp_path: Path) -> None:
     """An architecture not checked to batch (mamba: its cache is a state, not rows) or a layer that
     is not the architecture's own runs one forward per row; llama batches."""
-    model = load_model(build_tiny_model(tmp_path / "m", model_type=kind.split()[-1], layers=2)).model
+    dtype = "bfloat16" if backend().row_invariant_kernels else "auto"  # the kernel reads half precision
+    model = load_model(build_tiny_model(tmp_path / "m", model_type=kind.split()[-1], layers=2), dtype=dtype).model
     if kind.startswith("nudged"):
         model.model.layers[1] = Nudged(model.model.layers[1])
     rng = np.random.default_rng(3)
@@ -126,7 +132,7 @@ def test_taps_record_each_row_as_its_own_forward_would(embedded_target) -> None:
     assert set(seen) == set(names)
     for name in names:
         assert [a.shape for a in seen[name]] == [(1, len(t), 256) for t in inputs]
-        assert all(np.array_equal(np.array(a), np.array(b)) for a, b in zip(seen[name], expected[name], strict=True))
+        assert all(mx.array_equal(a, b).item() for a, b in zip(seen[name], expected[name], strict=True))
 
 
 def tiny(architecture: str, **config: object) -> nn.Module:
