@@ -16,6 +16,7 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -281,23 +282,26 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
             f"{origin('server.admin_reload', sources, path)}: needs server.api_key, api_keys or api_key_file (a key "
             "guards POST /admin/reload, or anyone who reaches the port could reload); set a key, or reload with SIGHUP"
         )
-    for entry in settings.server.cors_origins:
-        if not CORS_ORIGIN.fullmatch(entry):
-            raise ProfileError(
-                f"{origin('server.cors_origins', sources, path)}: {entry!r} is not an origin; write "
-                'scheme://host[:port] with no path (e.g. "https://app.example:8443"), or "*" for any origin'
-            )
+    where = partial(origin, sources=sources, path=path)
+    require_each(
+        settings.server.cors_origins,
+        CORS_ORIGIN,
+        where("server.cors_origins"),
+        'is not an origin; write scheme://host[:port] with no path (e.g. "https://app.example:8443"), or "*" for any '
+        "origin",
+    )
     if "*" in settings.server.cors_origins and len(settings.server.cors_origins) > 1:
         raise ProfileError(
             f'{origin("server.cors_origins", sources, path)}: "*" beside listed origins: "*" answers every '
             'origin without credentials, so the listed ones would lose theirs; write ["*"] or the list alone'
         )
-    for entry in settings.server.allowed_hosts:
-        if not ALLOWED_HOST.fullmatch(entry):
-            raise ProfileError(
-                f"{origin('server.allowed_hosts', sources, path)}: {entry!r} is not a host name; write a name "
-                'as a Host header gives it, without the port ("mlxcel.example", "*.example"), or "*" for any'
-            )
+    require_each(
+        settings.server.allowed_hosts,
+        ALLOWED_HOST,
+        where("server.allowed_hosts"),
+        'is not a host name; write a name as a Host header gives it, without the port ("mlxcel.example", '
+        '"*.example"), or "*" for any',
+    )
     check_parallel(settings, sources, path)
     problem = destination_problem(settings.logging.destination)
     if problem:
@@ -329,6 +333,13 @@ def check_api_keys(settings: Settings, sources: dict[str, str], path: Path) -> b
             "line, or leave server.api_key_file unset"
         )
     return True
+
+
+def require_each(entries: list[str], pattern: re.Pattern[str], where: str, advice: str) -> None:
+    """Every entry of a list setting matches `pattern`; else a ProfileError naming the entry."""
+    for entry in entries:
+        if not pattern.fullmatch(entry):
+            raise ProfileError(f"{where}: {entry!r} {advice}")
 
 
 def check_parallel(settings: Settings, sources: dict[str, str], path: Path) -> None:
