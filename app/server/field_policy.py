@@ -1,6 +1,8 @@
 """Request fields llama-server or the OpenAI API define that this server does not honour.
 
-The project's rule: never accept a request field and ignore it. Each field below is declared on
+A field that would change the answer if it were ignored is refused unless neutral; a field with
+no effect here is accepted as a documented no-op and is not listed (`backend_sampling`,
+`return_progress`: docs/server.md's table says which). Each field below is declared on
 the wire types (schemas.py builds them from these tables) as `Any`, so every JSON value reaches
 `refuse_unhonoured` instead of a type error. A neutral value, one that asks for nothing (absent,
 null, `mirostat: 0`, `typical_p: 1`), passes; any other answers 400 naming the field and why.
@@ -133,7 +135,6 @@ LLAMA_SERVER: dict[str, Unhonoured] = {
     "samplers": Unhonoured(
         in_order, f"the sampler order is fixed: {', '.join(STAGES)} (dry, top_n_sigma and typ_p are off)"
     ),
-    "backend_sampling": Unhonoured(equal(False), "sampling runs where the engine runs it; send false"),
     "n_keep": Unhonoured(equal(0, -1), f"{NO_CONTEXT_SHIFT}; send 0"),
     "n_discard": Unhonoured(equal(0), f"{NO_CONTEXT_SHIFT}; send 0"),
     "n_indent": Unhonoured(at_most(0), "indentation-based stopping (infill) is not implemented; send 0"),
@@ -146,10 +147,11 @@ LLAMA_SERVER: dict[str, Unhonoured] = {
         "rows are not pinned to slots: every row shares one prompt cache, so no slot is worth choosing; send -1",
     ),
     "t_max_predict_ms": Unhonoured(at_most(0), "generation has no time limit here; bound it with n_predict"),
-    "return_progress": Unhonoured(equal(False), "prompt-processing progress is not reported; send false"),
     "image_data": Unhonoured(empty, f"older llama-server builds' image input: {TEXT_ONLY}"),
     "lora": Unhonoured(empty, "adapters are fused offline and chosen by profile, not switched per request"),
-    "reasoning_format": Unhonoured(equal("none"), f'{TEMPLATE_ONLY}; send "none"'),
+    # "auto" (the web UI's default) parses reasoning out only where the template has thinking tags:
+    # the embedded models' do not, and nothing is parsed here yet, so only "deepseek" asks for more
+    "reasoning_format": Unhonoured(equal("none", "auto"), f'{TEMPLATE_ONLY}; send "none" or "auto"'),
     "reasoning_budget_tokens": Unhonoured(at_most(-1), f"{TEMPLATE_ONLY}, so it has no budget; send -1"),
     "thinking_forced_open": Unhonoured(equal(False), f"{TEMPLATE_ONLY}; send false"),
     "chat_format": Unhonoured(equal(0), f"{TEMPLATE_ONLY}; send 0 (content only)"),
@@ -173,9 +175,6 @@ CHAT: dict[str, Unhonoured] = {
     "modalities": Unhonoured(equal(["text"]), f'{TEXT_ONLY}; send ["text"]'),
     "prediction": Unhonoured(nothing, "predicted outputs are not supported (drafters propose tokens themselves)"),
     "web_search_options": Unhonoured(nothing, "there is no web search here"),
-    "reasoning_effort": Unhonoured(
-        nothing, "no reasoning-effort control; template switches go in chat_template_kwargs (e.g. enable_thinking)"
-    ),
     "verbosity": Unhonoured(nothing, "no verbosity control"),
     "service_tier": Unhonoured(equal("auto", "default"), 'one service tier; send "auto" or "default"'),
     "store": Unhonoured(equal(False), "completions are not stored; send false"),

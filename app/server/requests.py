@@ -117,6 +117,15 @@ RESERVED_TEMPLATE_KEYS = frozenset({
 })  # fmt: skip
 
 
+def template_kwargs(request: ChatRequest) -> dict[str, Any] | None:
+    """The request's chat_template_kwargs, with OpenAI's `reasoning_effort` as the template variable
+    of that name, as llama-server passes it (templates that know it read it; others ignore it).
+    A `reasoning_effort` in chat_template_kwargs itself wins."""
+    if request.reasoning_effort is None:
+        return request.chat_template_kwargs
+    return {"reasoning_effort": request.reasoning_effort, **(request.chat_template_kwargs or {})}
+
+
 def template_variables(extra: dict[str, Any] | None, tokenizer: TokenizerWrapper) -> dict[str, Any]:
     """The special tokens (bos_token, eos_token, ...) and the request's chat_template_kwargs."""
     special = dict(getattr(tokenizer, "special_tokens_map", {}))

@@ -184,6 +184,7 @@ class ChatRequest(_unhonoured("ChatFields", field_policy.CHAT, SamplingFields), 
     top_logprobs: int | None = None  # OpenAI: 0..20, with logprobs
     stream_options: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None  # OpenAI's: a chat-template variable (requests.template_kwargs)
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None  # app/server/tools.py
     tool_choice: str | dict[str, Any] | None = None

@@ -5,9 +5,12 @@ neither API defines is ignored, as llama-server ignores it. One request per case
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from app.server import field_policy
+from app.server.requests import template_kwargs
+from app.server.schemas import ChatRequest
 from tests.support import ROOT
 
 NATIVE = ("/completion", {"prompt": "def f():"})
@@ -29,7 +32,6 @@ CASES = {
     "adaptive_target": (0.5, -1.0),
     "min_keep": (5, 0),
     "samplers": (["temperature", "top_k"], "edskypmxt"),
-    "backend_sampling": (True, False),
     "n_keep": (16, 0),
     "n_discard": (8, 0),
     "n_indent": (4, 0),
@@ -37,10 +39,9 @@ CASES = {
     "n_cache_reuse": (256, 0),
     "id_slot": (0, -1),
     "t_max_predict_ms": (500, 0),
-    "return_progress": (True, False),
     "image_data": ([{"data": "aGk=", "id": 1}], []),
     "lora": ([{"id": 0, "scale": 1.0}], []),
-    "reasoning_format": ("deepseek", "none"),
+    "reasoning_format": ("deepseek", "auto"),
     "reasoning_budget_tokens": (64, -1),
     "thinking_forced_open": (True, False),
     "chat_format": (3, 0),
@@ -56,7 +57,6 @@ CASES = {
     "modalities": (["text", "audio"], ["text"]),
     "prediction": ({"type": "content", "content": "x"}, None),
     "web_search_options": ({}, None),
-    "reasoning_effort": ("high", None),
     "verbosity": ("low", None),
     "service_tier": ("flex", "auto"),
     "store": (True, False),
@@ -110,6 +110,41 @@ def test_best_of_equal_to_n_is_served(default_server) -> None:
 def test_a_number_switch_refuses_a_boolean(default_server) -> None:
     """`mirostat: false` is no spelling of 0: it answers 400 rather than guess."""
     assert post(default_server, "mirostat", False).status_code == 400
+
+
+def test_the_llama_cpp_web_uis_default_streamed_body_is_served(default_server) -> None:
+    """llama.cpp's web UI streams with return_progress and reasoning_format "auto" (and may send
+    backend_sampling): a 400 there broke every message it sent."""
+    body = {
+        "messages": [{"role": "user", "content": "Hi"}], "stream": True, "return_progress": True,
+        "reasoning_format": "auto", "backend_sampling": False, "max_tokens": 4, "timings_per_token": True,
+        "temperature": 0.8, "dynatemp_range": 0, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1,
+        "xtc_probability": 0, "xtc_threshold": 0.1, "repeat_last_n": 64, "repeat_penalty": 1,
+        "presence_penalty": 0, "frequency_penalty": 0, "dry_multiplier": 0, "samplers": "edkypmxt",
+    }  # fmt: skip
+    with default_server.client() as http, http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200, response.read()
+        frames = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert frames[-1] == "data: [DONE]"
+
+
+def test_reasoning_effort_reaches_the_chat_template(default_server) -> None:
+    """OpenAI's reasoning_effort (Open WebUI sends it when set) is the template's variable of that
+    name, as llama-server passes it; the embedded template does not read it, so the answer is served."""
+    path, body = CHAT
+    response = default_server.client().post(path, json=body | {"max_tokens": 1, "reasoning_effort": "high"})
+    assert response.status_code == 200, response.text
+
+
+def test_reasoning_effort_becomes_a_template_variable_unless_the_kwargs_name_it() -> None:
+    messages = [{"role": "user", "content": "Hi"}]
+    plain = msgspec.convert({"messages": messages, "reasoning_effort": "low"}, ChatRequest)
+    assert template_kwargs(plain) == {"reasoning_effort": "low"}
+    both = msgspec.convert(
+        {"messages": messages, "reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "high"}},
+        ChatRequest,
+    )
+    assert template_kwargs(both) == {"reasoning_effort": "high"}
 
 
 def test_a_field_neither_api_defines_is_ignored(default_server) -> None:

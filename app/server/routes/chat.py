@@ -43,7 +43,7 @@ class ChatController(Controller):
             requests.chat_prompt,
             data.messages,
             engine.tokenizer,
-            data.chat_template_kwargs,
+            requests.template_kwargs(data),
             engine.settings,
             tools=plan.template_tools() if plan else None,
         )
