@@ -61,6 +61,7 @@ BATCHING_ARCHITECTURES = ("qwen3", "llama", "qwen2", "gemma3_text", "phi3")
 # RoPE classes that hand their offset to `mx.fast.rope` untouched (it takes one per batch entry).
 POSITIONWISE_ROPES = (nn.RoPE, rope_utils.SuScaledRoPE, rope_utils.Llama3RoPE, rope_utils.YarnRoPE)
 ROW_CACHES = (KVCache, RotatingKVCache)
+COVERAGE = "_mlxcel_row_invariant_coverage"  # where _uncovered keeps its verdict on a model
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,16 @@ def _why_not_batched(model: nn.Module) -> str | None:
             return f"layer {type(block).__name__} is not {name}'s own"
         if not isinstance(block.self_attn.rope, POSITIONWISE_ROPES):
             return f"RoPE {type(block.self_attn.rope).__name__} computes with its offset"
-    return row_invariant.uncovered(model) if device.row_invariant_kernels else None
+    return _uncovered(model) if device.row_invariant_kernels else None
+
+
+def _uncovered(model: nn.Module) -> str | None:
+    """row_invariant.uncovered, walked once per model: the kernels are installed at load and a
+    tick asks on every forward (a 24-layer model's walk costs about a millisecond)."""
+    known = vars(model)  # the object's own attributes, not the module tree (a Module is a dict)
+    if COVERAGE not in known:
+        known[COVERAGE] = row_invariant.uncovered(model)
+    return known[COVERAGE]
 
 
 class RowMasks:

@@ -10,6 +10,7 @@ from litestar import Request
 from litestar.types import Receive
 
 from app.decoding.builder import RowRequest
+from app.sampling import SamplingParams
 from app.sampling.grammar import Grammar
 from app.server import access, field_policy, requests, shaping
 from app.server.auth import tenant_of
@@ -112,19 +113,19 @@ def start(
     data: SamplingFields,
     tokens: list[int],
     route: str,
+    params: SamplingParams,
     *,
     choice: int = 0,
     request_id: str | None = None,
     grammar: Grammar | None = None,
     rows: int = 1,
 ) -> tuple[Submission, GenerationSettings]:
-    """Validate the sampling fields, build the row request (choice `choice` of its prompt, one
-    of the request's `rows`, under the request's `grammar`) and submit it.
+    """Build the row request (choice `choice` of its prompt, one of the request's `rows`, with the
+    request's sampling `params` and `grammar`) and submit it.
 
     Returns the submission and the settings the request runs with (for its answer).
     """
     settings = engine.settings
-    params = requests.sampling(data, settings, engine.tokenizer, engine.vocab_size)
     row_request = requests.row_request(data, tokens, settings, params, choice, grammar, rows, tenant=tenant_of(request))
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
@@ -215,6 +216,8 @@ async def start_rows(
     field_policy.refuse_unhonoured(data)
     check_rows(len(prompts), n, engine.settings)
     rows = len(prompts) * n
+    # Once per request, off the event loop: logit_bias keys that are text are tokenized.
+    params = await asyncio.to_thread(requests.sampling, data, engine.settings, engine.tokenizer, engine.vocab_size)
     wanted = requests.grammar(data)
     grammars: Grammars = request.app.state.grammars
     grammar = None if wanted is None else await grammars.compiled(engine, *wanted)
@@ -231,6 +234,7 @@ async def start_rows(
                     data,
                     tokens,
                     route,
+                    params,
                     choice=choice,
                     request_id=row_id,
                     grammar=grammar,
