@@ -16,9 +16,11 @@ forwards (`exact_forward()`, entered by `ModelRunner`):
   and a 5-row product costs about what a 1-row product costs. A product of more rows runs in
   slices of MATMUL_ROWS (each row reduced the same way in any slice), up to the backend's
   `row_stable_rows`: what lets many rows' tokens share one forward (app/execution/forward.py).
+  mlx-lm's affine 4- and 8-bit layers take the same walk, widening each weight from its group's
+  scale and bias in registers.
 
-Anything else (prefill of long prompts, float32 models, masks other than causal) keeps MLX's
-kernels; the block loops' exactness probe then reports what remains.
+Anything else (prefill of long prompts, float32 models, other quantizations, masks other than
+causal) keeps MLX's kernels; the block loops' exactness probe then reports what remains.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 import struct
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 
@@ -184,8 +186,75 @@ _MATMUL_SOURCE = """
         }
     }
 """
+# The same walk over mlx-lm's affine-quantized weights (`QuantizedLinear`, 4 or 8 bits): a chunk of
+# 8 values is one 32-bit word at 4 bits and two at 8, widened as `scale * q + bias` of its group,
+# then reduced exactly as above, so a quantized model's rows are as row-invariant as a bf16 one's.
+_QUANTIZED_MATMUL_SOURCE = """
+    constexpr int WORDS = BITS / 4;  // 32-bit words per chunk of 8 values
+    constexpr unsigned int MASK = (1u << BITS) - 1u;
+    const int rows = x_shape[0];
+    const int chunks = x_shape[1] / 8;
+    const int columns = w_shape[0];
+    const int groups = scales_shape[1];
+    const int lane = threadIdx.x % 32;
+    const int n = blockIdx.x * COLUMNS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= columns) {
+        return;
+    }
+    const uint32_t* wn = w + (size_t)n * chunks * WORDS;
+    const auto* sn = scales + (size_t)n * groups;
+    const auto* bn = biases + (size_t)n * groups;
+    const uint4* xs = reinterpret_cast<const uint4*>(x);
+    float acc[MAX_ROWS];
+    #pragma unroll
+    for (int m = 0; m < MAX_ROWS; ++m) {
+        acc[m] = 0.0f;
+    }
+    #pragma unroll 4
+    for (int c = lane; c < chunks; c += 32) {
+        const int g = (c * 8) / GROUP_SIZE;
+        const float scale = static_cast<float>(sn[g]);
+        const float bias = static_cast<float>(bn[g]);
+        float wf[8];
+        #pragma unroll
+        for (int word = 0; word < WORDS; ++word) {
+            const uint32_t packed = wn[(size_t)c * WORDS + word];
+            #pragma unroll
+            for (int e = 0; e < 8 / WORDS; ++e) {
+                const float q = static_cast<float>((packed >> (BITS * e)) & MASK);
+                wf[word * (8 / WORDS) + e] = fmaf(q, scale, bias);
+            }
+        }
+        #pragma unroll
+        for (int m = 0; m < MAX_ROWS; ++m) {
+            if (m < rows) {
+                float xf[8];
+                mlxcel_widen<BF16>(xs[(size_t)m * chunks + c], xf);
+                float sum = acc[m];
+                #pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    sum = fmaf(wf[e], xf[e], sum);
+                }
+                acc[m] = sum;
+            }
+        }
+    }
+    #pragma unroll
+    for (int m = 0; m < MAX_ROWS; ++m) {
+        if (m < rows) {
+            float sum = acc[m];
+            for (int offset = 16; offset > 0; offset /= 2) {
+                sum += __shfl_xor_sync(0xffffffff, sum, offset);
+            }
+            if (lane == 0) {
+                out[(size_t)m * columns + n] = static_cast<T>(sum);
+            }
+        }
+    }
+"""
 COLUMNS_PER_BLOCK = 8
 HALF_TYPES = (mx.bfloat16, mx.float16)
+QUANTIZED_BITS = (4, 8)  # packings whose chunks of 8 values are whole 32-bit words
 
 
 @cache
@@ -206,6 +275,17 @@ def _matmul_kernel() -> object:
         input_names=["x", "w"],
         output_names=["out"],
         source=_MATMUL_SOURCE,
+        header=_MATMUL_HEADER,
+    )
+
+
+@cache
+def _quantized_matmul_kernel() -> object:
+    return mx.fast.cuda_kernel(
+        name="mlxcel_row_quantized_matmul",
+        input_names=["x", "w", "scales", "biases"],
+        output_names=["out"],
+        source=_QUANTIZED_MATMUL_SOURCE,
         header=_MATMUL_HEADER,
     )
 
@@ -293,32 +373,68 @@ def matmul_applies(x: mx.array, weight: mx.array) -> bool:
     )
 
 
+def quantized_matmul_applies(x: mx.array, layer: nn.QuantizedLinear | nn.QuantizedEmbedding) -> bool:
+    """Whether the quantized kernel can stand in for `layer`'s product: affine 4- or 8-bit weights
+    in groups of whole chunks, half-precision rows, at most the backend's row-invariant rows."""
+    depth = x.shape[-1]
+    device = backend()
+    return (
+        device.row_invariant_kernels
+        and layer.mode == "affine"
+        and layer.bits in QUANTIZED_BITS
+        and layer.group_size % 8 == 0
+        and x.dtype in HALF_TYPES
+        and layer["scales"].dtype in HALF_TYPES
+        and depth == layer["weight"].shape[1] * 32 // layer.bits
+        and depth % layer.group_size == 0
+        and x.size // depth <= device.row_stable_rows
+    )
+
+
 def row_matmul(x: mx.array, weight: mx.array) -> mx.array:
     """`x @ weight.T` for `x` `[..., K]` and `weight` `[N, K]`, each row reduced the same way."""
-    depth, columns = x.shape[-1], weight.shape[0]
-    flat = x.reshape(-1, depth)
-    rows = flat.shape[0]
-    slices = [_row_matmul(flat[i : i + MATMUL_ROWS], weight) for i in range(0, rows, MATMUL_ROWS)]
+    return _in_slices(x, weight.shape[0], lambda rows: _matmul_call(_matmul_kernel(), [rows, weight], weight.shape[0]))
+
+
+def row_quantized_matmul(x: mx.array, layer: nn.QuantizedLinear | nn.QuantizedEmbedding) -> mx.array:
+    """`layer`'s `x @ dequantize(weight).T`, each row reduced the same way."""
+    weights = [layer["weight"], layer["scales"], layer["biases"]]
+    columns = weights[0].shape[0]
+    extra = [("BITS", layer.bits), ("GROUP_SIZE", layer.group_size)]
+    kernel = _quantized_matmul_kernel()
+    return _in_slices(x, columns, lambda rows: _matmul_call(kernel, [rows, *weights], columns, extra))
+
+
+def _in_slices(x: mx.array, columns: int, product: Callable[[mx.array], mx.array]) -> mx.array:
+    """`product` of `x` `[..., K]` flattened to rows, MATMUL_ROWS rows per kernel call."""
+    flat = x.reshape(-1, x.shape[-1])
+    slices = [product(flat[i : i + MATMUL_ROWS]) for i in range(0, flat.shape[0], MATMUL_ROWS)]
     out = slices[0] if len(slices) == 1 else mx.concatenate(slices)
     return out.reshape(*x.shape[:-1], columns)
 
 
-def _row_matmul(flat: mx.array, weight: mx.array) -> mx.array:
-    """One kernel call: `flat` `[M <= MATMUL_ROWS, K]` times `weight.T`."""
-    columns = weight.shape[0]
+def _matmul_call(
+    kernel: Callable[..., list[mx.array]],
+    inputs: list[mx.array],
+    columns: int,
+    extra: list[tuple[str, int]] | None = None,
+) -> mx.array:
+    """One kernel call: rows `inputs[0]` `[M <= MATMUL_ROWS, K]` times the weights that follow."""
+    rows = inputs[0]
     threads = 32 * COLUMNS_PER_BLOCK
-    (out,) = _matmul_kernel()(
-        inputs=[flat, weight],
+    (out,) = kernel(
+        inputs=inputs,
         template=[
-            ("T", flat.dtype),
-            ("BF16", flat.dtype == mx.bfloat16),
+            ("T", rows.dtype),
+            ("BF16", rows.dtype == mx.bfloat16),
             ("MAX_ROWS", MATMUL_ROWS),
             ("COLUMNS_PER_BLOCK", COLUMNS_PER_BLOCK),
+            *(extra or []),
         ],
         grid=(-(-columns // COLUMNS_PER_BLOCK) * threads, 1, 1),
         threadgroup=(threads, 1, 1),
-        output_shapes=[(flat.shape[0], columns)],
-        output_dtypes=[flat.dtype],
+        output_shapes=[(rows.shape[0], columns)],
+        output_dtypes=[rows.dtype],
     )
     return out
 
@@ -346,16 +462,43 @@ class RowInvariantEmbedding(nn.Embedding):
         return row_matmul(x, self.weight)
 
 
+class RowInvariantQuantizedLinear(nn.QuantizedLinear):
+    """nn.QuantizedLinear whose product goes through `row_quantized_matmul` inside `exact_forward()`."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if not (_active() and quantized_matmul_applies(x, self)):
+            return super().__call__(x)
+        y = row_quantized_matmul(x, self)
+        return y + self["bias"] if "bias" in self else y
+
+
+class RowInvariantQuantizedEmbedding(nn.QuantizedEmbedding):
+    """nn.QuantizedEmbedding whose tied output projection goes through `row_quantized_matmul`."""
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if not (_active() and quantized_matmul_applies(x, self)):
+            return super().as_linear(x)
+        return row_quantized_matmul(x, self)
+
+
+ROUTED = {
+    nn.Linear: RowInvariantLinear,
+    nn.Embedding: RowInvariantEmbedding,
+    nn.QuantizedLinear: RowInvariantQuantizedLinear,
+    nn.QuantizedEmbedding: RowInvariantQuantizedEmbedding,
+}
+
+
 def uncovered(model: nn.Module) -> str | None:
     """Why some product of `model` would not take the row-invariant kernel (None: every one does):
-    a layer left as MLX's own (a quantized one, or one `install` did not reach), or weights the
-    kernel does not read."""
+    a layer `install` did not reach, or weights the kernels do not read."""
     for name, module in model.named_modules():
-        if isinstance(module, nn.QuantizedLinear | nn.QuantizedEmbedding):
-            return f"{name} is quantized: its product is MLX's, whose bits depend on the row count"
-        if type(module) in (nn.Linear, nn.Embedding):
+        if type(module) in ROUTED:
             return f"{name} is MLX's own {type(module).__name__}, not the row-invariant one"
-        if isinstance(module, RowInvariantLinear | RowInvariantEmbedding) and module.weight.dtype not in HALF_TYPES:
+        if isinstance(module, RowInvariantQuantizedLinear | RowInvariantQuantizedEmbedding):
+            if module.mode != "affine" or module.bits not in QUANTIZED_BITS:
+                return f"{name} is {module.mode} {module.bits}-bit: the kernel reads affine 4- and 8-bit weights"
+        elif isinstance(module, RowInvariantLinear | RowInvariantEmbedding) and module.weight.dtype not in HALF_TYPES:
             return f"{name} computes in {module.weight.dtype}: the kernel reads half-precision weights"
     return None
 
@@ -365,10 +508,8 @@ def install(model: nn.Module) -> bool:
     `exact_forward()`. False where the architecture module has no attention function of mlx-lm's
     shape (the projections are routed all the same)."""
     for _, module in model.named_modules():
-        if type(module) is nn.Linear:
-            module.__class__ = RowInvariantLinear
-        elif type(module) is nn.Embedding:
-            module.__class__ = RowInvariantEmbedding
+        if type(module) in ROUTED:
+            module.__class__ = ROUTED[type(module)]
     architecture = sys.modules.get(type(model).__module__)
     fused = getattr(architecture, "scaled_dot_product_attention", None)
     if architecture is None or fused is None:

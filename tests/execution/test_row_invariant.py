@@ -9,6 +9,7 @@ what applies there: the bf16 probe, and that installing the kernels leaves CPU f
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 
 from app.decoding.builder import LoopBuilder, RowRequest
@@ -65,6 +66,24 @@ def test_row_matmul_rows_do_not_depend_on_the_row_count() -> None:
             assert mx.array_equal(row_invariant.row_matmul(x[:rows], weight), single[:rows]).item(), (depth, rows)
         # and it is a matrix product: within bf16 rounding of MLX's
         assert mx.allclose(single.astype(mx.float32), (x @ weight.T).astype(mx.float32), atol=0.5, rtol=0.02).item()
+
+
+@gpu_only
+@pytest.mark.parametrize("bits", row_invariant.QUANTIZED_BITS)
+def test_quantized_row_matmul_rows_do_not_depend_on_the_row_count(bits: int) -> None:
+    mx.random.seed(2)
+    for depth, columns in ((256, 1024), (2048, 6144), (6144, 2048)):
+        layer = nn.QuantizedLinear(depth, columns, bias=False, group_size=64, bits=bits)
+        layer.update({"scales": layer.scales.astype(mx.bfloat16), "biases": layer.biases.astype(mx.bfloat16)})
+        layer.__class__ = row_invariant.RowInvariantQuantizedLinear
+        x = mx.random.normal((70, depth)).astype(mx.bfloat16)
+        with row_invariant.exact_forward():
+            single = mx.concatenate([layer(x[i : i + 1]) for i in range(x.shape[0])])
+            for rows in (2, 3, 5, 8, row_invariant.MATMUL_ROWS, 17, 40, 70):
+                assert mx.array_equal(layer(x[:rows]), single[:rows]).item(), (bits, depth, rows)
+        # and it is the layer's product: within bf16 rounding of MLX's quantized matmul
+        reference = nn.QuantizedLinear.__call__(layer, x).astype(mx.float32)
+        assert mx.allclose(single.astype(mx.float32), reference, atol=0.5, rtol=0.02).item(), (bits, depth)
 
 
 @gpu_only
