@@ -109,8 +109,10 @@ class Engine:
 
     def _load(self) -> None:
         self.host.load()
-        if self.prepare_drafter:
+        if self.prepare_drafter or self.host.warms:  # a warm-up's block rows would load the drafter anyway
             self.reporter.prepared(self.host.prepare())
+        if self.host.warms:
+            self.host.warm()
 
     # --- the worker thread -----------------------------------------------------------------
 

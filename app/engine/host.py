@@ -16,6 +16,7 @@ from app.decoding.block_builder import Note
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.plan import LoopPlan, plan_from_settings
+from app.decoding.warmup import warm, warm_shapes, warms
 from app.drafters.governor import Listener
 from app.drafters.kinds import DrafterKind
 from app.execution.forward import batching
@@ -43,6 +44,7 @@ class ModelHost:
         self.builder: LoopBuilder | None = None
         self.info: ModelInfo | None = None
         self.lockstep: Lockstep | None = None  # rank 0's orders to the followers of a tensor-parallel target
+        self.warms = warms(settings.server.warmup)  # the forwards run once before the engine is ready
         self._log = structlog.get_logger("mlxcel.engine")
 
     def load(self) -> ModelInfo:
@@ -74,6 +76,16 @@ class ModelHost:
         """A block drafter's load and exactness probes, run now (see BlockLoops.prepare); what they noted."""
         assert self.builder is not None
         return self.builder.block.prepare() if self.builder.block is not None else []
+
+    def warm(self) -> None:
+        """Compile what requests will run (app/decoding/warmup.py), with `model_warming` before and
+        `model_warmed` after."""
+        assert self.builder is not None
+        shapes = warm_shapes(self.plan, self.settings.server.max_rows)
+        self._log.info("model_warming", batch_sizes=list(shapes.batch_sizes), widths=list(shapes.widths))
+        started = time.perf_counter()
+        rows = warm(self.builder, shapes)
+        self._log.info("model_warmed", rows=rows, seconds=round(time.perf_counter() - started, 3))
 
     def _load_one(self, path: str, role: str) -> LoadedModel:
         """One checkpoint, with `model_loading` before and `model_loaded` after (load progress)."""

@@ -12,6 +12,7 @@ DrafterKindName = Literal["none", "draft-model", "prompt-lookup", "mtp", "dflash
 ParallelName = Literal["none", "tensor"]
 # whose prompt-cache entries a request may find: its own tenant's, or every tenant's
 CacheScopeName = Literal["tenant", "global"]
+WarmupName = Literal["auto", "on", "off"]
 # The block loops' (MTP, DFlash family) rule: the contract's biased argmax-against-argmax, or the
 # classic loop's lossless rules over the drafters' proposal rows q.
 BlockRuleName = Literal["argmax-against-argmax", "lossless"]
@@ -85,6 +86,9 @@ class ServerSettings(Group):
     max_queue: Annotated[int, msgspec.Meta(ge=0)] = 64  # requests waiting beyond max_rows (then 503)
     # target positions one tick forwards (prefill chunks and verify widths); rows over it go first next tick
     max_batch_tokens: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 1024
+    # run every batch size and draft width once before /health turns 200 (app/decoding/warmup.py):
+    # "auto" where kernels compile on first use (a GPU), "on" and "off" everywhere
+    warmup: WarmupName = "auto"
     max_tokens: PositiveInt = 4096  # cap on n_predict / max_tokens (-1 means up to this)
     max_prompt_tokens: PositiveInt = 4096
     model_alias: str | None = None  # the model id clients see (default: the target's directory name)
