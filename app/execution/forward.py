@@ -23,7 +23,10 @@ that the model module is handed, as mlx-lm's own `BatchKVCache` is:
 - the architecture module's `scaled_dot_product_attention` (mlx-lm's models import it from
   `mlx_lm.models.base` into their own namespace, so it can be replaced per module) is a dispatcher,
   installed on the first batched forward: for a `FlatRows` cache it runs mlx-lm's attention per row
-  with the row's queries, keys, values and mask; for any other cache it is mlx-lm's function.
+  with the row's queries, keys, values and mask; for any other cache it is mlx-lm's function. On
+  CUDA, where every row's own call would run the row-invariant kernel, one call of its many-row
+  form serves up to 16 rows (each query walking its own row's keys exactly as its row's call
+  would, so the bits are the same).
 
 Only architectures whose forwards were checked to use the cache and the mask only that way batch
 (`BATCHING_ARCHITECTURES`, each covered by tests/execution/test_forward.py); any other, a layer
@@ -182,13 +185,36 @@ class RowMasks:
         self.masks = masks
 
 
+class RowGroups:
+    """The batch's rows in groups of ROWS_PER_ATTENTION, each group's tokens told which of its rows
+    they belong to and how many of their row's tokens follow them: what the rows' attention kernel
+    reads (row_invariant.rows_attention). Made once per forward, on the first layer that asks."""
+
+    def __init__(self, spans: list[Span]) -> None:
+        self.spans = spans
+        self._groups: list[tuple[range, Span, mx.array, mx.array]] | None = None
+
+    def groups(self) -> list[tuple[range, Span, mx.array, mx.array]]:
+        if self._groups is None:
+            self._groups = []
+            for first in range(0, len(self.spans), row_invariant.ROWS_PER_ATTENTION):
+                rows = range(first, min(first + row_invariant.ROWS_PER_ATTENTION, len(self.spans)))
+                spans = [self.spans[r] for r in rows]
+                token_rows = [r - first for r, (a, b) in zip(rows, spans, strict=True) for _ in range(a, b)]
+                tails = [b - 1 - t for a, b in spans for t in range(a, b)]
+                tokens = (spans[0][0], spans[-1][1])
+                self._groups.append((rows, tokens, mx.array(token_rows, dtype=mx.int32), mx.array(tails, mx.int32)))
+        return self._groups
+
+
 class FlatRows:
     """One decoder layer's cache for a flattened batch `[N, heads, 1, D]`: the rows' own caches of
     that layer, and the span of each row's tokens in the batch."""
 
-    def __init__(self, caches: list[KVCache], spans: list[Span], offset: mx.array) -> None:
+    def __init__(self, caches: list[KVCache], rows: RowGroups, offset: mx.array) -> None:
         self.caches = caches
-        self.spans = spans
+        self.rows = rows
+        self.spans = rows.spans
         self.offset = offset  # each token's absolute position, for RoPE
         self._fetched: list[tuple[mx.array, mx.array]] = []
 
@@ -205,8 +231,9 @@ class FlatRows:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[None, None]:
         """Append each row's keys and values to its own cache; the attention reads them from here
         (nothing is handed back, so a model that attends other than through the dispatcher fails)."""
+        keys, values = _as_sequence(keys), _as_sequence(values)  # one transpose, then a slice per row
         self._fetched = [
-            c.update_and_fetch(_row(keys, a, b), _row(values, a, b))
+            c.update_and_fetch(keys[:, :, a:b], values[:, :, a:b])
             for c, (a, b) in zip(self.caches, self.spans, strict=True)
         ]
         return None, None
@@ -217,6 +244,14 @@ class FlatRows:
         """`attention` (mlx-lm's) per row with its solo shapes, back in the batch's layout."""
         if not isinstance(mask, RowMasks):
             raise TypeError(f"a flattened batch needs the rows' own masks, not {type(mask).__name__}")
+        if self._one_call(queries, mask, sinks):
+            outputs = [
+                row_invariant.rows_attention(
+                    queries[a:b], self._fetched[rows.start : rows.stop], token_rows, tails, scale
+                )
+                for rows, (a, b), token_rows, tails in self.rows.groups()
+            ]
+            return outputs[0] if len(outputs) == 1 else mx.concatenate(outputs, axis=0)
         outputs = [
             attention(_row(queries, a, b), keys, values, cache=cache, scale=scale, mask=row_mask, sinks=sinks)
             for cache, row_mask, (a, b), (keys, values) in zip(
@@ -224,6 +259,22 @@ class FlatRows:
             )
         ]
         return mx.concatenate([_row(out, 0, out.shape[2]) for out in outputs], axis=0)
+
+    def _one_call(self, queries: mx.array, mask: RowMasks, sinks: object) -> bool:
+        """Whether every row's own attention call would run the row kernel: then one kernel call
+        per group of rows gives each query the same bits."""
+        heads, head_dim = queries.shape[1], queries.shape[3]
+        return all(
+            row_invariant.takes((1, heads, b - a, head_dim), keys, cache, row_mask, sinks)
+            for cache, row_mask, (a, b), (keys, _) in zip(
+                self.caches, mask.masks, self.spans, self._fetched, strict=True
+            )
+        )
+
+
+def _as_sequence(x: mx.array) -> mx.array:
+    """A flattened batch `[N, heads, 1, D]` as one sequence `[1, heads, N, D]`."""
+    return x.transpose(2, 1, 0, 3)
 
 
 def _row(x: mx.array, start: int, end: int) -> mx.array:
@@ -256,6 +307,7 @@ def _flat_forward(rows: list[RowForward], tokens: list[mx.array]) -> list[mx.arr
         spans.append((start, start + int(row_tokens.size)))
         start += int(row_tokens.size)
     positions: dict[tuple[int, ...], mx.array] = {}
+    groups = RowGroups(spans)
     caches = []
     for index in range(len(runners[0].cache)):
         layer = [r.cache[index] for r in runners]
@@ -264,7 +316,7 @@ def _flat_forward(rows: list[RowForward], tokens: list[mx.array]) -> list[mx.arr
             positions[offsets] = mx.array(
                 [p for o, (a, b) in zip(offsets, spans, strict=True) for p in range(o, o + b - a)]
             )
-        caches.append(FlatRows(layer, spans, positions[offsets]))
+        caches.append(FlatRows(layer, groups, positions[offsets]))
     with _taps_read(model, rows, spans), row_invariant.exact_forward():
         logits = model(mx.concatenate(tokens).reshape(start, 1), cache=caches)
     for runner, (a, b) in zip(runners, spans, strict=True):

@@ -40,29 +40,12 @@ from app.execution.device import backend
 WARPS = 16
 ATTENTION_ROWS = 32  # queries per attention call
 MATMUL_ROWS = 16  # rows per kernel call (a slice of a wider product): the widest verify forward
-HEAD_DIMS = (64, 80, 96, 128, 256)
+HEAD_DIMS = (64, 96, 128, 256)  # multiples of 32: a lane takes HEAD_DIM / 32 values
 
-_ATTENTION_SOURCE = """
-    constexpr int PER_LANE = HEAD_DIM / 32;
-    const float scale = __int_as_float(SCALE_BITS);
-    const float minus_inf = __int_as_float(0xff800000);
-    const int lane = threadIdx.x % 32;
-    const int warp = threadIdx.x / 32;
-    const int queries = q_shape[2];
-    const int heads = q_shape[1];
-    const int kv_heads = k_shape[1];
-    const int keys = k_shape[2];
-    const int row = blockIdx.x;
-    const int i = row % queries;
-    const int h = (row / queries) % heads;
-    const int b = row / (queries * heads);
-    const int hk = h / (heads / kv_heads);
-    const int visible = CAUSAL ? keys - queries + i + 1 : keys;
-
-    const T* qp = q + b * q_strides[0] + h * q_strides[1] + i * q_strides[2] + lane * PER_LANE;
-    const T* kp = k + b * k_strides[0] + hk * k_strides[1] + lane * PER_LANE;
-    const T* vp = v + b * v_strides[0] + hk * v_strides[1] + lane * PER_LANE;
-    float qv[PER_LANE];
+# One thread block per (query, head): the query's visible keys are walked in a fixed order (key j
+# to warp j mod WARPS, an online softmax per warp, warps merged in index order). The walk is one
+# text for both kernels below, so a query's output has the same bits whichever kernel ran it.
+_ATTENTION_WALK = """    float qv[PER_LANE];
     float acc[PER_LANE];
     for (int e = 0; e < PER_LANE; ++e) {
         qv[e] = static_cast<float>(qp[e]) * scale;
@@ -71,8 +54,8 @@ _ATTENTION_SOURCE = """
     float m = minus_inf;
     float l = 0.0f;
     for (int j = warp; j < visible; j += WARPS) {
-        const T* kj = kp + j * k_strides[2];
-        const T* vj = vp + j * v_strides[2];
+        const T* kj = kp + j * k_step;
+        const T* vj = vp + j * v_step;
         float s = 0.0f;
         for (int e = 0; e < PER_LANE; ++e) {
             s += qv[e] * static_cast<float>(kj[e]);
@@ -114,9 +97,72 @@ _ATTENTION_SOURCE = """
             total += warp_sum[w] * weight;
             value += warp_acc[w][d] * weight;
         }
-        out[(size_t)row * HEAD_DIM + d] = static_cast<T>(value / total);
+        out[(size_t)blockIdx.x * HEAD_DIM + d] = static_cast<T>(value / total);
     }
 """
+_ATTENTION_SOURCE = (
+    """
+    constexpr int PER_LANE = HEAD_DIM / 32;
+    const float scale = __int_as_float(SCALE_BITS);
+    const float minus_inf = __int_as_float(0xff800000);
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+    const int queries = q_shape[2];
+    const int heads = q_shape[1];
+    const int kv_heads = k_shape[1];
+    const int keys = k_shape[2];
+    const int row = blockIdx.x;
+    const int i = row % queries;
+    const int h = (row / queries) % heads;
+    const int b = row / (queries * heads);
+    const int hk = h / (heads / kv_heads);
+    const int visible = CAUSAL ? keys - queries + i + 1 : keys;
+    const long long k_step = k_strides[2];
+    const long long v_step = v_strides[2];
+
+    const T* qp = q + b * q_strides[0] + h * q_strides[1] + i * q_strides[2] + lane * PER_LANE;
+    const T* kp = k + b * k_strides[0] + hk * k_strides[1] + lane * PER_LANE;
+    const T* vp = v + b * v_strides[0] + hk * v_strides[1] + lane * PER_LANE;
+"""
+    + _ATTENTION_WALK
+)
+
+# Many rows' queries in one call: queries `[N, H, 1, D]` of a flattened batch, row r's keys and
+# values its own cache's `k{r}`, `v{r}` `[1, Hk, S_r, D]`; token t belongs to row `token_rows[t]`
+# and has `token_tails[t]` later tokens of its row in the batch, so it sees keys `[0, S_r - tail)`,
+# as its row's causal call would. `{cases}` picks row r's arrays (the kernel is made per row count).
+_ROWS_ATTENTION_SOURCE = """
+    constexpr int PER_LANE = HEAD_DIM / 32;
+    const float scale = __int_as_float(SCALE_BITS);
+    const float minus_inf = __int_as_float(0xff800000);
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+    const int heads = q_shape[1];
+    const int t = blockIdx.x / heads;
+    const int h = blockIdx.x % heads;
+    const T* kp = nullptr;
+    const T* vp = nullptr;
+    int keys = 0;
+    long long k_step = 0;
+    long long v_step = 0;
+    switch (token_rows[t]) {
+{cases}
+    }
+    const int visible = keys - token_tails[t];
+    const T* qp = q + t * q_strides[0] + h * q_strides[1] + lane * PER_LANE;
+    kp += lane * PER_LANE;
+    vp += lane * PER_LANE;
+"""
+_ROWS_ATTENTION_CASE = """        case {r}: {{
+            const int hk = h / (heads / k{r}_shape[1]);
+            kp = k{r} + hk * k{r}_strides[1];
+            vp = v{r} + hk * v{r}_strides[1];
+            keys = k{r}_shape[2];
+            k_step = k{r}_strides[2];
+            v_step = v{r}_strides[2];
+            break;
+        }}"""
+ROWS_PER_ATTENTION = 16  # rows (each its own keys) one call takes; calls are made for 2, 4, 8, 16
 
 
 # One warp per output column n: lane l takes the 16-byte chunks l, l + 32, ... of the weight row
@@ -181,7 +227,7 @@ _MATMUL_SOURCE = """
                 sum += __shfl_xor_sync(0xffffffff, sum, offset);
             }
             if (lane == 0) {
-                out[(size_t)m * columns + n] = static_cast<T>(sum);
+{store}
             }
         }
     }
@@ -247,7 +293,7 @@ _QUANTIZED_MATMUL_SOURCE = """
                 sum += __shfl_xor_sync(0xffffffff, sum, offset);
             }
             if (lane == 0) {
-                out[(size_t)m * columns + n] = static_cast<T>(sum);
+{store}
             }
         }
     }
@@ -269,23 +315,49 @@ def _attention_kernel() -> object:
 
 
 @cache
-def _matmul_kernel() -> object:
+def _rows_attention_kernel(rows: int) -> object:
+    cases = "\n".join(_ROWS_ATTENTION_CASE.format(r=r) for r in range(rows))
     return mx.fast.cuda_kernel(
-        name="mlxcel_row_matmul",
-        input_names=["x", "w"],
+        name=f"mlxcel_rows_attention_{rows}",
+        input_names=["q", "token_rows", "token_tails", *(f"{x}{r}" for r in range(rows) for x in "kv")],
         output_names=["out"],
-        source=_MATMUL_SOURCE,
+        source=_ROWS_ATTENTION_SOURCE.replace("{cases}", cases) + _ATTENTION_WALK,
+        ensure_row_contiguous=False,
+    )
+
+
+def _store(outputs: int) -> str:
+    """Where column n of row m goes: one output, or (a fused product) the output whose columns
+    hold n, split at the template's SPLIT1, SPLIT2, ..."""
+    if outputs == 1:
+        return "                out0[(size_t)m * columns + n] = static_cast<T>(sum);"
+    bounds = ["0", *(f"SPLIT{i}" for i in range(1, outputs)), "columns"]
+    cases = [
+        f"if (n < {bounds[i + 1]}) {{ out{i}[(size_t)m * ({bounds[i + 1]} - {bounds[i]}) + n - {bounds[i]}] = "
+        "static_cast<T>(sum); }"
+        for i in range(outputs)
+    ]
+    return "                " + " else ".join(cases)
+
+
+@cache
+def _matmul_kernel(outputs: int = 1) -> object:
+    return mx.fast.cuda_kernel(
+        name=f"mlxcel_row_matmul_{outputs}",
+        input_names=["x", "w"],
+        output_names=[f"out{i}" for i in range(outputs)],
+        source=_MATMUL_SOURCE.replace("{store}", _store(outputs)),
         header=_MATMUL_HEADER,
     )
 
 
 @cache
-def _quantized_matmul_kernel() -> object:
+def _quantized_matmul_kernel(outputs: int = 1) -> object:
     return mx.fast.cuda_kernel(
-        name="mlxcel_row_quantized_matmul",
+        name=f"mlxcel_row_quantized_matmul_{outputs}",
         input_names=["x", "w", "scales", "biases"],
-        output_names=["out"],
-        source=_QUANTIZED_MATMUL_SOURCE,
+        output_names=[f"out{i}" for i in range(outputs)],
+        source=_QUANTIZED_MATMUL_SOURCE.replace("{store}", _store(outputs)),
         header=_MATMUL_HEADER,
     )
 
@@ -293,15 +365,25 @@ def _quantized_matmul_kernel() -> object:
 def applies(queries: mx.array, keys: mx.array, mask: object, sinks: object) -> bool:
     """Whether the attention kernel can stand in for the fused one: causal (or single-query), no
     sinks, a head size it was built for, at most ATTENTION_ROWS queries, on an NVIDIA GPU."""
+    return _applies(queries.shape, keys, mask, sinks)
+
+
+def _applies(query_shape: tuple[int, ...], keys: mx.array, mask: object, sinks: object) -> bool:
     return (
         backend().row_invariant_kernels
         and sinks is None
         and (mask is None or (isinstance(mask, str) and mask == "causal"))
-        and queries.shape[2] <= ATTENTION_ROWS
-        and queries.shape[-1] in HEAD_DIMS
-        and queries.shape[-1] == keys.shape[-1]
-        and queries.shape[1] % keys.shape[1] == 0
+        and query_shape[2] <= ATTENTION_ROWS
+        and query_shape[-1] in HEAD_DIMS
+        and query_shape[-1] == keys.shape[-1]
+        and query_shape[1] % keys.shape[1] == 0
     )
+
+
+def takes(query_shape: tuple[int, ...], keys: mx.array, cache: object, mask: object, sinks: object) -> bool:
+    """Whether an installed model's attention call of these queries runs `row_attention` (inside
+    `exact_forward()`, a cache whose keys are not quantized, and `applies`)."""
+    return _active() and not hasattr(cache, "bits") and _applies(query_shape, keys, mask, sinks)
 
 
 def row_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, causal: bool = True) -> mx.array:
@@ -320,6 +402,35 @@ def row_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: fl
             ("CAUSAL", causal),
         ],
         grid=(rows * threads, 1, 1),
+        threadgroup=(threads, 1, 1),
+        output_shapes=[queries.shape],
+        output_dtypes=[queries.dtype],
+    )
+    return out
+
+
+def rows_attention(
+    queries: mx.array,
+    fetched: list[tuple[mx.array, mx.array]],
+    token_rows: mx.array,
+    token_tails: mx.array,
+    scale: float,
+) -> mx.array:
+    """Causal attention of a flattened batch's queries `[N, H, 1, D]` over each row's own keys and
+    values (`fetched[r]`, `[1, Hk, S_r, D]`), in one kernel call: each query's output has the bits
+    `row_attention` gives it in its row's own call. At most ROWS_PER_ATTENTION rows; the kernel is
+    made for the next power of two (padded with the last row's arrays, which no token reads), so
+    a few shapes cover every batch."""
+    padded = 2
+    while padded < len(fetched):
+        padded *= 2
+    arrays = [a for pair in fetched + [fetched[-1]] * (padded - len(fetched)) for a in pair]
+    tokens, heads, _, head_dim = queries.shape
+    threads = 32 * WARPS
+    (out,) = _rows_attention_kernel(padded)(
+        inputs=[queries, token_rows, token_tails, *arrays],
+        template=[("T", queries.dtype), ("HEAD_DIM", head_dim), ("WARPS", WARPS), ("SCALE_BITS", _float_bits(scale))],
+        grid=(tokens * heads * threads, 1, 1),
         threadgroup=(threads, 1, 1),
         output_shapes=[queries.shape],
         output_dtypes=[queries.dtype],
@@ -393,50 +504,134 @@ def quantized_matmul_applies(x: mx.array, layer: nn.QuantizedLinear | nn.Quantiz
 
 def row_matmul(x: mx.array, weight: mx.array) -> mx.array:
     """`x @ weight.T` for `x` `[..., K]` and `weight` `[N, K]`, each row reduced the same way."""
-    return _in_slices(x, weight.shape[0], lambda rows: _matmul_call(_matmul_kernel(), [rows, weight], weight.shape[0]))
+    return _row_products(x, _matmul_kernel, [weight], [weight.shape[0]])[0]
 
 
 def row_quantized_matmul(x: mx.array, layer: nn.QuantizedLinear | nn.QuantizedEmbedding) -> mx.array:
     """`layer`'s `x @ dequantize(weight).T`, each row reduced the same way."""
     weights = [layer["weight"], layer["scales"], layer["biases"]]
-    columns = weights[0].shape[0]
-    extra = [("BITS", layer.bits), ("GROUP_SIZE", layer.group_size)]
-    kernel = _quantized_matmul_kernel()
-    return _in_slices(x, columns, lambda rows: _matmul_call(kernel, [rows, *weights], columns, extra))
+    return _row_products(x, _quantized_matmul_kernel, weights, [weights[0].shape[0]], _packing(layer))[0]
 
 
-def _in_slices(x: mx.array, columns: int, product: Callable[[mx.array], mx.array]) -> mx.array:
-    """`product` of `x` `[..., K]` flattened to rows, MATMUL_ROWS rows per kernel call."""
+def _packing(layer: nn.QuantizedLinear | nn.QuantizedEmbedding) -> list[tuple[str, int]]:
+    return [("BITS", layer.bits), ("GROUP_SIZE", layer.group_size)]
+
+
+def _row_products(
+    x: mx.array,
+    kernel_of: Callable[[int], Callable[..., list[mx.array]]],
+    weights: list[mx.array],
+    widths: list[int],
+    extra: list[tuple[str, int]] | None = None,
+) -> list[mx.array]:
+    """The product of `x` `[..., K]` by `weights` (whose rows are the output columns, in parts of
+    `widths` columns, one output each), MATMUL_ROWS rows of `x` per kernel call."""
+    kernel = kernel_of(len(widths))
     flat = x.reshape(-1, x.shape[-1])
-    slices = [product(flat[i : i + MATMUL_ROWS]) for i in range(0, flat.shape[0], MATMUL_ROWS)]
-    out = slices[0] if len(slices) == 1 else mx.concatenate(slices)
-    return out.reshape(*x.shape[:-1], columns)
+    calls = [
+        _matmul_call(kernel, [flat[i : i + MATMUL_ROWS], *weights], widths, extra or [])
+        for i in range(0, flat.shape[0], MATMUL_ROWS)
+    ]
+    parts = calls[0] if len(calls) == 1 else [mx.concatenate(part) for part in zip(*calls, strict=True)]
+    return [part.reshape(*x.shape[:-1], width) for part, width in zip(parts, widths, strict=True)]
 
 
 def _matmul_call(
-    kernel: Callable[..., list[mx.array]],
-    inputs: list[mx.array],
-    columns: int,
-    extra: list[tuple[str, int]] | None = None,
-) -> mx.array:
+    kernel: Callable[..., list[mx.array]], inputs: list[mx.array], widths: list[int], extra: list[tuple[str, int]]
+) -> list[mx.array]:
     """One kernel call: rows `inputs[0]` `[M <= MATMUL_ROWS, K]` times the weights that follow."""
     rows = inputs[0]
+    columns = sum(widths)
+    splits = [(f"SPLIT{i}", sum(widths[:i])) for i in range(1, len(widths))]
     threads = 32 * COLUMNS_PER_BLOCK
-    (out,) = kernel(
+    return kernel(
         inputs=inputs,
         template=[
             ("T", rows.dtype),
             ("BF16", rows.dtype == mx.bfloat16),
             ("MAX_ROWS", MATMUL_ROWS),
             ("COLUMNS_PER_BLOCK", COLUMNS_PER_BLOCK),
-            *(extra or []),
+            *extra,
+            *splits,
         ],
         grid=(-(-columns // COLUMNS_PER_BLOCK) * threads, 1, 1),
         threadgroup=(threads, 1, 1),
-        output_shapes=[(rows.shape[0], columns)],
-        output_dtypes=[rows.dtype],
+        output_shapes=[(rows.shape[0], width) for width in widths],
+        output_dtypes=[rows.dtype] * len(widths),
     )
-    return out
+
+
+class Siblings:
+    """Layers that take the same input (q/k/v, gate/up) in one kernel call: a column's bits depend
+    only on its weight row and the input row, so each layer's part has the bits of its own call,
+    at a third (or half) of the calls. Each layer keeps a view of its rows of the joined weights
+    (no second copy); the first layer called with an input computes every part, the others take
+    theirs."""
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        self.layers = layers
+        self.widths = [layer["weight"].shape[0] for layer in layers]
+        quantized = isinstance(layers[0], nn.QuantizedLinear)
+        names = ["weight", "scales", "biases"] if quantized else ["weight"]
+        self.kernel_of = _quantized_matmul_kernel if quantized else _matmul_kernel
+        self.extra = _packing(layers[0]) if quantized else []
+        self.weights = [mx.concatenate([layer[name] for layer in layers]) for name in names]
+        mx.eval(self.weights)
+        start = 0
+        for layer, width in zip(layers, self.widths, strict=True):
+            layer.update(
+                {name: joined[start : start + width] for name, joined in zip(names, self.weights, strict=True)}
+            )
+            layer.siblings = self
+            start += width
+        mx.eval([layer.parameters() for layer in layers])
+        self._input: mx.array | None = None
+        self._parts: dict[int, mx.array] = {}
+
+    def product(self, layer: nn.Module, x: mx.array) -> mx.array:
+        if x is not self._input or id(layer) not in self._parts:
+            parts = _row_products(x, self.kernel_of, self.weights, self.widths, self.extra)
+            self._input, self._parts = x, {id(sibling): part for sibling, part in zip(self.layers, parts, strict=True)}
+        part = self._parts.pop(id(layer))
+        if not self._parts:
+            self._input = None  # every sibling served: hold no activation
+        return part
+
+
+SIBLING_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def _join_siblings(model: nn.Module) -> None:
+    """Join each attention's q/k/v and each MLP's gate/up layers that the kernels take alike."""
+    for _, module in model.named_modules():
+        for names in SIBLING_NAMES:
+            layers = [getattr(module, name, None) for name in names]
+            if _joinable(layers):
+                Siblings(layers)
+
+
+def _joinable(layers: list[object]) -> bool:
+    """Layers of one kind, depth and dtype that a row kernel reads (half-precision, or affine
+    4- and 8-bit of one packing)."""
+    first = layers[0]
+    if isinstance(first, RowInvariantQuantizedLinear):
+        kind_ok = first.mode == "affine" and first.bits in QUANTIZED_BITS
+        same = all(
+            type(layer) is type(first) and layer.mode == first.mode and _packing(layer) == _packing(first)
+            for layer in layers
+        )
+    elif isinstance(first, RowInvariantLinear):
+        kind_ok = first.weight.dtype in HALF_TYPES
+        same = all(type(layer) is type(first) for layer in layers)
+    else:
+        return False
+    return (
+        kind_ok
+        and same
+        and len({layer["weight"].shape[1] for layer in layers}) == 1
+        and len({layer["weight"].dtype for layer in layers}) == 1
+        and len({layer["scales"].dtype for layer in layers} if "scales" in first else set()) <= 1
+    )
 
 
 def _active() -> bool:
@@ -446,10 +641,12 @@ def _active() -> bool:
 class RowInvariantLinear(nn.Linear):
     """nn.Linear whose product goes through `row_matmul` inside `exact_forward()`."""
 
+    siblings: Siblings | None = None
+
     def __call__(self, x: mx.array) -> mx.array:
         if not (_active() and matmul_applies(x, self.weight)):
             return super().__call__(x)
-        y = row_matmul(x, self.weight)
+        y = self.siblings.product(self, x) if self.siblings is not None else row_matmul(x, self.weight)
         return y + self.bias if "bias" in self else y
 
 
@@ -465,10 +662,12 @@ class RowInvariantEmbedding(nn.Embedding):
 class RowInvariantQuantizedLinear(nn.QuantizedLinear):
     """nn.QuantizedLinear whose product goes through `row_quantized_matmul` inside `exact_forward()`."""
 
+    siblings: Siblings | None = None
+
     def __call__(self, x: mx.array) -> mx.array:
         if not (_active() and quantized_matmul_applies(x, self)):
             return super().__call__(x)
-        y = row_quantized_matmul(x, self)
+        y = self.siblings.product(self, x) if self.siblings is not None else row_quantized_matmul(x, self)
         return y + self["bias"] if "bias" in self else y
 
 
@@ -510,6 +709,7 @@ def install(model: nn.Module) -> bool:
     for _, module in model.named_modules():
         if type(module) in ROUTED:
             module.__class__ = ROUTED[type(module)]
+    _join_siblings(model)
     architecture = sys.modules.get(type(model).__module__)
     fused = getattr(architecture, "scaled_dot_product_attention", None)
     if architecture is None or fused is None:
@@ -518,7 +718,7 @@ def install(model: nn.Module) -> bool:
         return True
 
     def attention(queries, keys, values, cache, scale, mask, sinks=None):  # noqa: ANN001, ANN202
-        if _active() and not hasattr(cache, "bits") and applies(queries, keys, mask, sinks):
+        if takes(queries.shape, keys, cache, mask, sinks):
             return row_attention(queries, keys, values, scale)
         return fused(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 

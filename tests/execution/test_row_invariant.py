@@ -87,6 +87,62 @@ def test_quantized_row_matmul_rows_do_not_depend_on_the_row_count(bits: int) -> 
 
 
 @gpu_only
+@pytest.mark.parametrize("quantized", [False, True])
+def test_joined_sibling_products_are_each_layers_own(quantized: bool) -> None:
+    """q/k/v and gate/up run as one call (row_invariant.Siblings); each layer's part has the bits
+    of its own product, and the layers keep their own weights' values."""
+    loaded = load_model(EMBEDDED_TARGET, dtype="bfloat16")
+    model = loaded.model
+    if quantized:
+        nn.quantize(model, group_size=64, bits=4)
+        model.set_dtype(mx.bfloat16)
+        row_invariant.install(model)
+    layer = model.model.layers[0]
+    groups = [
+        [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj],
+        [layer.mlp.gate_proj, layer.mlp.up_proj],
+    ]
+    x = mx.random.normal((5, layer.self_attn.q_proj["weight"].shape[1] * (8 if quantized else 1))).astype(mx.bfloat16)
+    for group in groups:
+        assert all(sibling.siblings is group[0].siblings is not None for sibling in group)
+        with row_invariant.exact_forward():
+            joined = [sibling(x) for sibling in group]
+        alone = [
+            row_invariant.row_quantized_matmul(x, sibling) if quantized else row_invariant.row_matmul(x, sibling.weight)
+            for sibling in group
+        ]
+        for a, b in zip(joined, alone, strict=True):
+            assert mx.array_equal(a, b).item()
+
+
+@gpu_only
+def test_many_rows_attention_gives_each_query_its_rows_own_bits() -> None:
+    """One call over ragged rows (widths 1 to 5, keys 3 to 700, a group past 16 rows padded to a
+    power of two) gives every query what its row's own causal call gives it."""
+    mx.random.seed(3)
+    widths = [1, 5, 3, 1, 2, 1, 4, 1, 1, 5, 1, 1, 2, 3, 1, 1, 1, 2, 5]  # 19 rows: groups of 16 and 3
+    lengths = [3 + (97 * r) % 700 for r in range(len(widths))]
+    fetched = [
+        tuple(mx.random.normal((1, 2, n + w, 128)).astype(mx.bfloat16) for _ in "kv")
+        for w, n in zip(widths, lengths, strict=True)
+    ]
+    queries = mx.random.normal((sum(widths), 4, 1, 128)).astype(mx.bfloat16)
+    starts = [sum(widths[:r]) for r in range(len(widths))]
+    expected = mx.concatenate([
+        row_invariant.row_attention(queries[a : a + w].transpose(2, 1, 0, 3), k, v, 0.088).transpose(2, 1, 0, 3)
+        for a, w, (k, v) in zip(starts, widths, fetched, strict=True)
+    ])  # fmt: skip
+    outputs = []
+    for first in range(0, len(widths), row_invariant.ROWS_PER_ATTENTION):
+        rows = range(first, min(first + row_invariant.ROWS_PER_ATTENTION, len(widths)))
+        token_rows = mx.array([r - first for r in rows for _ in range(widths[r])], dtype=mx.int32)
+        tails = mx.array([widths[r] - 1 - i for r in rows for i in range(widths[r])], dtype=mx.int32)
+        a, b = starts[rows.start], starts[rows.stop - 1] + widths[rows.stop - 1]
+        outputs.append(row_invariant.rows_attention(queries[a:b], fetched[first : rows.stop], token_rows, tails, 0.088))
+    assert mx.array_equal(mx.concatenate(outputs), expected).item()
+
+
+@gpu_only
 def test_row_attention_of_a_query_depends_only_on_the_keys_it_sees() -> None:
     mx.random.seed(1)
     q = mx.random.normal((1, 4, 16, 64)).astype(mx.bfloat16)
