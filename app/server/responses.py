@@ -353,12 +353,27 @@ class ChatCompletion(OpenAIObject, kw_only=True):
     speculative_biased: bool | UnsetType = UNSET  # a drafter ran: did the stream follow the argmax at T > 0?
 
 
+class FunctionCallDelta(msgspec.Struct, kw_only=True):
+    name: str | UnsetType = UNSET  # on a call's first chunk
+    arguments: str  # a fragment of the arguments' JSON text ("" on the first chunk)
+
+
+class ToolCallDelta(msgspec.Struct, kw_only=True):
+    """A streamed call's piece: `index` ties the pieces of one call; id and type come first."""
+
+    index: int
+    id: str | UnsetType = UNSET
+    type: Literal["function"] | UnsetType = UNSET
+    function: FunctionCallDelta
+
+
 class ChatDelta(msgspec.Struct, kw_only=True):
-    """The role on the first chunk (content null, as llama-server), text on the next ones,
-    nothing on the finish chunk."""
+    """The role on the first chunk (content null, as llama-server), text or call pieces on the
+    next ones, nothing on the finish chunk."""
 
     role: Literal["assistant"] | UnsetType = UNSET
     content: str | UnsetType | None = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
 
 
 class ChatChunkChoice(msgspec.Struct, kw_only=True):

@@ -188,6 +188,7 @@ class ChatRequest(_unhonoured("ChatFields", field_policy.CHAT, SamplingFields), 
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None  # app/server/tools.py
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # llama-server's default: one call per answer
 
 
 class TokenizeRequest(WireStruct, kw_only=True):

@@ -36,6 +36,7 @@ from app.server.responses import (
     DefaultGenerationSettings,
     DrafterInfo,
     DrafterSummary,
+    FunctionCallDelta,
     GenerationSettings,
     LogitBiasEntry,
     ModelEntry,
@@ -55,6 +56,8 @@ from app.server.responses import (
     TextCompletion,
     TextLogprobs,
     TokenProbability,
+    ToolCall,
+    ToolCallDelta,
     TopLogprob,
     Usage,
 )
@@ -469,6 +472,37 @@ def chat_chunk(
     delta = ChatDelta() if text is None else ChatDelta(content=text)
     choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=reason)
     return _chat_chunk(head, choice, usage, timings)
+
+
+# A streamed call's arguments go out in pieces of this many characters, as OpenAI streams them
+ARGUMENT_PIECE = 32
+
+
+def tool_call_chunks(
+    head: OpenAIHead, index: int, calls: list[ToolCall], logprobs: ChatLogprobs | None
+) -> list[ChatCompletionChunk]:
+    """Choice `index`'s calls as `delta.tool_calls` chunks: each call's id, type and name (with
+    the calls' tokens' log-probabilities on the first), then its arguments in pieces."""
+    chunks = []
+    for number, call in enumerate(calls):
+        head_piece = ToolCallDelta(
+            index=number, id=call.id, type="function", function=FunctionCallDelta(name=call.function.name, arguments="")
+        )
+        pieces = [head_piece] + [
+            ToolCallDelta(
+                index=number, function=FunctionCallDelta(arguments=call.function.arguments[at : at + ARGUMENT_PIECE])
+            )
+            for at in range(0, len(call.function.arguments), ARGUMENT_PIECE)
+        ]
+        for piece in pieces:
+            choice = ChatChunkChoice(
+                index=index,
+                delta=ChatDelta(tool_calls=[piece]),
+                logprobs=None if chunks else logprobs,
+                finish_reason=None,
+            )
+            chunks.append(_chat_chunk(head, choice))
+    return chunks
 
 
 def chat_role_chunk(head: OpenAIHead, index: int = 0) -> ChatCompletionChunk:

@@ -15,6 +15,7 @@ from app.server.engine_view import Delta, Finished, Timings
 from app.server.errors import envelope_body
 from app.server.responses import Usage
 from app.server.service import Rows
+from app.server.tools import CallStream
 
 DONE = b"data: [DONE]\n\n"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -81,23 +82,53 @@ async def openai_frames(
     chunk: OpenAIChunk,
     n: int,
     logprobs: list[LogprobShape | None],
+    *,
+    usage_chunk: bool = False,
+    calls: list[CallStream] | None = None,
 ) -> AsyncIterator[bytes]:
     """OpenAI chunks, each for one choice (`index`): one per update (with its own tokens'
     log-probabilities when asked; `logprobs` has one shape per row), then the choice's finish
-    chunk with its timings; the last finish chunk carries the usage of all rows. Then [DONE]."""
+    chunk with its timings. The usage of all rows rides on the last finish chunk, or with
+    `usage_chunk` (stream_options.include_usage) on a chunk of its own after it, with empty
+    `choices` and the last row's timings, as OpenAI and llama-server send it. Then [DONE].
+
+    With `calls` (chat with tools: one per row), a choice's text is held while it may become
+    tool calls, and ends as their `delta.tool_calls` chunks with finish_reason `tool_calls`.
+    """
     finished: dict[int, Finished] = {}
     async for index, event in rows.stream():
+        shape = logprobs[index]
         if isinstance(event, Delta):
+            text, entries = calls[index].feed(event.text, event.logprobs) if calls else (event.text, event.logprobs)
+            if calls and not text and event.text:
+                continue  # held back: it may be a call
             timings = event.timings if per_token and event.timings is not None else UNSET
-            shape = logprobs[index]
-            shaped = shape(event.logprobs) if shape is not None and event.logprobs else None
-            yield frame(chunk(head, index, event.text, None, UNSET, timings, shaped))
+            shaped = shape(entries) if shape is not None and entries else None
+            yield frame(chunk(head, index, text, None, UNSET, timings, shaped))
         elif isinstance(event, Finished):
+            reason = shaping.finish_reason(event)
+            found = calls[index].calls() if calls else None
+            if calls:
+                text, entries = calls[index].release()
+                shaped = shape(entries) if shape is not None and entries else None
+                if found:
+                    reason = "tool_calls"
+                    for piece in shaping.tool_call_chunks(head, index, found, shaped):
+                        yield frame(piece)
+                elif text or shaped:
+                    yield frame(chunk(head, index, text, None, UNSET, UNSET, shaped))
             finished[index] = event
             everyone = len(finished) == len(rows.submissions)
             usage = shaping.usage([finished[i] for i in sorted(finished)], n) if everyone else UNSET
-            last = chunk(head, index, None, shaping.finish_reason(event), usage, event.timings, None)
+            last = chunk(head, index, None, reason, UNSET if usage_chunk else usage, event.timings, None)
             yield frame(msgspec.structs.replace(last, speculative_biased=shaping.speculative_biased([event])))
+            if usage_chunk and everyone:
+                yield frame(msgspec.structs.replace(last, choices=[], usage=usage))
         else:
             yield error_frame(event.code, event.message, event.kind)
     yield DONE
+
+
+def include_usage(stream_options: dict[str, Any] | None) -> bool:
+    """OpenAI's stream_options.include_usage: the usage in a chunk of its own at the end."""
+    return bool(stream_options and stream_options.get("include_usage"))
