@@ -371,20 +371,21 @@ def native_chunk(
     text: str,
     tokens: list[int],
     timings: Timings | None,
+    counts: tuple[int, int],
     index: int = 0,
     probabilities: list[CompletionProbability] | UnsetType = UNSET,
 ) -> NativeChunk:
-    """A stream frame of prompt `index`; with per-token timings (`timings` given) it also counts
-    the tokens so far, and with n_probs it carries its tokens' probabilities."""
-    if timings is None:
-        return NativeChunk(index=index, content=text, tokens=tokens, completion_probabilities=probabilities)
+    """A stream frame of prompt `index`: its text and tokens, the row's `counts` so far (tokens
+    predicted, prompt tokens evaluated), per-token timings when `timings` is given, and with
+    n_probs its tokens' probabilities."""
+    predicted, evaluated = counts
     return NativeChunk(
         index=index,
         content=text,
         tokens=tokens,
-        tokens_predicted=timings.predicted_n,
-        tokens_evaluated=timings.prompt_n,
-        timings=timings,
+        tokens_predicted=predicted,
+        tokens_evaluated=evaluated,
+        timings=UNSET if timings is None else timings,
         completion_probabilities=probabilities,
     )
 

@@ -53,12 +53,16 @@ async def native_frames(
 ) -> AsyncIterator[bytes]:
     """One frame per update (with its tokens' probabilities), then each row's whole object
     (without the text and probabilities already sent); every frame carries its prompt's `index`,
-    and `logprobs` has one shaper per row."""
+    and `logprobs` has one shaper per row. Each frame counts its row's tokens so far, as llama-server's do."""
+    predicted = [0] * len(rows.submissions)
+    prompt_n = [len(request.prompt) for request in rows.row_requests]
     async for index, event in rows.stream():
         if isinstance(event, Delta):
             shaper = logprobs[index]
             probabilities = shaper.native(event.logprobs) if shaper is not None and event.logprobs else UNSET
-            yield frame(shaping.native_chunk(event.text, event.tokens, event.timings, index, probabilities))
+            predicted[index] += len(event.tokens)
+            counts = (predicted[index], prompt_n[index])
+            yield frame(shaping.native_chunk(event.text, event.tokens, event.timings, counts, index, probabilities))
         elif isinstance(event, Finished):
             yield frame(
                 shaping.native_body(
