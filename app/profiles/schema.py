@@ -72,6 +72,7 @@ class SamplingDefaults(Group):
     xtc_probability: Probability = 0.0
     xtc_threshold: Probability = 0.1
     n_predict: Annotated[int, msgspec.Meta(ge=-1)] = -1
+    seed: int = -1  # the seed of requests that send none (-1: each draws a random one), llama-server's --seed
 
 
 class ServerSettings(Group):

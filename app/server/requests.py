@@ -378,7 +378,9 @@ def row_request(
         prompt=tokens,
         sampling=params,
         max_tokens=max_tokens(request, settings),
-        seed=choice_seed(request.seed, choice),  # resolved here so generation_settings reports the seed used
+        seed=choice_seed(
+            settings.sampling.seed if request.seed is None else request.seed, choice
+        ),  # resolved here so generation_settings reports the seed used
         stop=stop_strings(request.stop, settings),
         ignore_eos=request.ignore_eos,
         n_max=n_max,

@@ -110,20 +110,30 @@ class GenerationSettings(SamplerSettings, kw_only=True):
     speculative_p_min: float = msgspec.field(name="speculative.p_min")
 
 
-class DefaultGenerationSettings(SamplerSettings, kw_only=True):
-    n_predict: int
-    n_ctx: int | None  # null until the model is loaded
-    speculative_n_max: int = msgspec.field(name="speculative.n_max")
-    speculative_n_min: int = msgspec.field(name="speculative.n_min")
-    speculative_p_min: float = msgspec.field(name="speculative.p_min")
-
-
 class SlotParams(SamplerSettings, kw_only=True):
     logit_bias: list[LogitBiasEntry]
     n_predict: int
     speculative_n_max: int = msgspec.field(name="speculative.n_max")
     speculative_n_min: int = msgspec.field(name="speculative.n_min")
     speculative_p_min: float = msgspec.field(name="speculative.p_min")
+
+
+class DefaultParams(SlotParams, kw_only=True):
+    """What a request that sets nothing runs with, as llama-server's /props `params`."""
+
+    seed: int  # -1: each request draws its own
+
+
+class DefaultGenerationSettings(SamplerSettings, kw_only=True):
+    """The defaults at the top level (as this server has always listed them) and in `params`
+    (as llama-server lists them)."""
+
+    n_predict: int
+    n_ctx: int | None  # null until the model is loaded
+    speculative_n_max: int = msgspec.field(name="speculative.n_max")
+    speculative_n_min: int = msgspec.field(name="speculative.n_min")
+    speculative_p_min: float = msgspec.field(name="speculative.p_min")
+    params: DefaultParams
 
 
 # --- /props and /slots ------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from app.server.responses import (
     ChatTokenLogprob,
     CompletionProbability,
     DefaultGenerationSettings,
+    DefaultParams,
     DrafterInfo,
     DrafterSummary,
     FunctionCallDelta,
@@ -132,13 +133,24 @@ def reloaded(engine: EngineView) -> Reloaded:
 def props(engine: EngineView) -> Props:
     settings = engine.settings
     ready = engine.unavailable is None
+    speculative = {
+        "speculative_n_max": engine.plan.width,
+        "speculative_n_min": 0,
+        "speculative_p_min": settings.drafter.p_min,
+    }
+    params = DefaultParams(
+        **sampler_knobs(settings.sampling),
+        logit_bias=[],
+        n_predict=settings.sampling.n_predict,
+        seed=settings.sampling.seed,
+        **speculative,
+    )
     defaults = DefaultGenerationSettings(
         **sampler_knobs(settings.sampling),
         n_predict=settings.sampling.n_predict,
         n_ctx=engine.context_limit if ready else None,
-        speculative_n_max=engine.plan.width,
-        speculative_n_min=0,
-        speculative_p_min=settings.drafter.p_min,
+        **speculative,
+        params=params,
     )
     return Props(
         default_generation_settings=defaults,
