@@ -159,6 +159,8 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             entry["tool_call_id"] = message.tool_call_id
         if message.name is not None:
             entry["name"] = message.name
+        if message.reasoning_content is not None:
+            entry["reasoning_content"] = message.reasoning_content
         plain.append(entry)
     return plain
 

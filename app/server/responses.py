@@ -328,6 +328,7 @@ class ToolCall(msgspec.Struct, kw_only=True):
 class AssistantMessage(msgspec.Struct, kw_only=True):
     role: Literal["assistant"] = "assistant"
     content: str | None  # None when the answer is tool calls
+    reasoning_content: str | UnsetType = UNSET  # the answer's thinking block (reasoning_format)
     tool_calls: list[ToolCall] | UnsetType = UNSET
 
 
@@ -383,6 +384,7 @@ class ChatDelta(msgspec.Struct, kw_only=True):
 
     role: Literal["assistant"] | UnsetType = UNSET
     content: str | UnsetType | None = UNSET
+    reasoning_content: str | UnsetType = UNSET
     tool_calls: list[ToolCallDelta] | UnsetType = UNSET
 
 

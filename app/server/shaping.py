@@ -23,6 +23,7 @@ from app.profiles.schema import Settings
 from app.sampling import SamplingParams
 from app.sampling.logprobs import TokenLogprob
 from app.server.engine_view import EngineView, Finished, RowView, Timings
+from app.server.reasoning import Reasoning, split
 from app.server.responses import (
     AssistantMessage,
     ChatChoice,
@@ -518,6 +519,14 @@ def tool_call_chunks(
     return chunks
 
 
+def chat_reasoning_chunk(head: OpenAIHead, index: int, text: str, logprobs: ChatLogprobs | None) -> ChatCompletionChunk:
+    """A piece of choice `index`'s thinking, as llama-server streams it: `delta.reasoning_content`."""
+    choice = ChatChunkChoice(
+        index=index, delta=ChatDelta(reasoning_content=text), logprobs=logprobs, finish_reason=None
+    )
+    return _chat_chunk(head, choice)
+
+
 def chat_role_chunk(head: OpenAIHead, index: int = 0) -> ChatCompletionChunk:
     """The first chunk of choice `index`: the assistant's role, no text yet (null)."""
     delta = ChatDelta(role="assistant", content=None)
@@ -535,23 +544,32 @@ def _chat_chunk(
     )
 
 
-def chat_choice(index: int, result: Finished, logprobs: ChatLogprobs | None, plan: ToolPlan | None) -> ChatChoice:
-    """One choice: its text, or (content null, finish_reason tool_calls) the call it is."""
-    calls = tool_calls(plan, result.text) if plan is not None else None
+def chat_choice(
+    index: int, result: Finished, logprobs: ChatLogprobs | None, plan: ToolPlan | None, reasoning: Reasoning | None
+) -> ChatChoice:
+    """One choice: its thinking (with `reasoning`) and its text, or (content null, finish_reason
+    tool_calls) the calls its text is."""
+    thought, text = split(reasoning, result.text) if reasoning is not None else (None, result.text)
+    shown = UNSET if thought is None else thought
+    calls = tool_calls(plan, text) if plan is not None else None
     if calls:
-        message = AssistantMessage(content=None, tool_calls=calls)
+        message = AssistantMessage(content=None, reasoning_content=shown, tool_calls=calls)
         return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason="tool_calls")
-    message = AssistantMessage(content=result.text)
+    message = AssistantMessage(content=text, reasoning_content=shown)
     return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason=finish_reason(result))
 
 
 def chat_completion(
-    head: OpenAIHead, results: list[Finished], logprobs: list[Logprobs | None], plan: ToolPlan | None = None
+    head: OpenAIHead,
+    results: list[Finished],
+    logprobs: list[Logprobs | None],
+    plan: ToolPlan | None = None,
+    reasoning: Reasoning | None = None,
 ) -> ChatCompletion:
     """The body: one choice per row (the `n` choices of the one conversation), each with its row's
     `logprobs`; a choice whose output is a call of the `plan`'s tools answers it as `tool_calls`."""
     choices = [
-        chat_choice(index, result, shaper.chat(result.logprobs) if shaper is not None else None, plan)
+        chat_choice(index, result, shaper.chat(result.logprobs) if shaper is not None else None, plan, reasoning)
         for index, (result, shaper) in enumerate(zip(results, logprobs, strict=True))
     ]
     return ChatCompletion(

@@ -13,6 +13,7 @@ from app.sampling.logprobs import TokenLogprob
 from app.server import shaping
 from app.server.engine_view import Delta, Finished, Timings
 from app.server.errors import envelope_body
+from app.server.reasoning import ThinkingStream
 from app.server.responses import Usage
 from app.server.service import Rows
 from app.server.tools import CallStream
@@ -89,6 +90,7 @@ async def openai_frames(
     *,
     usage_chunk: bool = False,
     calls: list[CallStream] | None = None,
+    thinking: list[ThinkingStream] | None = None,
 ) -> AsyncIterator[bytes]:
     """OpenAI chunks, each for one choice (`index`): one per update (with its own tokens'
     log-probabilities when asked; `logprobs` has one shape per row), then the choice's finish
@@ -98,23 +100,39 @@ async def openai_frames(
 
     With `calls` (chat with tools: one per row), a choice's text is held while it may become
     tool calls, and ends as their `delta.tool_calls` chunks with finish_reason `tool_calls`.
+    With `thinking` (chat, reasoning parsed: one per row), a choice's thinking block goes out as
+    `delta.reasoning_content` chunks (with its tokens' log-probabilities) before its content.
     """
     finished: dict[int, Finished] = {}
     async for index, event in rows.stream():
         shape = logprobs[index]
         if isinstance(event, Delta):
-            text, entries = calls[index].feed(event.text, event.logprobs) if calls else (event.text, event.logprobs)
-            if calls and not text and event.text:
-                continue  # held back: it may be a call
+            text, entries = event.text, event.logprobs
+            if thinking:
+                thought, text = thinking[index].feed(text)
+                if thought:
+                    yield frame(shaping.chat_reasoning_chunk(head, index, thought, _shaped(shape, entries)))
+                    entries = []
+            text, entries = calls[index].feed(text, entries) if calls else (text, entries)
+            if (calls or thinking) and not text and event.text:
+                continue  # held back (it may be a call, or the start of a tag) or sent as thinking
             timings = event.timings if per_token and event.timings is not None else UNSET
-            shaped = shape(entries) if shape is not None and entries else None
+            shaped = _shaped(shape, entries)
             yield frame(chunk(head, index, text, None, UNSET, timings, shaped))
         elif isinstance(event, Finished):
             reason = shaping.finish_reason(event)
+            if thinking:
+                thought, rest = thinking[index].finish()
+                if thought:
+                    yield frame(shaping.chat_reasoning_chunk(head, index, thought, None))
+                if rest and calls:
+                    calls[index].feed(rest, [])
+                elif rest:
+                    yield frame(chunk(head, index, rest, None, UNSET, UNSET, None))
             found = calls[index].calls() if calls else None
             if calls:
                 text, entries = calls[index].release()
-                shaped = shape(entries) if shape is not None and entries else None
+                shaped = _shaped(shape, entries)
                 if found:
                     reason = "tool_calls"
                     for piece in shaping.tool_call_chunks(head, index, found, shaped):
@@ -131,6 +149,10 @@ async def openai_frames(
         else:
             yield error_frame(event.code, event.message, event.kind)
     yield DONE
+
+
+def _shaped(shape: LogprobShape | None, entries: list[TokenLogprob]) -> Any:
+    return shape(entries) if shape is not None and entries else None
 
 
 def include_usage(stream_options: dict[str, Any] | None) -> bool:

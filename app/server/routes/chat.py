@@ -10,7 +10,7 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from app.server import requests, shaping, tools
+from app.server import reasoning, requests, shaping, tools
 from app.server.bodies import json_response
 from app.server.engine_view import EngineView, require_ready
 from app.server.openapi import streamed_or
@@ -45,14 +45,18 @@ class ChatController(Controller):
             tools=plan.template_tools() if plan else None,
         )
         requests.check_token_ids(tokens, engine.vocab_size)
+        has_tags = await asyncio.to_thread(
+            reasoning.template_has_tags, engine.tokenizer, engine.settings.server.chat_template_file
+        )
+        thinking = reasoning.reasoning_for(data.reasoning_format, has_tags, engine.tokenizer.decode(tokens[-8:]))
         rows = await start_rows(request, engine, data, [tokens], data.n, request.url.path)
         head = shaping.openai_head("chatcmpl", rows.request_id, rows.settings[0].model)
         logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)
         if data.stream:
-            return await sse(rows, chat_frames(rows, data, head, logprobs, plan))
+            return await sse(rows, chat_frames(rows, data, head, logprobs, plan, thinking))
         results = await rows.results()
         return await json_response(
-            lambda: shaping.chat_completion(head, results, logprobs, plan),
+            lambda: shaping.chat_completion(head, results, logprobs, plan, thinking),
             results,
             [],
             engine.settings.server.max_response_bytes,
@@ -66,6 +70,7 @@ async def chat_frames(
     head: shaping.OpenAIHead,
     logprobs: list[shaping.Logprobs | None],
     plan: tools.ToolPlan | None,
+    thinking: reasoning.Reasoning | None,
 ) -> AsyncIterator[bytes]:
     """Each choice's role chunk first (no timings), then the OpenAI chunks; `timings` on each
     finish chunk; a choice that may call tools streams its calls as `delta.tool_calls`."""
@@ -82,6 +87,7 @@ async def chat_frames(
         shapes,
         usage_chunk=include_usage(data.stream_options),
         calls=calls,
+        thinking=[reasoning.ThinkingStream(thinking) for _ in rows.submissions] if thinking is not None else None,
     )
     async for chunk in frames:
         yield chunk
