@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import msgspec
 
-from app.profiles import ProfileError, check_models, resolve, shipped_profiles
+from app.cli.serve import listen_problem
+from app.profiles import ProfileError, check_models, origin, resolve, shipped_profiles
 from app.profiles.loader import leaves, profile_path
 
 MASKED = "********"
@@ -69,5 +71,9 @@ def check_profiles(args: argparse.Namespace) -> int:
                 "give each profile its own port"
             )
         listeners[address] = settings.source
+        problem = listen_problem(*address)  # as `serve` would find it now: a port another process holds
+        if problem:
+            key, reason = problem
+            raise ProfileError(f"{origin(key, resolved.sources, Path(settings.source))}: {reason}")
         print(f"ok: {settings.profile} ({settings.source})")
     return 0

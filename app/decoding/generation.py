@@ -35,6 +35,9 @@ class Delta:
     text: str
     timings: Timings | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, when the request asked
+    # `text` cut at the tokens it came from, one piece per token (they join to `text`), so a
+    # stream can send a round's tokens one frame each, as llama-server does
+    pieces: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -149,12 +152,14 @@ class Generation:
 
     def _accept(self, tokens: list[int]) -> Delta:
         kept: list[int] = []
+        ends: list[int] = []  # the detokenized text's length after each kept token
         for token in tokens:
             kept.append(token)
             if token in self._eos and not self.ignore_eos:
                 self.stop_type = StopType.EOS
                 break
             self._detokenizer.add_token(token)
+            ends.append(len(self._detokenizer.text))
             if len(self.emitted) + len(kept) >= self._limit:
                 self.stop_type = StopType.LIMIT
                 break
@@ -167,7 +172,9 @@ class Generation:
             self._detokenizer.finalize()
         self._text = self._detokenizer.text
         self._match_stop_strings()
-        return Delta(kept, self._release(), logprobs=logprobs)
+        start = self._streamed
+        chunk = self._release()
+        return Delta(kept, chunk, logprobs=logprobs, pieces=_cut(chunk, start, ends, len(kept)))
 
     def _match_stop_strings(self) -> None:
         """The earliest stop string in the text; only text new since the last step (plus the
@@ -191,6 +198,20 @@ class Generation:
         chunk = self._text[self._streamed : max(end, self._streamed)]
         self._streamed = max(end, self._streamed)
         return chunk
+
+
+def _cut(chunk: str, start: int, ends: list[int], count: int) -> list[str]:
+    """`chunk` (the text from offset `start`) in `count` pieces, piece i ending where token i's
+    text ended (`ends`, clamped to the chunk): text held back earlier for a stop string goes out
+    with the first piece, what finalizing the detokenizer added with the last."""
+    bounds = [min(max(end - start, 0), len(chunk)) for end in ends[: count - 1]]
+    bounds += [len(chunk)] * (count - len(bounds))
+    pieces, at = [], 0
+    for bound in bounds:
+        bound = max(bound, at)
+        pieces.append(chunk[at:bound])
+        at = bound
+    return pieces
 
 
 def _overlap(tail: str, stop: str) -> int:

@@ -46,6 +46,21 @@ FLAGS = {  # flag dest -> settings key (llama-server's spellings)
     "port": "server.port",
     "api_key": "server.api_key",
     "api_key_file": "server.api_key_file",
+    "seed": "sampling.seed",
+    "temp": "sampling.temperature",
+    "n_predict": "sampling.n_predict",
+    "parallel": "server.max_rows",
+    "alias": "server.model_alias",
+}
+# llama-server's flags that have no setting here, accepted so its launch lines work unchanged:
+# flag spellings -> (argparse options, why it changes nothing)
+NO_OP_FLAGS = {
+    ("-c", "--ctx-size"): ({"type": int, "metavar": "N"}, "the context is the checkpoint's (llama-server's -c 0)"),
+    ("-t", "--threads"): ({"type": int, "metavar": "N"}, "MLX schedules its own threads"),
+    ("--draft-min",): ({"type": int, "metavar": "N"}, "a request sets it: speculative.n_min"),
+    ("--no-slots",): ({"action": "store_true"}, "/slots is always served (other tenants' rows shown only as busy)"),
+    ("--metrics",): ({"action": "store_true"}, "/metrics is always served"),
+    ("--jinja",): ({"action": "store_true"}, "chat templates are always rendered with Jinja"),
 }
 FLAG_NAMES = {key: "--" + dest.replace("_", "-") for dest, key in FLAGS.items()}
 # `target = "DIR"` is short for `[target] model = "DIR"`; messages name the model key the short way.
@@ -416,6 +431,20 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key-file", help="accept each key of FILE, one per line, each a tenant (server.api_key_file)"
     )
+    parser.add_argument(
+        "--seed", type=int, metavar="N", help="seed of requests that send none; -1: random (sampling.seed)"
+    )
+    parser.add_argument("--temp", type=float, metavar="T", help="default temperature (sampling.temperature)")
+    parser.add_argument(
+        "-n", "--n-predict", type=int, metavar="N", help="default token limit; -1: none (sampling.n_predict)"
+    )
+    parser.add_argument("-np", "--parallel", type=int, metavar="N", help="rows decoded concurrently (server.max_rows)")
+    parser.add_argument("--alias", metavar="NAME", help="the model id clients see (server.model_alias)")
+    no_ops = parser.add_argument_group("llama-server flags accepted without effect")
+    for names, (options, why) in NO_OP_FLAGS.items():
+        no_ops.add_argument(
+            *names, **options, dest="no_op_" + names[-1].lstrip("-").replace("-", "_"), help=f"no effect: {why}"
+        )
 
 
 def flags_of(args: argparse.Namespace) -> dict[str, Any]:

@@ -73,6 +73,7 @@ class SamplingDefaults(Group):
     xtc_probability: Probability = 0.0
     xtc_threshold: Probability = 0.1
     n_predict: Annotated[int, msgspec.Meta(ge=-1)] = -1
+    seed: int = -1  # the seed of requests that send none (-1: each draws a random one), llama-server's --seed
 
 
 class ServerSettings(Group):
@@ -116,6 +117,9 @@ class ServerSettings(Group):
     # Host names served beside loopback names and IP literals (app/server/hosts.py): checked on a
     # loopback bind, and on any bind once the list is set; ["*"] allows any Host
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
+    # "token": one stream frame per token, a verify round's tokens as consecutive frames (llama-server's);
+    # "round": one frame per round (fewer frames, each with several tokens)
+    stream_frames: Literal["token", "round"] = "token"
     props_show_paths: bool = False  # /props and /v1/models show filesystem paths, not just their last part
     # POST /admin/reload (hot profile reload); needs an API key, which guards it. SIGHUP reloads regardless.
     admin_reload: bool = False

@@ -24,6 +24,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.server.hosts import HostCheck
 from app.server.metrics import HttpMetrics
+from app.server.preflight import PreflightOk
 
 REQUEST_ID_HEADER = "x-request-id"
 # A client's id is kept when it is short visible ASCII (a UUID, a trace id, "job-42/3"); any other
@@ -122,9 +123,10 @@ class AccessLog:
 
 
 def with_access_log(app: Litestar) -> ASGIApp:
-    """The app as uvicorn serves it: request ids outermost, then the access event, then the Host check."""
+    """The app as uvicorn serves it: request ids outermost, then the access event, then the Host
+    check, then preflights answered 200."""
     return CorrelationIdMiddleware(  # type: ignore[return-value]
-        AccessLog(app, HostCheck(app)),  # type: ignore[arg-type]
+        AccessLog(app, HostCheck(app, PreflightOk(app))),  # type: ignore[arg-type]
         header_name=REQUEST_ID_HEADER,
         generator=new_request_id,
         validator=CLIENT_ID.fullmatch,

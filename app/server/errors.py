@@ -8,6 +8,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, NotFoundException, ValidationException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+from msgspec import UNSET, UnsetType
 
 from app.runtime.logging import internal_error_message, log_internal_error
 
@@ -27,6 +28,9 @@ class ErrorDetail(msgspec.Struct, kw_only=True):
     code: int
     message: str
     type: str
+    # exceed_context_size_error's counts, as llama-server sends them
+    n_prompt_tokens: int | UnsetType = UNSET
+    n_ctx: int | UnsetType = UNSET
 
 
 class ErrorEnvelope(msgspec.Struct, kw_only=True):
@@ -38,26 +42,36 @@ class ErrorEnvelope(msgspec.Struct, kw_only=True):
 class ApiError(Exception):
     """An error answered as `{"error": {"code", "message", "type"}}`."""
 
-    def __init__(self, code: int, message: str, kind: str | None = None) -> None:
+    def __init__(self, code: int, message: str, kind: str | None = None, counts: dict[str, int] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.kind = kind or TYPES.get(code, "server_error")
+        self.counts = counts or {}  # ErrorDetail's optional counts (n_prompt_tokens, n_ctx)
 
 
-def envelope_body(code: int, message: str, kind: str | None = None) -> bytes:
-    detail = ErrorDetail(code=code, message=message, type=kind or TYPES.get(code, "server_error"))
+def envelope_body(code: int, message: str, kind: str | None = None, counts: dict[str, int] | None = None) -> bytes:
+    detail = ErrorDetail(code=code, message=message, type=kind or TYPES.get(code, "server_error"), **(counts or {}))
     return msgspec.json.encode(ErrorEnvelope(error=detail))
 
 
-def envelope(code: int, message: str, kind: str | None = None, headers: dict[str, str] | None = None) -> Response:
+def envelope(
+    code: int,
+    message: str,
+    kind: str | None = None,
+    headers: dict[str, str] | None = None,
+    counts: dict[str, int] | None = None,
+) -> Response:
     return Response(
-        content=envelope_body(code, message, kind), status_code=code, media_type="application/json", headers=headers
+        content=envelope_body(code, message, kind, counts),
+        status_code=code,
+        media_type="application/json",
+        headers=headers,
     )
 
 
 def on_api_error(_: Request, exc: ApiError) -> Response:
-    return envelope(exc.code, exc.message, exc.kind)
+    return envelope(exc.code, exc.message, exc.kind, counts=exc.counts)
 
 
 def on_validation_error(_: Request, exc: ValidationException) -> Response:

@@ -121,7 +121,7 @@ PIPELINE = (
 )
 NO_CONTEXT_SHIFT = "there is no context shift here: a row stops at its token limit and discards nothing"
 TEXT_ONLY = "this server runs text-only checkpoints"
-TEMPLATE_ONLY = "the chat template's output is returned as generated; reasoning is not parsed out of it"
+TEMPLATE_ONLY = "thinking is parsed only as reasoning_format says (app/server/reasoning.py), never budgeted or steered"
 
 # llama-server's own fields (params_from_json_cmpl), read on every completion route, as llama-server reads them
 LLAMA_SERVER: dict[str, Unhonoured] = {
@@ -149,9 +149,6 @@ LLAMA_SERVER: dict[str, Unhonoured] = {
     "t_max_predict_ms": Unhonoured(at_most(0), "generation has no time limit here; bound it with n_predict"),
     "image_data": Unhonoured(empty, f"older llama-server builds' image input: {TEXT_ONLY}"),
     "lora": Unhonoured(empty, "adapters are fused offline and chosen by profile, not switched per request"),
-    # "auto" (the web UI's default) parses reasoning out only where the template has thinking tags:
-    # the embedded models' do not, and nothing is parsed here yet, so only "deepseek" asks for more
-    "reasoning_format": Unhonoured(equal("none", "auto"), f'{TEMPLATE_ONLY}; send "none" or "auto"'),
     "reasoning_budget_tokens": Unhonoured(at_most(-1), f"{TEMPLATE_ONLY}, so it has no budget; send -1"),
     "thinking_forced_open": Unhonoured(equal(False), f"{TEMPLATE_ONLY}; send false"),
     "chat_format": Unhonoured(equal(0), f"{TEMPLATE_ONLY}; send 0 (content only)"),

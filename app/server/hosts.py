@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 
 from litestar import Litestar
-from litestar.types import Receive, Scope, Send
+from litestar.types import ASGIApp, Receive, Scope, Send
 
 from app.profiles.schema import ServerSettings
 from app.server.errors import envelope_body
@@ -74,16 +74,17 @@ def host_allowed(name: str, server: ServerSettings) -> bool:
 
 
 class HostCheck:
-    def __init__(self, app: Litestar) -> None:
-        self.app = app
+    def __init__(self, app: Litestar, serve: ASGIApp | None = None) -> None:
+        self.app = app  # read for the live profile
+        self.serve = serve or app  # what an allowed request goes on to (the app, or a layer around it)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
+            await self.serve(scope, receive, send)
             return
         header = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
         if host_allowed(host_name(header), self.app.state.settings.server):
-            await self.app(scope, receive, send)
+            await self.serve(scope, receive, send)
             return
         shown = header[:SHOWN_CHARS]
         body = envelope_body(

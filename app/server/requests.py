@@ -159,6 +159,8 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             entry["tool_call_id"] = message.tool_call_id
         if message.name is not None:
             entry["name"] = message.name
+        if message.reasoning_content is not None:
+            entry["reasoning_content"] = message.reasoning_content
         plain.append(entry)
     return plain
 
@@ -335,6 +337,25 @@ def refuse_known_excess(probs: ProbsRequest, request: SamplingFields, settings: 
         )
 
 
+def check_prompt_fits(tokens: list[int], settings: Settings, context_limit: int) -> None:
+    """llama-server's `exceed_context_size_error` for a prompt that leaves no room to generate
+    (as long as the context) or is longer than `server.max_prompt_tokens`; `n_ctx` is the
+    prompt length from which prompts are refused, so a client can compare the two counts."""
+    n_ctx = min(context_limit, settings.server.max_prompt_tokens + 1)
+    if len(tokens) >= n_ctx:
+        limit = (
+            f"the context is {context_limit} tokens"
+            if n_ctx == context_limit
+            else f"this server accepts {settings.server.max_prompt_tokens} (server.max_prompt_tokens)"
+        )
+        raise ApiError(
+            400,
+            f"the request exceeds the available context size: the prompt has {len(tokens)} tokens; {limit}",
+            "exceed_context_size_error",
+            {"n_prompt_tokens": len(tokens), "n_ctx": n_ctx},
+        )
+
+
 def row_request(
     request: SamplingFields,
     tokens: list[int],
@@ -349,11 +370,6 @@ def row_request(
     """Row `choice` of a prompt, one of the request's `rows`, for `tenant` (the one the API key
     identified); `grammar` is the request's (requests.grammar, built once for all its rows: each
     row gets its own matcher over it)."""
-    if len(tokens) > settings.server.max_prompt_tokens:
-        raise ApiError(
-            400,
-            f"the prompt has {len(tokens)} tokens; this server accepts {settings.server.max_prompt_tokens}",
-        )
     n_max = request.speculative_n_max
     if n_max is not None and n_max < 0:
         raise ApiError(400, "speculative.n_max must be >= 0 (0 turns speculation off for this request)")
@@ -364,7 +380,9 @@ def row_request(
         prompt=tokens,
         sampling=params,
         max_tokens=max_tokens(request, settings),
-        seed=choice_seed(request.seed, choice),  # resolved here so generation_settings reports the seed used
+        seed=choice_seed(
+            settings.sampling.seed if request.seed is None else request.seed, choice
+        ),  # resolved here so generation_settings reports the seed used
         stop=stop_strings(request.stop, settings),
         ignore_eos=request.ignore_eos,
         n_max=n_max,

@@ -110,20 +110,30 @@ class GenerationSettings(SamplerSettings, kw_only=True):
     speculative_p_min: float = msgspec.field(name="speculative.p_min")
 
 
-class DefaultGenerationSettings(SamplerSettings, kw_only=True):
-    n_predict: int
-    n_ctx: int | None  # null until the model is loaded
-    speculative_n_max: int = msgspec.field(name="speculative.n_max")
-    speculative_n_min: int = msgspec.field(name="speculative.n_min")
-    speculative_p_min: float = msgspec.field(name="speculative.p_min")
-
-
 class SlotParams(SamplerSettings, kw_only=True):
     logit_bias: list[LogitBiasEntry]
     n_predict: int
     speculative_n_max: int = msgspec.field(name="speculative.n_max")
     speculative_n_min: int = msgspec.field(name="speculative.n_min")
     speculative_p_min: float = msgspec.field(name="speculative.p_min")
+
+
+class DefaultParams(SlotParams, kw_only=True):
+    """What a request that sets nothing runs with, as llama-server's /props `params`."""
+
+    seed: int  # -1: each request draws its own
+
+
+class DefaultGenerationSettings(SamplerSettings, kw_only=True):
+    """The defaults at the top level (as this server has always listed them) and in `params`
+    (as llama-server lists them)."""
+
+    n_predict: int
+    n_ctx: int | None  # null until the model is loaded
+    speculative_n_max: int = msgspec.field(name="speculative.n_max")
+    speculative_n_min: int = msgspec.field(name="speculative.n_min")
+    speculative_p_min: float = msgspec.field(name="speculative.p_min")
+    params: DefaultParams
 
 
 # --- /props and /slots ------------------------------------------------------------------------
@@ -318,6 +328,7 @@ class ToolCall(msgspec.Struct, kw_only=True):
 class AssistantMessage(msgspec.Struct, kw_only=True):
     role: Literal["assistant"] = "assistant"
     content: str | None  # None when the answer is tool calls
+    reasoning_content: str | UnsetType = UNSET  # the answer's thinking block (reasoning_format)
     tool_calls: list[ToolCall] | UnsetType = UNSET
 
 
@@ -353,12 +364,28 @@ class ChatCompletion(OpenAIObject, kw_only=True):
     speculative_biased: bool | UnsetType = UNSET  # a drafter ran: did the stream follow the argmax at T > 0?
 
 
+class FunctionCallDelta(msgspec.Struct, kw_only=True):
+    name: str | UnsetType = UNSET  # on a call's first chunk
+    arguments: str  # a fragment of the arguments' JSON text ("" on the first chunk)
+
+
+class ToolCallDelta(msgspec.Struct, kw_only=True):
+    """A streamed call's piece: `index` ties the pieces of one call; id and type come first."""
+
+    index: int
+    id: str | UnsetType = UNSET
+    type: Literal["function"] | UnsetType = UNSET
+    function: FunctionCallDelta
+
+
 class ChatDelta(msgspec.Struct, kw_only=True):
-    """The role on the first chunk (content null, as llama-server), text on the next ones,
-    nothing on the finish chunk."""
+    """The role on the first chunk (content null, as llama-server), text or call pieces on the
+    next ones, nothing on the finish chunk."""
 
     role: Literal["assistant"] | UnsetType = UNSET
     content: str | UnsetType | None = UNSET
+    reasoning_content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
 
 
 class ChatChunkChoice(msgspec.Struct, kw_only=True):

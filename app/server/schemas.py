@@ -160,6 +160,7 @@ class ChatMessage(WireStruct, kw_only=True):
     content: str | list[ContentPart] | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls, for the template
     tool_call_id: str | None = None  # a tool message: the call it answers
+    reasoning_content: str | None = None  # an assistant's past thinking, for templates that show it
     name: str | None = None
 
 
@@ -185,9 +186,11 @@ class ChatRequest(_unhonoured("ChatFields", field_policy.CHAT, SamplingFields), 
     stream_options: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = None  # OpenAI's: a chat-template variable (requests.template_kwargs)
+    reasoning_format: str | None = None  # llama-server's: thinking parsed into reasoning_content (reasoning.py)
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None  # app/server/tools.py
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # llama-server's default: one call per answer
 
 
 class TokenizeRequest(WireStruct, kw_only=True):

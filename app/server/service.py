@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import msgspec
 from litestar import Request
 from litestar.types import Receive
 
@@ -31,6 +32,7 @@ class Submission:
     job: Job
     events: asyncio.Queue[Event]
     receive: Receive  # the request's ASGI channel: its next message is the client's disconnect
+    per_round: bool = False  # server.stream_frames "round": a round's tokens in one frame
 
     async def result(self) -> Finished:
         """Wait for the whole result (non-streaming requests); a client that leaves stops its row."""
@@ -71,12 +73,17 @@ class Submission:
     async def stream(self) -> AsyncIterator[Delta | Finished | Failed]:
         """Events as the engine produces them; a client that disconnects stops its row.
 
-        Deltas that queued up while the last frame was being sent go out as one frame, so a
-        slow reader costs fewer frames instead of falling further behind.
+        Each token is a delta of its own, as llama-server streams one token per frame even
+        while drafting. Per round instead (`per_round`), deltas that queued up while the last
+        frame was being sent go out as one, so a slow reader costs fewer frames.
         """
         try:
             while True:
                 event = await self.events.get()
+                if isinstance(event, Delta) and not self.per_round:
+                    for delta in per_token(event):
+                        yield delta
+                    continue
                 while isinstance(event, Delta) and not self.events.empty():
                     following = self.events.get_nowait()
                     if not isinstance(following, Delta):
@@ -98,12 +105,32 @@ def counted(result: Finished) -> None:
     access.count_tokens(result.prompt_n, result.timings.predicted_n)
 
 
+def per_token(delta: Delta) -> list[Delta]:
+    """A round's delta as one delta per token, each with its piece of the text and its
+    log-probabilities; per-token timings count the tokens up to each."""
+    if len(delta.tokens) <= 1:
+        return [delta]
+    count = len(delta.tokens)
+    return [
+        Delta(
+            tokens=[token],
+            text=piece,
+            timings=delta.timings
+            and msgspec.structs.replace(delta.timings, predicted_n=delta.timings.predicted_n - (count - 1 - i)),
+            logprobs=delta.logprobs[i : i + 1],
+            pieces=[piece],
+        )
+        for i, (token, piece) in enumerate(zip(delta.tokens, delta.pieces, strict=True))
+    ]
+
+
 def merge(first: Delta, second: Delta) -> Delta:
     return Delta(
         text=first.text + second.text,
         tokens=first.tokens + second.tokens,
         timings=second.timings,
         logprobs=first.logprobs + second.logprobs,
+        pieces=first.pieces + second.pieces,
     )
 
 
@@ -126,6 +153,7 @@ def start(
     Returns the submission and the settings the request runs with (for its answer).
     """
     settings = engine.settings
+    requests.check_prompt_fits(tokens, settings, engine.context_limit)
     row_request = requests.row_request(data, tokens, settings, params, choice, grammar, rows, tenant=tenant_of(request))
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
@@ -144,7 +172,10 @@ def start(
     )
     engine.submit(job)
     model = shaping.model_alias(settings)
-    return Submission(job, events, request.receive), shaping.generation_settings(row_request, model, engine.plan.width)
+    per_round = settings.server.stream_frames == "round"
+    return Submission(job, events, request.receive, per_round), shaping.generation_settings(
+        row_request, model, engine.plan.width
+    )
 
 
 @dataclass

@@ -23,6 +23,7 @@ from app.profiles.schema import Settings
 from app.sampling import SamplingParams
 from app.sampling.logprobs import TokenLogprob
 from app.server.engine_view import EngineView, Finished, RowView, Timings
+from app.server.reasoning import Reasoning, split
 from app.server.responses import (
     AssistantMessage,
     ChatChoice,
@@ -34,8 +35,10 @@ from app.server.responses import (
     ChatTokenLogprob,
     CompletionProbability,
     DefaultGenerationSettings,
+    DefaultParams,
     DrafterInfo,
     DrafterSummary,
+    FunctionCallDelta,
     GenerationSettings,
     LogitBiasEntry,
     ModelEntry,
@@ -55,6 +58,8 @@ from app.server.responses import (
     TextCompletion,
     TextLogprobs,
     TokenProbability,
+    ToolCall,
+    ToolCallDelta,
     TopLogprob,
     Usage,
 )
@@ -129,13 +134,24 @@ def reloaded(engine: EngineView) -> Reloaded:
 def props(engine: EngineView) -> Props:
     settings = engine.settings
     ready = engine.unavailable is None
+    speculative = {
+        "speculative_n_max": engine.plan.width,
+        "speculative_n_min": 0,
+        "speculative_p_min": settings.drafter.p_min,
+    }
+    params = DefaultParams(
+        **sampler_knobs(settings.sampling),
+        logit_bias=[],
+        n_predict=settings.sampling.n_predict,
+        seed=settings.sampling.seed,
+        **speculative,
+    )
     defaults = DefaultGenerationSettings(
         **sampler_knobs(settings.sampling),
         n_predict=settings.sampling.n_predict,
         n_ctx=engine.context_limit if ready else None,
-        speculative_n_max=engine.plan.width,
-        speculative_n_min=0,
-        speculative_p_min=settings.drafter.p_min,
+        **speculative,
+        params=params,
     )
     return Props(
         default_generation_settings=defaults,
@@ -368,20 +384,21 @@ def native_chunk(
     text: str,
     tokens: list[int],
     timings: Timings | None,
+    counts: tuple[int, int],
     index: int = 0,
     probabilities: list[CompletionProbability] | UnsetType = UNSET,
 ) -> NativeChunk:
-    """A stream frame of prompt `index`; with per-token timings (`timings` given) it also counts
-    the tokens so far, and with n_probs it carries its tokens' probabilities."""
-    if timings is None:
-        return NativeChunk(index=index, content=text, tokens=tokens, completion_probabilities=probabilities)
+    """A stream frame of prompt `index`: its text and tokens, the row's `counts` so far (tokens
+    predicted, prompt tokens evaluated), per-token timings when `timings` is given, and with
+    n_probs its tokens' probabilities."""
+    predicted, evaluated = counts
     return NativeChunk(
         index=index,
         content=text,
         tokens=tokens,
-        tokens_predicted=timings.predicted_n,
-        tokens_evaluated=timings.prompt_n,
-        timings=timings,
+        tokens_predicted=predicted,
+        tokens_evaluated=evaluated,
+        timings=UNSET if timings is None else timings,
         completion_probabilities=probabilities,
     )
 
@@ -471,6 +488,45 @@ def chat_chunk(
     return _chat_chunk(head, choice, usage, timings)
 
 
+# A streamed call's arguments go out in pieces of this many characters, as OpenAI streams them
+ARGUMENT_PIECE = 32
+
+
+def tool_call_chunks(
+    head: OpenAIHead, index: int, calls: list[ToolCall], logprobs: ChatLogprobs | None
+) -> list[ChatCompletionChunk]:
+    """Choice `index`'s calls as `delta.tool_calls` chunks: each call's id, type and name (with
+    the calls' tokens' log-probabilities on the first), then its arguments in pieces."""
+    chunks = []
+    for number, call in enumerate(calls):
+        head_piece = ToolCallDelta(
+            index=number, id=call.id, type="function", function=FunctionCallDelta(name=call.function.name, arguments="")
+        )
+        pieces = [head_piece] + [
+            ToolCallDelta(
+                index=number, function=FunctionCallDelta(arguments=call.function.arguments[at : at + ARGUMENT_PIECE])
+            )
+            for at in range(0, len(call.function.arguments), ARGUMENT_PIECE)
+        ]
+        for piece in pieces:
+            choice = ChatChunkChoice(
+                index=index,
+                delta=ChatDelta(tool_calls=[piece]),
+                logprobs=None if chunks else logprobs,
+                finish_reason=None,
+            )
+            chunks.append(_chat_chunk(head, choice))
+    return chunks
+
+
+def chat_reasoning_chunk(head: OpenAIHead, index: int, text: str, logprobs: ChatLogprobs | None) -> ChatCompletionChunk:
+    """A piece of choice `index`'s thinking, as llama-server streams it: `delta.reasoning_content`."""
+    choice = ChatChunkChoice(
+        index=index, delta=ChatDelta(reasoning_content=text), logprobs=logprobs, finish_reason=None
+    )
+    return _chat_chunk(head, choice)
+
+
 def chat_role_chunk(head: OpenAIHead, index: int = 0) -> ChatCompletionChunk:
     """The first chunk of choice `index`: the assistant's role, no text yet (null)."""
     delta = ChatDelta(role="assistant", content=None)
@@ -488,23 +544,32 @@ def _chat_chunk(
     )
 
 
-def chat_choice(index: int, result: Finished, logprobs: ChatLogprobs | None, plan: ToolPlan | None) -> ChatChoice:
-    """One choice: its text, or (content null, finish_reason tool_calls) the call it is."""
-    calls = tool_calls(plan, result.text) if plan is not None else None
+def chat_choice(
+    index: int, result: Finished, logprobs: ChatLogprobs | None, plan: ToolPlan | None, reasoning: Reasoning | None
+) -> ChatChoice:
+    """One choice: its thinking (with `reasoning`) and its text, or (content null, finish_reason
+    tool_calls) the calls its text is."""
+    thought, text = split(reasoning, result.text) if reasoning is not None else (None, result.text)
+    shown = UNSET if thought is None else thought
+    calls = tool_calls(plan, text) if plan is not None else None
     if calls:
-        message = AssistantMessage(content=None, tool_calls=calls)
+        message = AssistantMessage(content=None, reasoning_content=shown, tool_calls=calls)
         return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason="tool_calls")
-    message = AssistantMessage(content=result.text)
+    message = AssistantMessage(content=text, reasoning_content=shown)
     return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason=finish_reason(result))
 
 
 def chat_completion(
-    head: OpenAIHead, results: list[Finished], logprobs: list[Logprobs | None], plan: ToolPlan | None = None
+    head: OpenAIHead,
+    results: list[Finished],
+    logprobs: list[Logprobs | None],
+    plan: ToolPlan | None = None,
+    reasoning: Reasoning | None = None,
 ) -> ChatCompletion:
     """The body: one choice per row (the `n` choices of the one conversation), each with its row's
     `logprobs`; a choice whose output is a call of the `plan`'s tools answers it as `tool_calls`."""
     choices = [
-        chat_choice(index, result, shaper.chat(result.logprobs) if shaper is not None else None, plan)
+        chat_choice(index, result, shaper.chat(result.logprobs) if shaper is not None else None, plan, reasoning)
         for index, (result, shaper) in enumerate(zip(results, logprobs, strict=True))
     ]
     return ChatCompletion(

@@ -2,24 +2,32 @@
 turning the output into OpenAI `tool_calls`.
 
 `tool_choice` "required" or a named function constrains the output to one call object
-`{"name": ..., "arguments": {...}}` (the `arguments` schema is the tool's `parameters`), so the
-answer always parses. "auto" (the default with tools) generates freely and reports a call only
-when the whole output is such an object, bare or inside `<tool_call>` tags as Hermes-style chat
-templates write it. "none" shows the tools to the template and never reports a call.
+`{"name": ..., "arguments": {...}}` (the `arguments` schema is the tool's `parameters`), or with
+`parallel_tool_calls` (false by default, as in llama-server) to a JSON array of one or more, so
+the answer always parses. "auto" (the default with tools) generates freely and reports calls
+only when the whole output is calls: one object or an array of them, bare, or one or more
+`<tool_call>` blocks as Hermes-style chat templates write them. "none" shows the tools to the
+template and never reports a call.
+
+Streamed, a choice's text is held back while it may still become calls (CallStream), so a
+client never sees a call's JSON as content.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from app.sampling.logprobs import TokenLogprob
 from app.server.errors import ApiError
 from app.server.responses import FunctionCall, ToolCall
 from app.server.schemas import ChatRequest, Tool
 
 TAGS = ("<tool_call>", "</tool_call>")
+TAGGED = re.compile(r"\s*<tool_call>(.*?)</tool_call>\s*", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -29,12 +37,14 @@ class ToolPlan:
     tools: list[Tool]
     forced: bool  # required or named: the output is decoded against `schema`
     callable: tuple[str, ...]  # names a reported call may carry (empty: "none")
+    parallel: bool = False  # parallel_tool_calls: a forced answer is an array of one or more calls
 
     def schema(self) -> dict[str, Any]:
-        """One call object of any callable tool."""
+        """One call object of any callable tool, or an array of them when calls may be parallel."""
         by_name = {tool.function.name: tool for tool in self.tools}
         options = [call_schema(name, by_name[name].function.parameters) for name in self.callable]
-        return options[0] if len(options) == 1 else {"anyOf": options}
+        one = options[0] if len(options) == 1 else {"anyOf": options}
+        return {"type": "array", "items": one, "minItems": 1} if self.parallel else one
 
     def template_tools(self) -> list[dict[str, Any]]:
         return [{"type": "function", "function": _function(tool)} for tool in self.tools]
@@ -63,12 +73,13 @@ def tool_plan(request: ChatRequest) -> ToolPlan | None:
         raise ApiError(400, "tools: function names must be unique")
     for index, tool in enumerate(request.tools):
         check_parameters(index, tool.function.parameters)
+    parallel = bool(request.parallel_tool_calls)
     if choice == "none":
         return ToolPlan(request.tools, forced=False, callable=())
     if choice in (None, "auto"):
-        return ToolPlan(request.tools, forced=False, callable=names)
+        return ToolPlan(request.tools, forced=False, callable=names, parallel=parallel)
     if choice == "required":
-        return ToolPlan(request.tools, forced=True, callable=names)
+        return ToolPlan(request.tools, forced=True, callable=names, parallel=parallel)
     if isinstance(choice, dict):
         function = choice.get("function")
         if not isinstance(function, dict):
@@ -76,7 +87,7 @@ def tool_plan(request: ChatRequest) -> ToolPlan | None:
         name = function.get("name")
         if choice.get("type") != "function" or name not in names:
             raise ApiError(400, "tool_choice: name one of the given functions, as {type: function, function: {name}}")
-        return ToolPlan(request.tools, forced=True, callable=(name,))
+        return ToolPlan(request.tools, forced=True, callable=(name,), parallel=parallel)
     raise ApiError(400, f"tool_choice must be none, auto, required or a named function, got {choice!r}")
 
 
@@ -102,20 +113,89 @@ def type_name(value: object) -> str:
 
 
 def tool_calls(plan: ToolPlan, text: str) -> list[ToolCall] | None:
-    """The output as OpenAI tool_calls, or None when it is not one call of a callable tool."""
+    """The output as OpenAI tool_calls, or None when it is not wholly calls of callable tools."""
+    objects = _call_objects(text)
+    if not objects or not all(_is_call(plan, call) for call in objects):
+        return None
+    return [
+        ToolCall(
+            id=f"call_{uuid.uuid4().hex[:24]}",
+            function=FunctionCall(name=call["name"], arguments=json.dumps(call["arguments"], ensure_ascii=False)),
+        )
+        for call in objects
+    ]
+
+
+def _call_objects(text: str) -> list[Any] | None:
+    """The JSON values the output spells: `<tool_call>` blocks, or one object or array."""
     body = text.strip()
-    if body.startswith(TAGS[0]) and body.endswith(TAGS[1]):
-        body = body[len(TAGS[0]) : -len(TAGS[1])].strip()
+    if body.startswith(TAGS[0]):
+        blocks = TAGGED.findall(body)
+        if TAGGED.sub("", body):  # text outside the blocks: an answer that mentions calls
+            return None
+        values = [_json(block) for block in blocks]
+        return None if any(value is None for value in values) else values
+    value = _json(body)
+    if isinstance(value, list):
+        return value
+    return None if value is None else [value]
+
+
+def _json(text: str) -> Any:
     try:
-        call = json.loads(body)
+        return json.loads(text)
     except ValueError:
         return None
-    if not isinstance(call, dict) or set(call) != {"name", "arguments"} or call["name"] not in plan.callable:
-        return None
-    if not isinstance(call["arguments"], dict):
-        return None
-    function = FunctionCall(name=call["name"], arguments=json.dumps(call["arguments"], ensure_ascii=False))
-    return [ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=function)]
+
+
+def _is_call(plan: ToolPlan, call: Any) -> bool:
+    return (
+        isinstance(call, dict)
+        and set(call) == {"name", "arguments"}
+        and call["name"] in plan.callable
+        and isinstance(call["arguments"], dict)
+    )
+
+
+def may_become_calls(text: str) -> bool:
+    """Whether text so far could still be the start of calls (`auto` holds it back until it cannot)."""
+    body = text.lstrip()
+    return not body or body[0] in "{[" or body.startswith(TAGS[0]) or TAGS[0].startswith(body)
+
+
+class CallStream:
+    """One streamed choice's text and log-probabilities, held back while they may become calls.
+
+    A forced plan's output is always calls; `auto`'s is held only while `may_become_calls`, then
+    passes through as content. At the end the held text is calls, or content after all.
+    """
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self._plan = plan
+        self._passing = not plan.callable
+        self._text = ""
+        self._logprobs: list[TokenLogprob] = []
+
+    def feed(self, text: str, logprobs: list[TokenLogprob]) -> tuple[str, list[TokenLogprob]]:
+        """What to send as content now."""
+        if self._passing:
+            return text, logprobs
+        self._text += text
+        self._logprobs += logprobs
+        if self._plan.forced or may_become_calls(self._text):
+            return "", []
+        self._passing = True
+        return self.release()
+
+    def release(self) -> tuple[str, list[TokenLogprob]]:
+        """The held text and log-probabilities, no longer held."""
+        held = self._text, self._logprobs
+        self._text, self._logprobs = "", []
+        return held
+
+    def calls(self) -> list[ToolCall] | None:
+        """At the end: the held text as calls, or None (it is content: `release` it)."""
+        return None if self._passing else tool_calls(self._plan, self._text)
 
 
 def _function(tool: Tool) -> dict[str, Any]:

@@ -75,6 +75,22 @@ def test_precedence_is_file_then_environment_then_flags(tmp_path: Path, monkeypa
     assert resolve().settings.source == str(path)
 
 
+def test_llama_server_flags_set_their_keys_and_the_no_op_ones_parse(tmp_path: Path) -> None:
+    from app.cli import build_parser
+    from app.profiles.loader import flags_of
+
+    line = "serve --seed 7 --temp 0.2 -n 32 -np 3 --alias m -c 4096 -t 8 --draft-min 2 --no-slots --metrics --jinja"
+    args = build_parser(["serve"]).parse_args(line.split())
+    path = write(tmp_path, "p", 'target = "@TARGET@"\n[sampling]\nseed = 1\ntemperature = 0.5\n')
+    resolved = resolve(str(path), flags_of(args))
+    settings = resolved.settings
+    assert (settings.sampling.seed, settings.sampling.temperature, settings.sampling.n_predict) == (7, 0.2, 32)
+    assert (settings.server.max_rows, settings.server.model_alias) == (3, "m")
+    assert all(resolved.sources[key] == "flag" for key in ("sampling.seed", "server.max_rows", "server.model_alias"))
+    bad = mlxcel("serve", "--profile", str(path), "-np", "0")
+    assert bad.returncode == 2 and "flag --parallel:" in bad.stderr  # named as the other flags are
+
+
 def test_show_prints_each_value_with_its_source(monkeypatch: pytest.MonkeyPatch) -> None:
     result = mlxcel("profiles", "show", "default", env={"MLXCEL_SERVER__MAX_ROWS": "3"})
     lines = {line.split("=")[0].strip(): line for line in result.stdout.splitlines() if "=" in line}
@@ -174,6 +190,10 @@ def test_two_profiles_on_one_port(tmp_path: Path) -> None:
         second = mlxcel("serve", "--profile", str(b), "--port", taken)
         assert second.returncode == 2
         assert f"flag --port: port {taken} on 127.0.0.1 is already in use" in second.stderr  # the flag set it
+        held = write(tmp_path, "held", f'target = "@TARGET@"\n[server]\nport = {taken}\n')
+        check = mlxcel("profiles", "check", str(held))  # as serve would find it: the port is taken
+        assert check.returncode == 2
+        assert f"{held}: server.port: port {taken} on 127.0.0.1 is already in use" in check.stderr
 
 
 @pytest.mark.slow

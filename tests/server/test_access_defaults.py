@@ -67,7 +67,7 @@ def test_default_cors_answers_star_without_credentials(target_only_server: Runni
     with target_only_server.client() as http:
         for origin in ("https://any.example", "null"):
             answer = http.options("/v1/chat/completions", headers={"Origin": origin, **preflight})
-            assert answer.status_code == 204, answer.text
+            assert answer.status_code == 200, answer.text  # llama-server's, not Litestar's 204
             assert answer.headers["access-control-allow-origin"] == "*"
             assert "access-control-allow-credentials" not in answer.headers
             assert "POST" in answer.headers["access-control-allow-methods"]
@@ -75,7 +75,7 @@ def test_default_cors_answers_star_without_credentials(target_only_server: Runni
             assert simple.headers["access-control-allow-origin"] == "*"
             assert "access-control-allow-credentials" not in simple.headers
         get = http.options("/props", headers={"Origin": "https://any.example", "Access-Control-Request-Method": "GET"})
-        assert get.status_code == 204
+        assert get.status_code == 200
 
 
 @pytest.mark.slow

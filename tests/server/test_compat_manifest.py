@@ -105,6 +105,9 @@ def test_props_reports_the_profile_and_drafter(default_server) -> None:
     assert props["total_slots"] == 8 and props["model_path"] == "target"  # its name: server.props_show_paths is off
     assert props["build_info"].startswith("mlxcel ")
     assert props["default_generation_settings"]["speculative.n_max"] == 4
+    params = props["default_generation_settings"]["params"]  # llama-server's place for the defaults
+    assert (params["temperature"], params["top_k"], params["n_predict"], params["seed"]) == (0.8, 40, -1, -1)
+    assert params["speculative.n_max"] == 4 and params["logit_bias"] == []
     assert props["mlxcel"]["drafter"] == {"kind": "draft-model", "model": props["mlxcel"]["drafter"]["model"],
                                           "width": 4, "p_min": 0.0}  # fmt: skip
 

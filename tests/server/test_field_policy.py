@@ -41,7 +41,6 @@ CASES = {
     "t_max_predict_ms": (500, 0),
     "image_data": ([{"data": "aGk=", "id": 1}], []),
     "lora": ([{"id": 0, "scale": 1.0}], []),
-    "reasoning_format": ("deepseek", "auto"),
     "reasoning_budget_tokens": (64, -1),
     "thinking_forced_open": (True, False),
     "chat_format": (3, 0),

@@ -90,8 +90,9 @@ def finished(text: str, tokens: list[int]) -> Finished:
     return Finished(text, tokens, "eos", "", 4, timings(len(tokens)), None, None)
 
 
-def streamed(queued: list[Event]) -> list[Event]:
-    """What Submission.stream yields when `queued` all arrived before the handler's next turn."""
+def streamed(queued: list[Event], per_round: bool = True) -> list[Event]:
+    """What Submission.stream yields when `queued` all arrived before the handler's next turn
+    (`per_round`: server.stream_frames "round")."""
 
     async def run() -> list[Event]:
         events: asyncio.Queue[Event] = asyncio.Queue()
@@ -102,9 +103,20 @@ def streamed(queued: list[Event]) -> list[Event]:
         async def receive() -> dict:
             return {"type": "http.request"}
 
-        return [event async for event in Submission(job, events, receive).stream()]
+        return [event async for event in Submission(job, events, receive, per_round).stream()]
 
     return asyncio.run(run())
+
+
+def test_each_token_is_a_frame_of_its_own_by_default() -> None:
+    """llama-server streams one token per frame even while drafting: a round's delta is cut at
+    its tokens (each with its piece of the text and its own timings count), and nothing queued
+    is joined."""
+    round_of_three = Delta(text="f x", tokens=[11, 12, 13], timings=timings(4), pieces=["f", " ", "x"])
+    done = finished("def x", [10, 11, 12, 13])
+    frames = streamed([Delta(text="de", tokens=[10], timings=timings(1), pieces=["de"]), round_of_three, done], False)
+    assert [(d.tokens, d.text) for d in frames[:-1]] == [([10], "de"), ([11], "f"), ([12], " "), ([13], "x")]
+    assert [d.timings.predicted_n for d in frames[:-1]] == [1, 2, 3, 4] and frames[-1] == done
 
 
 def test_updates_queued_between_turns_go_out_as_one_frame() -> None:

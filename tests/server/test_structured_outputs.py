@@ -130,7 +130,6 @@ def test_gbnf_grammar_and_json_object(default_server) -> None:
             {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}},
             "name one",
         ),
-        ("/v1/chat/completions", {"tools": TOOLS, "tool_choice": "required", "stream": True}, "streaming tool calls"),
         ("/v1/chat/completions", {"tools": TOOLS, "tool_choice": "required", "grammar": "root ::= [a]"}, "at most one"),
         ("/v1/chat/completions", {"tools": [{"type": "retrieval", "function": {"name": "r"}}]}, '"function"'),
     ],

@@ -10,15 +10,14 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from app.server import requests, shaping, tools
+from app.server import reasoning, requests, shaping, tools
 from app.server.bodies import json_response
 from app.server.engine_view import EngineView, require_ready
-from app.server.errors import ApiError
 from app.server.openapi import streamed_or
 from app.server.responses import ChatCompletion
 from app.server.schemas import ChatRequest
 from app.server.service import Rows, start_rows
-from app.server.streaming import frame, openai_frames, sse
+from app.server.streaming import frame, include_usage, openai_frames, sse
 
 
 class ChatController(Controller):
@@ -37,8 +36,6 @@ class ChatController(Controller):
         """Chat through the model's chat template; `timings` rides on the body or the finish chunk."""
         tools.check_count(data, engine.settings.grammar.max_tools)
         plan = tools.tool_plan(data)
-        if plan is not None and plan.callable and data.stream:
-            raise ApiError(400, 'stream: streaming tool calls is not supported yet; stream false or tool_choice "none"')
         tokens = await asyncio.to_thread(
             requests.chat_prompt,
             data.messages,
@@ -48,14 +45,18 @@ class ChatController(Controller):
             tools=plan.template_tools() if plan else None,
         )
         requests.check_token_ids(tokens, engine.vocab_size)
+        has_tags = await asyncio.to_thread(
+            reasoning.template_has_tags, engine.tokenizer, engine.settings.server.chat_template_file
+        )
+        thinking = reasoning.reasoning_for(data.reasoning_format, has_tags, engine.tokenizer.decode(tokens[-8:]))
         rows = await start_rows(request, engine, data, [tokens], data.n, request.url.path)
         head = shaping.openai_head("chatcmpl", rows.request_id, rows.settings[0].model)
         logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)
         if data.stream:
-            return await sse(rows, chat_frames(rows, data.timings_per_token, head, data.n, logprobs))
+            return await sse(rows, chat_frames(rows, data, head, logprobs, plan, thinking))
         results = await rows.results()
         return await json_response(
-            lambda: shaping.chat_completion(head, results, logprobs, plan),
+            lambda: shaping.chat_completion(head, results, logprobs, plan, thinking),
             results,
             [],
             engine.settings.server.max_response_bytes,
@@ -64,11 +65,29 @@ class ChatController(Controller):
 
 
 async def chat_frames(
-    rows: Rows, per_token: bool, head: shaping.OpenAIHead, n: int, logprobs: list[shaping.Logprobs | None]
+    rows: Rows,
+    data: ChatRequest,
+    head: shaping.OpenAIHead,
+    logprobs: list[shaping.Logprobs | None],
+    plan: tools.ToolPlan | None,
+    thinking: reasoning.Reasoning | None,
 ) -> AsyncIterator[bytes]:
-    """Each choice's role chunk first (no timings), then the OpenAI chunks; `timings` on each finish chunk."""
-    for index in range(n):
+    """Each choice's role chunk first (no timings), then the OpenAI chunks; `timings` on each
+    finish chunk; a choice that may call tools streams its calls as `delta.tool_calls`."""
+    for index in range(data.n):
         yield frame(shaping.chat_role_chunk(head, index))
     shapes = [shaper.chat if shaper is not None else None for shaper in logprobs]
-    async for chunk in openai_frames(rows, per_token, head, shaping.chat_chunk, n, shapes):
+    calls = [tools.CallStream(plan) for _ in rows.submissions] if plan is not None and plan.callable else None
+    frames = openai_frames(
+        rows,
+        data.timings_per_token,
+        head,
+        shaping.chat_chunk,
+        data.n,
+        shapes,
+        usage_chunk=include_usage(data.stream_options),
+        calls=calls,
+        thinking=[reasoning.ThinkingStream(thinking) for _ in rows.submissions] if thinking is not None else None,
+    )
+    async for chunk in frames:
         yield chunk

@@ -18,7 +18,7 @@ from app.server.openapi import streamed_or
 from app.server.responses import TextCompletion
 from app.server.schemas import OpenAICompletionRequest
 from app.server.service import Rows, start_rows
-from app.server.streaming import frame, openai_frames, sse
+from app.server.streaming import frame, include_usage, openai_frames, sse
 
 
 class OpenAICompletionController(Controller):
@@ -69,5 +69,9 @@ async def echoed_frames(
         if echo:
             yield frame(shaping.text_completion(head, index, echo, None))
     shapes = [shaper.text if shaper is not None else None for shaper in logprobs]
-    async for chunk in openai_frames(rows, data.timings_per_token, head, shaping.text_completion, data.n, shapes):
+    usage_chunk = include_usage(data.stream_options)
+    frames = openai_frames(
+        rows, data.timings_per_token, head, shaping.text_completion, data.n, shapes, usage_chunk=usage_chunk
+    )
+    async for chunk in frames:
         yield chunk
