@@ -9,6 +9,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from app.engine.engine import Engine, EngineState
+from app.execution.device import backend
 from app.profiles import resolve
 
 
@@ -47,6 +48,7 @@ def test_the_warm_up_runs_every_batch_size_and_width_before_ready(profile: str) 
         engine.stop()
 
 
+@pytest.mark.skipif(backend().gpu, reason="on a GPU auto warms")
 def test_auto_does_not_warm_on_the_cpu() -> None:
     engine, logs, _ = started("target-only", "auto")
     engine.stop()
