@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     with ExitStack() as servers:
         target = target_dir(args.target, Path(servers.enter_context(tempfile.TemporaryDirectory())))
-        flags = [] if args.target is None else ["-m", str(target)]
+        # as many rows as the widest wave, as mlx_lm.server batches up to it (server.max_rows is 8 by default)
+        flags = ["--parallel", str(max(args.clients)), *([] if args.target is None else ["-m", str(target)])]
         urls = {profile: servers.enter_context(spawned_server(profile, args=flags))[0] for profile in args.profiles}
         if not args.no_mlx_lm:
             # mlx_lm.server initialises mx.distributed, which needs more of the environment than PATH
