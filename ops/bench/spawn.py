@@ -59,4 +59,8 @@ def spawned(command: list[str], env: dict[str, str], hint: str = "") -> Iterator
         yield url, process
     finally:
         process.terminate()
-        process.wait(30)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:  # still draining: the measurement is done, so stop it
+            process.kill()
+            process.wait(30)
