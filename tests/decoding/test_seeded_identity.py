@@ -10,7 +10,7 @@ Each drafter kind's engine is built the way the server builds it (its shipped pr
 drafters under `drafter.block_rule = "lossless"`) and run on the eight held-out prompts at
 T = 0.7 for 256 tokens, alone and then as a batch of eight stepping together (the engine's tick,
 tests/support/batched.py) with other traffic joining, leaving and sampling at T = 0. The batched
-rows cover the sampler's stages (top-k, top-p, min-p, penalties, logit_bias, a JSON schema whose
+rows cover the sampler's stages (XTC, top-k, top-p, min-p, penalties, logit_bias, a JSON schema whose
 grammar forces tokens) and several widths (speculative.n_max). Nothing here depends on the
 device: the lead runs the same file on the GPU.
 """
@@ -56,9 +56,10 @@ RECORD = Grammar.json_schema(
         "additionalProperties": False,
     }
 )
-# The batch's identity rows: (sampler, grammar, speculative.n_max), one per held-out prompt.
+# The batch's identity rows: (sampler, grammar, speculative.n_max), one per held-out prompt: XTC, top-k,
+# top-p, min-p, penalties, logit_bias, then a JSON schema (its grammar forces tokens) twice.
 BATCHED = [
-    (HOT, None, None),
+    (msgspec.structs.replace(HOT, xtc_probability=0.5, xtc_threshold=0.1), None, None),
     (msgspec.structs.replace(HOT, top_k=5, top_p=1.0, min_p=0.0), None, 1),
     (msgspec.structs.replace(HOT, top_k=0, top_p=0.8, min_p=0.0), None, 2),
     (msgspec.structs.replace(HOT, top_k=0, top_p=1.0, min_p=0.1), None, 3),
