@@ -154,9 +154,10 @@ def jump_forward(state: RowState, budget: int, speculation: Speculation) -> list
     the step goes on after them (leaving it at least one token of its budget).
 
     Exact: such a token has probability 1 under the masked target distribution whatever the
-    sampler, and a forced position draws no key however it is decided (app/sampling/streams.py). Empty when nothing is
-    forced, the row is not constrained, or it reports log-probabilities (each token's entries
-    come from the target row it was decided at, so forced tokens are then decoded as usual).
+    sampler, and a forced position draws no key however it is decided (app/sampling/streams.py).
+    Empty when nothing is forced, the row is not constrained, or it reports log-probabilities
+    (each token's entries come from the target row it was decided at, so forced tokens are then
+    decoded as usual).
     """
     if state.constraint is None or state.probs is not None:
         return []  # a jumped token has no target row to report log-probabilities from
