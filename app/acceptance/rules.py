@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from app.sampling import Distribution, RowRng
+from app.sampling.streams import PositionKeys
 
 
 @dataclass(frozen=True)
@@ -57,21 +58,21 @@ def argmax_against_argmax(drafts: Sequence[int], target_argmax: Sequence[int]) -
     return _longest_matching_prefix(drafts, target_argmax)
 
 
-def sampler_match(drafts: Sequence[int], p: Distribution, rng: RowRng) -> Verdict:
+def sampler_match(drafts: Sequence[int], p: Distribution, keys: PositionKeys) -> Verdict:
     """Accept iff the draft equals a fresh draw from p; emit that draw on both branches.
 
     Lossless: every emitted token is a fresh conditional draw from the target. Accepts with
-    probability sum_x p(x) q(x). One categorical draw per verified position (the bonus
-    included): the draws of the whole chain are prepared in one evaluation, and only the keys of
-    the positions actually tested are consumed.
+    probability sum_x p(x) q(x). The k + 1 draws (the bonus included) are prepared in one
+    evaluation from `keys`, the target stream's keys of those positions, and only the keys of the
+    positions emitted are consumed: each emitted token is the draw target-only decoding makes
+    there, so a seeded row emits target-only's tokens whatever drafted them.
     """
     k = len(drafts)
-    keys = rng.peek(k + 1)
-    drawn = mx.concatenate([p[i].draw(keys[i]) for i in range(k + 1)]).tolist()
+    drawn = keys.draw(p).tolist()
     n = 0
     while n < k and drawn[n] == drafts[n]:
         n += 1
-    rng.advance(n + 1)
+    keys.consume(n + 1)
     return Verdict(accepted=n, tokens=drawn[: n + 1], tested=n + 1 if n < k else k)
 
 

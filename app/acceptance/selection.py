@@ -18,7 +18,16 @@ class Rule(StrEnum):
     def lossless(self) -> bool:
         return self is not Rule.ARGMAX_AGAINST_ARGMAX
 
+    @property
+    def identity(self) -> str:
+        """What a seeded run under this rule equals (docs/acceptance-rules.md): "token", target-only's
+        tokens (sampler-match, and greedy argmax, which is sampler-match); "distribution", a sample
+        of the same distribution (the stochastic rule's residual depends on q); "greedy", the
+        target's greedy stream (argmax-against-argmax)."""
+        return IDENTITIES.get(self, "token")
 
+
+IDENTITIES = {Rule.STOCHASTIC: "distribution", Rule.ARGMAX_AGAINST_ARGMAX: "greedy"}
 DESCRIPTIONS = {
     Rule.GREEDY_ARGMAX: "greedy argmax (lossless)",
     Rule.SAMPLER_MATCH: "sampler-match (lossless)",

@@ -25,6 +25,7 @@ from app.drafters.kinds import DrafterKind
 from app.execution.forward import forward
 from app.execution.runner import PREFILL_CHUNK, ModelRunner
 from app.sampling.grammar import Constraint, masked
+from app.sampling.streams import sampled_rows
 
 
 @dataclass
@@ -70,6 +71,7 @@ class Speculation:
         stats = self.stats
         return SpeculativeDiagnostics(
             rule=str(self.rule),
+            identity=self.rule.identity,
             biased=self.biased(greedy),
             rounds=stats.rounds,
             proposed=stats.proposed,
@@ -134,7 +136,8 @@ def sample_next(state: RowState, logits: mx.array, greedy: bool = False) -> int:
     if greedy:
         token, p = int(state.sampler.greedy(row, contexts)[0].item()), None
     else:
-        token, p = state.sampler.sample(row, contexts, state.rng)
+        forced = mask is not None and not sampled_rows(mask, 1)[0]
+        token, p = state.sampler.sample(row, contexts, state.rng, forced)
     state.decide([token])
     state.report(logits, [token], p, mask)
     return token
@@ -151,9 +154,10 @@ def jump_forward(state: RowState, budget: int, speculation: Speculation) -> list
     the step goes on after them (leaving it at least one token of its budget).
 
     Exact: such a token has probability 1 under the masked target distribution whatever the
-    sampler; only the keys a sampled step would have drawn are not drawn. Empty when nothing is
-    forced, the row is not constrained, or it reports log-probabilities (each token's entries
-    come from the target row it was decided at, so forced tokens are then decoded as usual).
+    sampler, and a forced position draws no key however it is decided (app/sampling/streams.py).
+    Empty when nothing is forced, the row is not constrained, or it reports log-probabilities
+    (each token's entries come from the target row it was decided at, so forced tokens are then
+    decoded as usual).
     """
     if state.constraint is None or state.probs is not None:
         return []  # a jumped token has no target row to report log-probabilities from

@@ -10,13 +10,16 @@ import mlx.core as mx
 from app.sampling import Distribution, RowRng, SamplerPipeline, TokenHistory
 from app.sampling.grammar import Constraint, masked
 from app.sampling.logprobs import ProbsRequest, TokenLogprob, token_logprobs
+from app.sampling.streams import drafter_stream
 
 
 @dataclass
 class RowState:
-    """Prompt plus decided tokens, the penalty history, the sampler and the row's key stream;
-    the grammar's matcher where the output is constrained (it follows the decided tokens); with
-    `probs`, the log-probabilities of the decided tokens in `reported` (one per token)."""
+    """Prompt plus decided tokens, the penalty history, the sampler and the row's two key streams
+    (app/sampling/streams.py: `rng` the target sampler's, `drafter_rng` derived from its seed for
+    every draw a drafter makes); the grammar's matcher where the output is constrained (it follows
+    the decided tokens); with `probs`, the log-probabilities of the decided tokens in `reported`
+    (one per token)."""
 
     tokens: list[int]
     sampler: SamplerPipeline
@@ -25,9 +28,11 @@ class RowState:
     probs: ProbsRequest | None = None
     reported: list[TokenLogprob] = field(default_factory=list)
     history: TokenHistory = field(init=False)
+    drafter_rng: RowRng = field(init=False)
 
     def __post_init__(self) -> None:
         self.history = TokenHistory(self.tokens)
+        self.drafter_rng = drafter_stream(self.rng.seed)
 
     @property
     def last(self) -> int:

@@ -16,6 +16,7 @@ class SpeculativeDiagnostics(msgspec.Struct, kw_only=True, omit_defaults=True):
     """
 
     rule: str
+    identity: str  # what a seeded run equals: "token" (target-only's tokens), "distribution", "greedy"
     biased: bool  # the stream followed the target's argmax although the request sampled
     rounds: int
     proposed: int

@@ -29,6 +29,7 @@ from app.drafters.base import Forward, Proposal, Proposer, Steps
 from app.execution.runner import ModelRunner
 from app.sampling import Distribution
 from app.sampling.grammar import masked
+from app.sampling.streams import position_keys, sampled_rows, xtc_coins
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -78,7 +79,7 @@ def verifying(row: VerifyRow) -> Steps[Verdict]:
     rows = logits[-(proposal.k + 1) :]
     # The rule judges against the masked target rows; log-probabilities read the unmasked ones.
     logits = rows if row.masks is None else masked(rows, row.masks)
-    verdict, p = judge(speculation.rule, state, proposal, logits)
+    verdict, p = judge(speculation.rule, state, proposal, logits, row.masks)
     target.rewind(target.length - (base + verdict.accepted))
     state.settle(verdict.tokens, verdict.accepted)
     state.report(rows, verdict.tokens, p, row.masks)  # the target's rows, never the drafter's
@@ -91,8 +92,11 @@ def verifying(row: VerifyRow) -> Steps[Verdict]:
     return verdict
 
 
-def judge(rule: Rule, state: RowState, proposal: Proposal, logits: mx.array) -> tuple[Verdict, Distribution | None]:
-    """Apply `rule` to the verify rows `[k+1, V]`; also the target rows p where it built them."""
+def judge(
+    rule: Rule, state: RowState, proposal: Proposal, logits: mx.array, masks: mx.array | None = None
+) -> tuple[Verdict, Distribution | None]:
+    """Apply `rule` to the verify rows `[k+1, V]` (`masks`: the grammar's, if constrained); also
+    the target rows p where it built them. Every draw is the target stream's (app/sampling/streams.py)."""
     base, sampler = len(state.tokens), state.sampler
     if sampler.needs_context:  # penalise each row as if the drafts before it were decided
         state.history.rewind(base)
@@ -102,11 +106,13 @@ def judge(rule: Rule, state: RowState, proposal: Proposal, logits: mx.array) -> 
         argmax = sampler.greedy(logits, contexts)
         mx.eval(proposal.tokens, argmax)
         return ARGMAX_RULES[rule](proposal.tokens.tolist(), argmax.tolist()), None
-    p = sampler.distribution(logits, contexts, state.rng)
-    drafts = proposal.tokens.tolist()
+    drafts, rows = proposal.tokens.tolist(), proposal.k + 1
     if rule is Rule.STOCHASTIC and proposal.q is not None:
+        p = sampler.distribution(logits, contexts, xtc_coins(state.rng, rows, sampler.uses_coin))
         return rules.modified_rejection(drafts, p, proposal.q, state.rng), p
-    return rules.sampler_match(drafts, p, state.rng), p
+    keys = position_keys(state.rng, sampled_rows(masks, rows), sampler.uses_coin)
+    p = sampler.distribution(logits, contexts, keys.coins)
+    return rules.sampler_match(drafts, p, keys), p
 
 
 def _diagnose(

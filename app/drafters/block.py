@@ -167,7 +167,7 @@ class BlockProposer(ProposesAtOnce):
         if not self.sampled or state.sampler.is_greedy:
             return mx.argmax(logits, axis=-1), None
         q = state.sampler.distribution(logits)
-        return q.draw(state.rng.next_key()), q  # one key per forward: its rows draw independently
+        return q.draw(state.drafter_rng.next_key()), q  # one drafter key per forward; its rows draw independently
 
 
 def proposal_of(drafts: list[mx.array], rows: list[Distribution | None]) -> Proposal:

@@ -11,6 +11,7 @@ from app.drafters.kinds import DrafterKind
 from app.execution.runner import ModelRunner
 from app.sampling import Distribution
 from app.sampling.grammar import masked
+from app.sampling.streams import xtc_coins
 
 if TYPE_CHECKING:
     from app.acceptance import Verdict
@@ -63,7 +64,8 @@ class DraftModelDrafter:
 
     def proposing(self, state: RowState, width: int) -> Steps[Proposal]:
         """Draft step by step, each step's forward asked for (a batch serves every row's step j
-        together); keys are drawn in the same order whoever serves the forwards."""
+        together); keys are drawn from the row's drafter stream, in the same order whoever serves
+        the forwards."""
         sampler, constraint = state.sampler, state.constraint
         # Host values are only needed for penalty windows, the p_min cut or the grammar's next
         # mask; otherwise the whole chain stays lazy and is evaluated with the verify forward.
@@ -82,8 +84,8 @@ class DraftModelDrafter:
                 draft = mx.argmax(adjusted, axis=-1).astype(mx.int32)
                 q = Distribution.from_dense(mx.softmax(adjusted, axis=-1)) if self.p_min > 0.0 else None
             else:
-                q = sampler.distribution(logits, contexts, state.rng)
-                draft = q.draw(state.rng.next_key()).astype(mx.int32)
+                q = sampler.distribution(logits, contexts, xtc_coins(state.drafter_rng, 1, sampler.uses_coin))
+                draft = q.draw(state.drafter_rng.next_key()).astype(mx.int32)
             if needs_host:
                 token = int(draft.item())
                 if q is not None and self.p_min > 0.0 and q.prob_of(draft).item() < self.p_min:

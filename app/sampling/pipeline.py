@@ -15,6 +15,7 @@ import mlx.core as mx
 from app.sampling.distribution import Distribution
 from app.sampling.params import SamplingParams
 from app.sampling.rng import RowRng
+from app.sampling.streams import position_keys
 
 
 class SamplerPipeline:
@@ -32,6 +33,11 @@ class SamplerPipeline:
     @property
     def is_greedy(self) -> bool:
         return self.params.is_greedy
+
+    @property
+    def uses_coin(self) -> bool:
+        """Whether XTC can apply, so each sampled position also takes a coin (`distribution`'s `coins`)."""
+        return self.params.xtc_probability > 0.0 and self.params.xtc_threshold <= 0.5
 
     @property
     def needs_context(self) -> bool:
@@ -62,9 +68,10 @@ class SamplerPipeline:
         return mx.argmax(self.adjust(logits, contexts), axis=-1)
 
     def distribution(
-        self, logits: mx.array, contexts: Sequence[Sequence[int]] | None = None, rng: RowRng | None = None
+        self, logits: mx.array, contexts: Sequence[Sequence[int]] | None = None, coins: mx.array | None = None
     ) -> Distribution:
-        """The final probability rows `p` (for a non-greedy sampler), on their candidate set."""
+        """The final probability rows `p` (for a non-greedy sampler), on their candidate set;
+        `coins` `[R]`: each row's XTC coin (None: no XTC, as for q rows and log-probabilities)."""
         adjusted = self.adjust(logits, contexts)
         vocab = adjusted.shape[-1]
         top_k = self.params.top_k
@@ -76,12 +83,12 @@ class SamplerPipeline:
             candidates, values = None, adjusted
         order = mx.argsort(-values, axis=-1)
         ranked = mx.take_along_axis(values, order, axis=-1)
-        keep = self._filter(ranked, rng)
+        keep = self._filter(ranked, coins)
         tempered = mx.where(keep, ranked / max(self.params.temperature, 1e-6), -mx.inf)
         token_ids = order if candidates is None else mx.take_along_axis(candidates, order, axis=-1)
         return Distribution(ids=token_ids, probs=mx.softmax(tempered, axis=-1), vocab=vocab)
 
-    def _filter(self, ranked: mx.array, rng: RowRng | None) -> mx.array:
+    def _filter(self, ranked: mx.array, coins: mx.array | None) -> mx.array:
         """Keep-mask over candidates sorted by descending logit, on the untempered distribution.
 
         Sorted candidates make every filter keep a prefix, so the filters reduce to a count of
@@ -100,27 +107,30 @@ class SamplerPipeline:
         if p.min_p > 0.0:
             kept = mx.minimum(kept, mx.sum(probs >= p.min_p * probs[:, :1], axis=-1, keepdims=True))
         keep = rank < kept
-        if p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5 and rng is not None:
-            keep = keep & self._xtc_mask(probs, keep, rank, rows, rng)
+        if self.uses_coin and coins is not None:
+            keep = keep & self._xtc_mask(probs, keep, rank, coins)
         return keep
 
-    def _xtc_mask(self, probs: mx.array, keep: mx.array, rank: mx.array, rows: int, rng: RowRng) -> mx.array:
+    def _xtc_mask(self, probs: mx.array, keep: mx.array, rank: mx.array, coins: mx.array) -> mx.array:
         """Exclude Top Choices: drop every token above the threshold but the least likely of them.
 
         Measured on the renormalised filtered row; one U[0, 1) coin per row decides whether it applies.
         """
         filtered = mx.where(keep, probs, 0.0)
         filtered = filtered / mx.sum(filtered, axis=-1, keepdims=True)
-        coins = mx.array([rng.uniform() for _ in range(rows)])
         above = mx.sum(filtered >= self.params.xtc_threshold, axis=-1, keepdims=True)
         applies = (coins[:, None] <= self.params.xtc_probability) & (above >= 2)
         return ~applies | (rank >= above - 1)
 
     def sample(
-        self, logits: mx.array, contexts: Sequence[Sequence[int]] | None, rng: RowRng
+        self, logits: mx.array, contexts: Sequence[Sequence[int]] | None, rng: RowRng, forced: bool = False
     ) -> tuple[int, Distribution | None]:
-        """Decide one token from one row of logits `[1, V]`; returns (token, p or None if greedy)."""
+        """Decide one token from one row of logits `[1, V]`; returns (token, p or None if greedy).
+        `forced`: the grammar allows one token here, which is decided drawing nothing (app/sampling/streams.py)."""
         if self.is_greedy:
             return int(self.greedy(logits, contexts)[0].item()), None
-        p = self.distribution(logits, contexts, rng)
-        return int(p.draw(rng.next_key()).item()), p
+        keys = position_keys(rng, [not forced], self.uses_coin)
+        p = self.distribution(logits, contexts, keys.coins)
+        token = int(keys.draw(p).item())
+        keys.consume(1)
+        return token, p

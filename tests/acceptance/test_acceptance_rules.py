@@ -22,6 +22,7 @@ from app.acceptance import (
 )
 from app.decoding.plan import Switches
 from app.sampling import Distribution, RowRng, SamplingParams
+from app.sampling.streams import PositionKeys, position_keys
 from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
 
 CATEGORIES = list(range(6))
@@ -51,7 +52,9 @@ def stream_from(rule: str | Callable, n: int, seed: int = 1234) -> list[int]:
     while len(out) < n:
         drafts = [draw(q_rows[i], rng) for i in range(K)]
         if rule == "sampler-match":
-            verdict = sampler_match(drafts, Distribution.from_dense(p_rows), rng)
+            verdict = sampler_match(
+                drafts, Distribution.from_dense(p_rows), position_keys(rng, [True] * (K + 1), False)
+            )
         elif rule == "stochastic":
             verdict = modified_rejection(drafts, Distribution.from_dense(p_rows), Distribution.from_dense(q_rows), rng)
         elif rule == "argmax":
@@ -123,8 +126,26 @@ def test_greedy_rules_walk_the_chain() -> None:
 
 def test_sampler_match_emits_the_draw_on_both_branches() -> None:
     one_hot = Distribution.from_dense(mx.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]))
-    assert sampler_match([1, 0], one_hot, RowRng(0)) == Verdict(accepted=1, tokens=[1, 2], tested=2)
-    assert sampler_match([1, 2], one_hot, RowRng(0)) == Verdict(accepted=2, tokens=[1, 2, 0], tested=2)
+    assert sampler_match([1, 0], one_hot, plain_keys(3)) == Verdict(accepted=1, tokens=[1, 2], tested=2)
+    assert sampler_match([1, 2], one_hot, plain_keys(3)) == Verdict(accepted=2, tokens=[1, 2, 0], tested=2)
+
+
+def test_sampler_match_emits_and_consumes_exactly_target_only_draws() -> None:
+    """Its emitted tokens are the draws target-only decoding makes at those positions, and it
+    consumes their keys only: the next draw is target-only's next one too."""
+    p = Distribution.from_dense(mx.broadcast_to(mx.array(P)[None, :], (K + 1, len(P))))
+    for seed in range(20):
+        target_only = RowRng(seed)
+        alone = [draw(mx.array(P), target_only) for _ in range(K + 2)]
+        rng = RowRng(seed)
+        verdict = sampler_match(
+            [*alone[:2], (alone[2] + 1) % len(P), 0], p, position_keys(rng, [True] * (K + 1), False)
+        )
+        assert verdict.tokens == alone[:3] and draw(mx.array(P), rng) == alone[3]
+
+
+def plain_keys(rows: int) -> PositionKeys:
+    return position_keys(RowRng(0), [True] * rows, False)
 
 
 @pytest.mark.parametrize("value", ["1", "true", "YES", "on"])

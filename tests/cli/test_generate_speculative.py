@@ -76,6 +76,18 @@ def test_rule_and_diagnostic_at_temperature(env: dict[str, str], rule: str) -> N
     assert diag and float(diag["smin"]) >= float(diag["sprod"])
 
 
+def test_seeded_sampler_match_prints_the_target_only_text() -> None:
+    """`--seed` reproduces a run, and under sampler-match (MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT=0
+    keeps it) the drafted run's text is target-only's: the drafter draws from its own stream."""
+    hot = [*PROMPT, "--temp", "0.7"]
+    alone = generate(*hot)
+    drafted = generate(*hot, "--draft-model", str(EMBEDDED_DRAFTER), env={"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": "0"})
+    assert alone.returncode == drafted.returncode == 0, drafted.stderr
+    assert summary_of(drafted.stdout)["rule"] == "sampler-match" and int(summary_of(drafted.stdout)["rounds"]) > 0
+    text = alone.stdout  # the text and a newline; the drafted run's summary line follows it
+    assert drafted.stdout[: len(text)] == text and drafted.stdout[len(text) :].startswith("[Speculative acceptance]")
+
+
 def test_explicit_kind_is_reported_as_explicit() -> None:
     result = generate(*PROMPT, "--temp", "0", "--draft-model", str(EMBEDDED_DRAFTER), "--draft-kind", "draft-model")
     assert "explicit)" in result.stderr

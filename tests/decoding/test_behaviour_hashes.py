@@ -3,7 +3,10 @@
 The hashes were recorded from the code before issue 11's plan refactor; issue 17 moved the seeded
 T = 0.7 hashes of the block profiles (dflash, mtp, muse) to their T = 0 ones: under
 argmax-against-argmax their whole stream is now the target's greedy stream, where the first token
-used to be sampled. Each profile's loop is
+used to be sampled. Issue 27 moved the seeded T = 0.7 hashes of the drafting profiles once: a
+drafter now draws from a stream of its own, no longer from the target's, so `default`
+(sampler-match over the draft model) records target-only's hash, and `stochastic` a new one (its
+drafter's draws moved; the rule itself still draws on the target stream). Each profile's loop is
 built the way the server builds it (the engine's load, then the builder, in process, no HTTP)
 and run on a fixed prompt set at temperature 0 and at a seeded temperature 0.7. A profile
 that declines sampling (dspark: the DSpark drafter is greedy-only) serves T = 0.7 with classic
@@ -37,7 +40,7 @@ HOT = 0.7
 EXPECTED = {
     "default": (
         "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
-        "743e8b822eef0a18a92e32e9ec5ce76bd00b458796d6f3e3625f4eeb492a9b08",
+        "9005b86d0a524b2db95f05ba4e379bcb8ed63247fab24fbc4afa4842d9da6f25",
         [],
     ),
     "dflash": (
@@ -67,7 +70,7 @@ EXPECTED = {
     ),
     "stochastic": (
         "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
-        "a54d8b903cff88711d29aebd6114e2e656934f63787514ab747d07ba8e7e0871",
+        "8bfed83e460001dd4614efd57912126e6f74f2fbc4c686e190b4d6b926131278",
         [],
     ),
     "target-only": (

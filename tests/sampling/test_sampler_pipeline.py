@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from app.sampling import Distribution, RowRng, SamplerPipeline, SamplingParams
+from app.sampling.streams import drafter_stream, position_keys, xtc_coins
 from tests.support.reference_sampler import final_distribution, penalise
 
 VOCAB = 64
@@ -22,7 +23,8 @@ def pipeline(**kw: object) -> SamplerPipeline:
 
 
 def p_of(sampler: SamplerPipeline, logits: np.ndarray, rng: RowRng | None = None) -> np.ndarray:
-    return np.array(sampler.distribution(mx.array(logits), None, rng).dense())
+    coins = None if rng is None else xtc_coins(rng, len(logits), sampler.uses_coin)
+    return np.array(sampler.distribution(mx.array(logits), None, coins).dense())
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -159,3 +161,29 @@ def test_a_distribution_within_masks_is_renormalised_on_the_allowed_tokens() -> 
     )
     masked = q.within(mx.array([[True, False, True, True, True]]))
     assert np.allclose(np.array(masked.dense()), [[0.0, 0.0, 3 / 7, 4 / 7, 0.0]], atol=1e-6)
+
+
+@pytest.mark.parametrize("xtc", [0.0, 0.5])
+def test_position_keys_are_the_keys_target_only_decoding_draws(xtc: float) -> None:
+    """Per sampled position, the XTC coin's key (when XTC is on) then the draw's; a forced
+    position takes none: the layout a verify round peeks, so its emitted draws are target-only's."""
+    sampler = pipeline(top_k=20, xtc_probability=xtc, xtc_threshold=0.1)
+    logits = mx.array(rows(3))
+    only_seven = mx.where(mx.arange(VOCAB) == 7, logits[3], -mx.inf)[None, :]  # a row the grammar forces
+    plan = [(logits[0:1], True), (only_seven, False), (logits[1:2], True), (logits[2:3], True)]
+    one_by_one, rng = [], RowRng(21)
+    for row, sampled in plan:
+        one_by_one.append(sampler.sample(row, None, rng, forced=not sampled)[0])
+    after_one_by_one = rng.next_key().tolist()
+    together = RowRng(21)
+    keys = position_keys(together, [sampled for _, sampled in plan], sampler.uses_coin)
+    stacked = mx.concatenate([row for row, _ in plan])
+    drawn = keys.draw(sampler.distribution(stacked, None, keys.coins)).tolist()
+    keys.consume(len(plan))
+    assert drawn == one_by_one and one_by_one[1] == 7
+    assert together.next_key().tolist() == after_one_by_one
+
+
+def test_the_drafter_stream_is_not_the_target_stream() -> None:
+    assert drafter_stream(5).next_key().tolist() != RowRng(5).next_key().tolist()
+    assert drafter_stream(5).next_key().tolist() == drafter_stream(5).next_key().tolist()

@@ -148,6 +148,7 @@ def test_diagnostics_and_markers_on_each_route(default_server: RunningServer) ->
     timings = native.json()["timings"]
     speculative = timings["speculative"]
     assert speculative["rule"] == native.headers[RULE_HEADER] == "greedy-argmax"
+    assert speculative["identity"] == "token"  # greedy argmax is sampler-match with an argmax sampler
     assert (speculative["rounds"], speculative["proposed"], speculative["accepted"]) == (
         timings["draft_rounds"],
         timings["draft_n"],
@@ -158,6 +159,7 @@ def test_diagnostics_and_markers_on_each_route(default_server: RunningServer) ->
     assert sum(speculative["accepted_per_position"]) == speculative["accepted"]
     assert "closed_form_sum_min" not in speculative  # only under MLXCEL_SPECULATIVE_ACCEPT_DIAG
     assert chat.json()["timings"]["speculative"]["rule"] == chat.headers[RULE_HEADER] == "sampler-match"  # T 0.8
+    assert chat.json()["timings"]["speculative"]["identity"] == "token"
     last = frames[-2]  # the finish chunk, before [DONE]
     assert last["speculative_biased"] is False
     assert last["timings"]["speculative"]["rule"] == streamed.headers[RULE_HEADER] == "sampler-match"
@@ -177,6 +179,7 @@ def test_a_block_drafter_marks_its_sampled_stream_biased(profile_server) -> None
     assert response.headers[RULE_HEADER] == "argmax-against-argmax"
     body = response.json()
     assert body["speculative_biased"] is True and body["timings"]["speculative"]["biased"] is True
+    assert body["timings"]["speculative"]["identity"] == "greedy"
 
 
 def test_own_fields_are_typed_and_documented() -> None:

@@ -1,0 +1,72 @@
+"""A row's two key streams: the target sampler's and the drafter's.
+
+Target-only decoding consumes the row's stream (`RowRng`, the sequence `mx.random.seed(seed)`
+starts) in one pattern: at every position it samples, the XTC coin's key when XTC is on, then the
+categorical draw's key; at a position the grammar forces (one allowed token) nothing, whether the
+token is jumped or decoded. A speculative row keeps that stream for the target's draws alone and
+takes the keys of the very positions it emits (`position_keys`), so under sampler-match it emits
+target-only's tokens at every width, in any batch. Every draw a drafter makes comes from a second
+stream derived from the seed (`drafter_stream`), which target-only decoding never touches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from app.sampling.distribution import Distribution
+from app.sampling.rng import KEY_RANGE, RowRng
+
+# Any fixed odd 64-bit constant keeps the drafter's keys apart from the target's (2**64 / golden ratio).
+DRAFTER_SALT = 0x9E3779B97F4A7C15
+
+
+def drafter_stream(seed: int) -> RowRng:
+    """The drafter's stream of the row seeded `seed`."""
+    return RowRng((seed ^ DRAFTER_SALT) % KEY_RANGE)
+
+
+def xtc_coins(rng: RowRng, rows: int, on: bool) -> mx.array | None:
+    """One XTC coin per row `[rows]` from `rng`'s next keys (lazy); None, drawing nothing, when XTC is off."""
+    if not on:
+        return None
+    return mx.stack([mx.random.uniform(key=rng.next_key()) for _ in range(rows)])
+
+
+@dataclass
+class PositionKeys:
+    """The target stream's keys of the next positions, peeked: `consume(n)` once n are decided."""
+
+    rng: RowRng
+    coins: mx.array | None  # [R] XTC coins (None: XTC off); 1.0 at a forced row, which has nothing to exclude
+    draws: list[mx.array | None]  # the categorical key of each row; None at a forced row
+    spans: list[int]  # keys each position takes
+
+    def draw(self, p: Distribution) -> mx.array:
+        """One token per row of p `[R]` (lazy); a forced row's is its only candidate left, p's top."""
+        rows = [p[i].draw(key) if key is not None else p[i].ids[:, 0] for i, key in enumerate(self.draws)]
+        return mx.concatenate(rows)
+
+    def consume(self, positions: int) -> None:
+        self.rng.advance(sum(self.spans[:positions]))
+
+
+def position_keys(rng: RowRng, sampled: Sequence[bool], coin: bool) -> PositionKeys:
+    """The keys of len(sampled) positions, laid out as target-only decoding draws them;
+    `sampled[i]` is False where the grammar forces position i; `coin`: XTC is on."""
+    spans = [1 + coin if is_sampled else 0 for is_sampled in sampled]
+    keys = iter(rng.peek(sum(spans)))
+    coins, draws = [], []
+    for is_sampled in sampled:
+        coins.append(mx.random.uniform(key=next(keys)) if coin and is_sampled else mx.array(1.0))
+        draws.append(next(keys) if is_sampled else None)
+    return PositionKeys(rng, mx.stack(coins) if coin else None, draws, spans)
+
+
+def sampled_rows(masks: mx.array | None, rows: int) -> list[bool]:
+    """Which of `rows` positions sample: all, but those whose grammar mask `[rows, V]` allows one token."""
+    if masks is None:
+        return [True] * rows
+    return (mx.sum(masks[:rows], axis=-1) != 1).tolist()

@@ -1,0 +1,156 @@
+"""Speculation that changes nothing but speed: a seeded sampler-match row emits target-only's tokens.
+
+Every emitted token of a sampler-match row is a draw from the target's p at that position, and p
+is bit-identical at every width and in every batch (the T = 0 guarantee rests on it). The target's
+draws have a key stream of their own, consumed once per emitted position exactly as target-only
+decoding consumes it, and every draw a drafter makes comes from a second stream
+(app/sampling/streams.py); so with any drafter the row's tokens are target-only's, token for token.
+
+Each drafter kind's engine is built the way the server builds it (its shipped profile, block
+drafters under `drafter.block_rule = "lossless"`) and run on the eight held-out prompts at
+T = 0.7 for 256 tokens, alone and then as a batch of eight stepping together (the engine's tick,
+tests/support/batched.py) with other traffic joining, leaving and sampling at T = 0. The batched
+rows cover the sampler's stages (XTC, top-k, top-p, min-p, penalties, logit_bias, a JSON schema whose
+grammar forces tokens) and several widths (speculative.n_max). Nothing here depends on the
+device: the lead runs the same file on the GPU.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from app.acceptance import Rule
+from app.decoding.builder import LoopBuilder, RowRequest
+from app.decoding.generation import Generation
+from app.drafters.kinds import DrafterKind
+from app.engine.engine import Engine
+from app.profiles import resolve
+from app.profiles.schema import LOSSLESS_BLOCK_RULE
+from app.sampling import SamplingParams
+from app.sampling.grammar import Grammar
+from ops.bench.prompts import HELD_OUT_CODE
+from tests.support.batched import Arrival, run_batched, run_rows
+
+pytestmark = pytest.mark.slow  # six engines, 16 rows of 256 tokens each
+
+PROFILES = {  # drafter kind -> its shipped profile
+    "draft-model": "default",
+    "prompt-lookup": "prompt-lookup",
+    "mtp": "mtp",
+    "dflash": "dflash",
+    "dspark": "dspark",
+    "muse": "muse",
+}
+N_PREDICT = 256
+HOT = SamplingParams(temperature=0.7)  # the server's other defaults: top_k 40, top_p 0.95, min_p 0.05
+RECORD = Grammar.json_schema(
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 24},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 4},
+            "done": {"type": "boolean"},
+        },
+        "required": ["name", "tags", "done"],
+        "additionalProperties": False,
+    }
+)
+# The batch's identity rows: (sampler, grammar, speculative.n_max), one per held-out prompt: XTC, top-k,
+# top-p, min-p, penalties, logit_bias, then a JSON schema (its grammar forces tokens) twice.
+BATCHED = [
+    (msgspec.structs.replace(HOT, xtc_probability=0.5, xtc_threshold=0.1), None, None),
+    (msgspec.structs.replace(HOT, top_k=5, top_p=1.0, min_p=0.0), None, 1),
+    (msgspec.structs.replace(HOT, top_k=0, top_p=0.8, min_p=0.0), None, 2),
+    (msgspec.structs.replace(HOT, top_k=0, top_p=1.0, min_p=0.1), None, 3),
+    (msgspec.structs.replace(HOT, repeat_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1), None, None),
+    (msgspec.structs.replace(HOT, logit_bias={13: -2.0, 220: 1.5, 0: float("-inf")}), None, 2),
+    (HOT, RECORD, None),
+    (msgspec.structs.replace(HOT, temperature=1.0, repeat_penalty=1.1), RECORD, 1),
+]
+
+
+def alone_request(tokens: list[int], index: int) -> RowRequest:
+    return RowRequest(tokens, HOT, max_tokens=N_PREDICT, seed=1000 + index, ignore_eos=True)
+
+
+def batched_request(tokens: list[int], index: int) -> RowRequest:
+    """Seeded as choice `index` of one request seeded 2000 would be (OpenAI's n: seed + j)."""
+    sampling, grammar, n_max = BATCHED[index]
+    return RowRequest(tokens, sampling, max_tokens=N_PREDICT, seed=2000 + index, ignore_eos=grammar is None,
+                      grammar=grammar, n_max=n_max)  # fmt: skip
+
+
+def other_traffic(tokens: list[list[int]]) -> list[tuple[RowRequest, int, int | None]]:
+    """Rows the identity rows share their ticks with, as (request, tick it joins, tick it leaves):
+    a greedy one, one that opts out of drafting, an unseeded one that leaves mid-way (a cancelled
+    request)."""
+    greedy = RowRequest(tokens[0], SamplingParams(temperature=0.0), max_tokens=120, ignore_eos=True)
+    opted_out = RowRequest(tokens[1], HOT, max_tokens=90, seed=7, ignore_eos=True, n_max=0)
+    cancelled = RowRequest(tokens[2], HOT, max_tokens=N_PREDICT, ignore_eos=True)
+    return [(greedy, 0, None), (opted_out, 5, None), (cancelled, 2, 30)]
+
+
+def run(generation: Generation) -> Generation:
+    generation.prefill()
+    while not generation.finished:
+        generation.step()
+    return generation
+
+
+def builder(profile: str) -> LoopBuilder:
+    """The profile's loop builder as the server makes it; block drafters under the lossless rule."""
+    settings = resolve(profile).settings
+    if DrafterKind(settings.drafter.kind).is_block_loop:
+        drafter = msgspec.structs.replace(settings.drafter, block_rule=LOSSLESS_BLOCK_RULE)
+        settings = msgspec.structs.replace(settings, drafter=drafter)
+    engine = Engine(settings)
+    engine.host.load()
+    return engine.host.builder
+
+
+@pytest.fixture(scope="module")
+def reference() -> LoopBuilder:
+    return builder("target-only")
+
+
+@pytest.fixture(scope="module")
+def prompts(reference: LoopBuilder) -> list[list[int]]:
+    return [list(reference.target.tokenizer.encode(prompt)) for prompt in HELD_OUT_CODE]  # one tokenizer for all
+
+
+@pytest.fixture(scope="module")
+def target_only(reference: LoopBuilder, prompts: list[list[int]]) -> dict[str, list[list[int]]]:
+    """Target-only outputs of both request sets (target-only rows are batch-invariant, so they are
+    run together: tests/engine/test_batched_rows.py holds that to each row's solo output)."""
+    outputs = {}
+    for name, make in (("alone", alone_request), ("batched", batched_request)):
+        rows = run_rows([reference.build(make(tokens, i)) for i, tokens in enumerate(prompts)])
+        outputs[name] = [row.emitted for row in rows]
+    assert all(len(tokens) == N_PREDICT for tokens in outputs["alone"])
+    return outputs
+
+
+def first_difference(got: list[int], want: list[int]) -> int | None:
+    return next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+
+
+@pytest.mark.parametrize("kind", sorted(PROFILES))
+def test_seeded_sampler_match_emits_target_only_tokens(kind: str, prompts, target_only) -> None:
+    loops = builder(PROFILES[kind])
+    for i, tokens in enumerate(prompts):
+        row = run(loops.build(alone_request(tokens, i)))
+        speculation = row.loop.speculation
+        assert speculation.rule is Rule.SAMPLER_MATCH and speculation.ran, (kind, i, [n.event for n in row.notes])
+        assert speculation.rule.identity == "token"
+        assert row.emitted == target_only["alone"][i], (kind, i, first_difference(row.emitted, target_only["alone"][i]))
+
+    identity = [Arrival(loops.build(batched_request(tokens, i)), joins=i % 3) for i, tokens in enumerate(prompts)]
+    traffic = [Arrival(loops.build(request), joins, leaves) for request, joins, leaves in other_traffic(prompts)]
+    widest = run_batched(identity + traffic)
+    assert widest >= len(prompts)
+    for i, arrival in enumerate(identity):
+        row, want = arrival.generation, target_only["batched"][i]
+        assert row.loop.speculation.rule is Rule.SAMPLER_MATCH, (kind, i)
+        assert row.emitted == want, (kind, i, BATCHED[i], first_difference(row.emitted, want))
+    assert sum(arrival.generation.loop.speculation.stats.rounds for arrival in identity) > 0
