@@ -135,8 +135,9 @@ def test_taps_record_each_row_as_its_own_forward_would(embedded_target) -> None:
         assert all(mx.array_equal(a, b).item() for a, b in zip(seen[name], expected[name], strict=True))
 
 
-def tiny(architecture: str, **config: object) -> nn.Module:
-    """A random model of mlx-lm's own module for `architecture` (vocabulary of 512)."""
+def tiny(architecture: str, bits: int | None = None, **config: object) -> nn.Module:
+    """A random model of mlx-lm's own module for `architecture` (vocabulary of 512), its layers
+    quantized to `bits` (affine, groups of 32) if given."""
     module = importlib.import_module(f"mlx_lm.models.{architecture}")
     shape = {
         "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128, "num_attention_heads": 4,
@@ -145,6 +146,8 @@ def tiny(architecture: str, **config: object) -> nn.Module:
     args = module.ModelArgs.from_dict({"model_type": architecture, **shape, **config})
     mx.random.seed(7)
     model = module.Model(args)
+    if bits is not None:  # as an mlx-lm quantized checkpoint loads
+        nn.quantize(model, group_size=32, bits=bits)
     if backend().row_invariant_kernels:  # as load_model leaves a model on an NVIDIA GPU
         model.set_dtype(mx.bfloat16)
         row_invariant.install(model)
@@ -153,8 +156,9 @@ def tiny(architecture: str, **config: object) -> nn.Module:
 
 
 LONGROPE = {"type": "longrope", "long_factor": [1.5] * 8, "short_factor": [1.1] * 8}  # SuScaledRoPE
+QWEN3 = {"tie_word_embeddings": True, "rope_theta": 10000.0, "max_position_embeddings": 4096}
 ARCHITECTURES = {
-    "qwen3": ("qwen3", {"tie_word_embeddings": True, "rope_theta": 10000.0, "max_position_embeddings": 4096}),
+    "qwen3": ("qwen3", QWEN3),
     "llama": ("llama", {"tie_word_embeddings": False}),
     "mistral": ("llama", {"model_type": "mistral", "rope_theta": 1e6}),  # mlx-lm loads mistral as llama
     "llama with sliding layers": (
@@ -168,6 +172,8 @@ ARCHITECTURES = {
         "phi3",
         {"max_position_embeddings": 8192, "original_max_position_embeddings": 1024, "rope_scaling": LONGROPE},
     ),
+    "qwen3 4-bit": ("qwen3", {**QWEN3, "bits": 4}),  # QuantizedLinear, QuantizedEmbedding
+    "llama 8-bit": ("llama", {"tie_word_embeddings": False, "bits": 8}),
 }
 
 
