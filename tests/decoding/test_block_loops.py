@@ -266,6 +266,7 @@ def test_server_output_at_t0_is_target_greedy(profile_server, reference, profile
             response = http.post("/completion", json={"prompt": CODE, "n_predict": 16, "temperature": 0.7})
             assert "draft_kind" not in response.json()["timings"]
             rid = response.headers["x-request-id"]
+            server.wait_for_event("block_loop_declined", rid)  # the log line may land after the answer
             declined = [e for e in server.events("block_loop_declined") if e["request_id"] == rid]
             assert len(declined) == 1 and declined[0]["level"] == "warning"
         if profile == "muse":
