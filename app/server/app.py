@@ -22,6 +22,7 @@ from app.server.routes.admin import AdminController
 from app.server.routes.chat import ChatController
 from app.server.routes.completions import OpenAICompletionController
 from app.server.routes.introspection import IntrospectionController
+from app.server.routes.messages import MessagesController
 from app.server.routes.native import NativeCompletionController
 from app.server.routes.tokens import TokensController
 from app.server.routes.unsupported import UnsupportedController
@@ -33,6 +34,7 @@ CONTROLLERS: list[type[Controller]] = [
     NativeCompletionController,
     OpenAICompletionController,
     ChatController,
+    MessagesController,
     UnsupportedController,
     AdminController,
 ]
