@@ -5,7 +5,8 @@ first message, text blocks are joined, an assistant's `tool_use` blocks are its 
 a user's `tool_result` blocks are tool messages, as chat templates read them. Tools become
 function tools with `input_schema` as their parameters; `tool_choice` any/tool/none/auto map to
 required/named/none/auto. `metadata`, `thinking`, `service_tier`, `container` and `mcp_servers`
-(empty) are accepted as no-ops; `output_config.format` is decoded through the grammar engine (docs/server.md); images and documents are refused (text-only).
+(empty) are accepted as no-ops (docs/other-apis.md); `output_config.format` is decoded through the
+grammar engine; images and documents are refused (text-only).
 """
 
 from __future__ import annotations
