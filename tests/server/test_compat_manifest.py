@@ -77,6 +77,10 @@ def request_for(entry: RouteEntry) -> dict:
         "/apply-template": {"messages": [{"role": "user", "content": "hi"}]},
         "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
         "/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        "/v1/messages": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "hi"}]},
+        "/v1/responses": {"input": "hi", "max_output_tokens": 2},
+        "/responses": {"input": "hi", "max_output_tokens": 2},
     }
     return {"json": bodies.get(entry.path, {"prompt": "x", "n_predict": 2})} if entry.method == "POST" else {}
 

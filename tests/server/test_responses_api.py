@@ -59,6 +59,10 @@ def test_create_is_the_chat_answer_with_usage_timings_and_the_rule(default_serve
     assert answer.output_text == chat_text(default_server, chat, 20)
     timings = answer.model_extra["timings"]
     assert timings["draft_kind"] == "draft-model" and timings["draft_rounds"] >= 1
+    unversioned = {"instructions": "You write Python.", "input": "Write a function", "max_output_tokens": 20,
+                   "temperature": 0}  # fmt: skip
+    aliased = default_server.client().post("/responses", json=unversioned).json()  # llama-server's spelling
+    assert aliased["output"][0]["content"][0]["text"] == answer.output_text
 
 
 def test_a_stream_is_the_sdks_event_sequence_and_the_same_text(default_server) -> None:
