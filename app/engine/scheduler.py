@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from enum import StrEnum
 from functools import partial
 
@@ -77,6 +78,8 @@ class Scheduler:
         self._stopping = False
         self._abort: str | None = None  # set by `abort`: fail every row and queued job with this
         self._deferred: list[int] = []  # slots of the rows the last tick's budget left out
+        # work that needs the models but is no row (embeddings), run between ticks
+        self._calls: deque[tuple[Callable[[], object], Future]] = deque()
         self._log = structlog.get_logger("mlxcel.engine")
 
     # --- called from other threads (HTTP, signal handlers): the lock only -------------------
@@ -90,6 +93,17 @@ class Scheduler:
             self._queue.append(job)
             self._count()
             self._wake.notify()
+
+    def call(self, work: Callable[[], object]) -> Future:
+        """Run `work` on the engine thread before its next tick; the future holds its result or
+        exception. Each call runs whole between two ticks, so it delays the rows by its own time."""
+        future: Future = Future()
+        with self._wake:
+            if self.state is not EngineState.READY:
+                raise UnavailableError(unavailable_message(self.state))
+            self._calls.append((work, future))
+            self._wake.notify()
+        return future
 
     def drain(self) -> None:
         """Refuse new requests from now on; the running and queued ones go on."""
@@ -128,16 +142,31 @@ class Scheduler:
             if self._abort is not None:
                 self.fail_all(Failed(self._abort, 503, "unavailable_error"))
                 self._abort = None
+            self._run_calls()
             self._admit()
             if not self.rows:
                 with self._wake:
-                    if not self._queue and not self._stopping and self._abort is None:
+                    if not self._queue and not self._calls and not self._stopping and self._abort is None:
                         self._wake.wait(IDLE_WAIT_S)
                 continue
             self._tick()
 
+    def _run_calls(self) -> None:
+        while self._calls:
+            with self._wake:
+                work, future = self._calls.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(work())
+            except Exception as exc:  # the caller's failure, answered to it alone
+                future.set_exception(exc)
+
     def fail_all(self, event: Failed) -> None:
         with self._wake:
+            for _, future in self._calls:
+                future.set_exception(UnavailableError(event.message))
+            self._calls.clear()
             jobs = [row.job for row in self.rows.values()] + list(self._queue)
             if self._admitting is not None:  # the engine broke while building its loop
                 jobs.append(self._admitting)

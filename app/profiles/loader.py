@@ -282,6 +282,11 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
             f"{origin('server.admin_reload', sources, path)}: needs server.api_key, api_keys or api_key_file (a key "
             "guards POST /admin/reload, or anyone who reaches the port could reload); set a key, or reload with SIGHUP"
         )
+    if settings.server.embeddings and settings.target.parallel != "none":
+        raise ProfileError(
+            f"{origin('server.embeddings', sources, path)}: not served with a tensor-parallel target (an embedding "
+            "runs the target alone on the engine thread, outside the ranks' lockstep); set it false"
+        )
     where = partial(origin, sources=sources, path=path)
     require_each(
         settings.server.cors_origins,

@@ -12,6 +12,7 @@ DrafterKindName = Literal["none", "draft-model", "prompt-lookup", "mtp", "dflash
 ParallelName = Literal["none", "tensor"]
 # whose prompt-cache entries a request may find: its own tenant's, or every tenant's
 CacheScopeName = Literal["tenant", "global"]
+PoolingName = Literal["mean", "last", "cls"]  # app/execution/embedding.py POOLINGS
 # The block loops' (MTP, DFlash family) rule: the contract's biased argmax-against-argmax, or the
 # classic loop's lossless rules over the drafters' proposal rows q.
 BlockRuleName = Literal["argmax-against-argmax", "lossless"]
@@ -112,6 +113,9 @@ class ServerSettings(Group):
     # Host names served beside loopback names and IP literals (app/server/hosts.py): checked on a
     # loopback bind, and on any bind once the list is set; ["*"] allows any Host
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
+    # /v1/embeddings and /embedding (llama-server's --embeddings): the target's pooled hidden states
+    embeddings: bool = False
+    embeddings_pooling: PoolingName = "mean"
     props_show_paths: bool = False  # /props and /v1/models show filesystem paths, not just their last part
     # POST /admin/reload (hot profile reload); needs an API key, which guards it. SIGHUP reloads regardless.
     admin_reload: bool = False

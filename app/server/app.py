@@ -22,6 +22,7 @@ from app.server.responses_api import ResponseStore
 from app.server.routes.admin import AdminController
 from app.server.routes.chat import ChatController
 from app.server.routes.completions import OpenAICompletionController
+from app.server.routes.embeddings import EmbeddingsController
 from app.server.routes.introspection import IntrospectionController
 from app.server.routes.messages import MessagesController
 from app.server.routes.native import NativeCompletionController
@@ -38,6 +39,7 @@ CONTROLLERS: list[type[Controller]] = [
     ChatController,
     MessagesController,
     ResponsesController,
+    EmbeddingsController,
     UnsupportedController,
     AdminController,
 ]
