@@ -116,6 +116,8 @@ class ServerSettings(Group):
     # /v1/embeddings and /embedding (llama-server's --embeddings): the target's pooled hidden states
     embeddings: bool = False
     embeddings_pooling: PoolingName = "mean"
+    # a model named org/name that is not in the Hugging Face cache may be downloaded (flag --hf-download)
+    allow_model_download: bool = False
     props_show_paths: bool = False  # /props and /v1/models show filesystem paths, not just their last part
     # POST /admin/reload (hot profile reload); needs an API key, which guards it. SIGHUP reloads regardless.
     admin_reload: bool = False
