@@ -116,6 +116,7 @@ class ServerSettings(Group):
     # /v1/embeddings and /embedding (llama-server's --embeddings): the target's pooled hidden states
     embeddings: bool = False
     embeddings_pooling: PoolingName = "mean"
+    web_ui: bool = True  # the chat page at / (app/server/web/index.html)
     # a model named org/name that is not in the Hugging Face cache may be downloaded (flag --hf-download)
     allow_model_download: bool = False
     props_show_paths: bool = False  # /props and /v1/models show filesystem paths, not just their last part

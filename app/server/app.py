@@ -29,6 +29,7 @@ from app.server.routes.native import NativeCompletionController
 from app.server.routes.responses_api import ResponsesController
 from app.server.routes.tokens import TokensController
 from app.server.routes.unsupported import UnsupportedController
+from app.server.routes.web import WebController
 from app.server.shaping import RULE_HEADER
 
 CONTROLLERS: list[type[Controller]] = [
@@ -42,6 +43,7 @@ CONTROLLERS: list[type[Controller]] = [
     EmbeddingsController,
     UnsupportedController,
     AdminController,
+    WebController,
 ]
 
 
