@@ -173,3 +173,15 @@ def test_x_api_key_is_the_key(keyed_server) -> None:
         client(keyed_server, "wrong").messages.create(model="target", max_tokens=2, messages=ASK)
     bare = httpx.post(f"{keyed_server.url}/v1/messages/count_tokens", json={"messages": ASK}, timeout=30)
     assert bare.status_code == 401
+
+
+def test_langchain_chat_anthropic_answers(default_server) -> None:
+    chat_anthropic = pytest.importorskip("langchain_anthropic").ChatAnthropic  # dev extra; skips where absent
+    model = chat_anthropic(model="target", base_url=default_server.url, api_key="unused", max_tokens=16,
+                           temperature=0, max_retries=0)  # fmt: skip
+    reply = model.invoke([("system", "You write Python."), ("human", "Write a function")])
+    want = chat_text(default_server, [{"role": "system", "content": "You write Python."},
+                                      {"role": "user", "content": "Write a function"}], 16)  # fmt: skip
+    assert reply.content == want and reply.response_metadata["stop_reason"] == "max_tokens"
+    streamed = "".join(chunk.content for chunk in model.stream("Write a function") if isinstance(chunk.content, str))
+    assert streamed == chat_text(default_server, [{"role": "user", "content": "Write a function"}], 16)
