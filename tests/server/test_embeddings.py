@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from app.execution.embedding import embedding
+from app.profiles import ProfileError, resolve
 from tests.support.server import serve
 
 TEXTS = ["hello world", "def merge_sorted(left, right):"]
@@ -87,3 +88,11 @@ def test_poolings_read_the_causal_states_they_name(embedded_target) -> None:
     states = embedded_target.model.model(mx.array([tokens]))[0].astype(mx.float32)
     want = states.mean(axis=0) / mx.linalg.norm(states.mean(axis=0))
     assert mean == pytest.approx(want.tolist(), abs=1e-5)
+
+
+def test_a_tensor_parallel_target_cannot_serve_embeddings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLXCEL_SERVER__EMBEDDINGS", "true")
+    monkeypatch.setenv("MLXCEL_TARGET__PARALLEL", "tensor")
+    monkeypatch.setenv("MLXCEL_TARGET__WORLD_SIZE", "2")
+    with pytest.raises(ProfileError, match=r"^environment: MLXCEL_SERVER__EMBEDDINGS: not served with a tensor-par"):
+        resolve("target-only")

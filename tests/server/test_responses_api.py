@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import anthropic
 import openai
 import pytest
 
@@ -162,3 +163,19 @@ def test_the_store_is_bounded_and_kept_per_tenant() -> None:
         store.history("a", "resp_0")  # the oldest went first
     with pytest.raises(Exception, match="not found"):
         store.history("b", "resp_2")  # another tenant's
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["prompt-lookup", "mtp"])
+def test_other_speculative_profiles_answer_as_their_chat_route(profile_server, profile: str) -> None:
+    server = profile_server(profile)
+    chat = [{"role": "user", "content": "def fibonacci(n):"}]
+    want = chat_text(server, chat, 24)
+    answer = client(server).responses.with_raw_response.create(
+        model="target", input="def fibonacci(n):", max_output_tokens=24, temperature=0
+    )
+    assert answer.parse().output_text == want and answer.headers[RULE_HEADER] != "none"
+    messages = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0).messages.create(
+        model="target", max_tokens=24, messages=chat, extra_body={"temperature": 0}
+    )
+    assert messages.content[0].text == want and messages.model_extra["timings"]["draft_rounds"] >= 1
