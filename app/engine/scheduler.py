@@ -95,12 +95,15 @@ class Scheduler:
             self._wake.notify()
 
     def call(self, work: Callable[[], object]) -> Future:
-        """Run `work` on the engine thread before its next tick; the future holds its result or
-        exception. Each call runs whole between two ticks, so it delays the rows by its own time."""
+        """Run `work` on the engine thread between two ticks; the future holds its result or
+        exception. One call runs per tick, so the rows go on between calls, each delayed by one
+        call's time; beyond `max_queue` waiting calls, 503 as for requests."""
         future: Future = Future()
         with self._wake:
             if self.state is not EngineState.READY:
                 raise UnavailableError(unavailable_message(self.state))
+            if len(self._calls) >= self.limits.max_queue:
+                raise QueueFullError(f"{len(self._calls)} embeddings are already waiting; try again later")
             self._calls.append((work, future))
             self._wake.notify()
         return future
@@ -133,7 +136,13 @@ class Scheduler:
         Read under the lock: a job moves from the queue to `_admitting` inside it, and a reload
         stops a replaced engine once it reads idle, which must never strand that job."""
         with self._wake:
-            return not self.rows and not self._queue and self._admitting is None and self._abort is None
+            return (
+                not self.rows
+                and not self._queue
+                and not self._calls
+                and self._admitting is None
+                and self._abort is None
+            )
 
     # --- the engine thread -----------------------------------------------------------------
 
@@ -150,17 +159,24 @@ class Scheduler:
                         self._wake.wait(IDLE_WAIT_S)
                 continue
             self._tick()
+        with self._wake:  # stopped: a call left waiting is answered, never stranded
+            left = list(self._calls)
+            self._calls.clear()
+        for _, future in left:
+            future.set_exception(UnavailableError(unavailable_message(EngineState.DRAINING)))
 
     def _run_calls(self) -> None:
-        while self._calls:
-            with self._wake:
-                work, future = self._calls.popleft()
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(work())
-            except Exception as exc:  # the caller's failure, answered to it alone
-                future.set_exception(exc)
+        """The oldest waiting call, if any (one per tick)."""
+        with self._wake:
+            if not self._calls:
+                return
+            work, future = self._calls.popleft()
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(work())
+        except Exception as exc:  # the caller's failure, answered to it alone
+            future.set_exception(exc)
 
     def fail_all(self, event: Failed) -> None:
         with self._wake:

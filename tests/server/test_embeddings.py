@@ -4,6 +4,7 @@ off unless server.embeddings is on (then a 404 the SDK does not retry)."""
 from __future__ import annotations
 
 import base64
+import json
 import struct
 
 import httpx
@@ -96,3 +97,25 @@ def test_a_tensor_parallel_target_cannot_serve_embeddings(monkeypatch: pytest.Mo
     monkeypatch.setenv("MLXCEL_TARGET__WORLD_SIZE", "2")
     with pytest.raises(ProfileError, match=r"^environment: MLXCEL_SERVER__EMBEDDINGS: not served with a tensor-par"):
         resolve("target-only")
+
+
+@pytest.mark.slow
+def test_embeddings_between_ticks_change_no_decoding_row(embedding_server) -> None:
+    body = {"messages": [{"role": "user", "content": "Write a function"}], "max_tokens": 96, "temperature": 0}
+    with embedding_server.client() as http:
+        alone = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+        alone_vector = http.post("/v1/embeddings", json={"input": TEXTS[1]}).json()["data"][0]["embedding"]
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as stream:
+            lines = stream.iter_lines()
+            pieces, vectors = [], []
+            for line in lines:
+                if line.startswith("data: {"):
+                    delta = json.loads(line[6:])["choices"][0]["delta"].get("content")
+                    pieces.append(delta or "")
+                    if len(vectors) < 3:  # embeddings computed while the row decodes
+                        answer = httpx.post(
+                            f"{embedding_server.url}/v1/embeddings", json={"input": TEXTS[1]}, timeout=60
+                        )
+                        vectors.append(answer.json()["data"][0]["embedding"])
+    assert "".join(pieces) == alone
+    assert all(vector == alone_vector for vector in vectors)
