@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from litestar import Controller, Request, Response, post
@@ -10,7 +9,7 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from app.server import requests, shaping, tools
+from app.server import conversation, shaping
 from app.server.bodies import json_response
 from app.server.engine_view import EngineView, require_ready
 from app.server.errors import ApiError
@@ -35,19 +34,9 @@ class ChatController(Controller):
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[ChatRequest]
     ) -> Response | Stream:
         """Chat through the model's chat template; `timings` rides on the body or the finish chunk."""
-        tools.check_count(data, engine.settings.grammar.max_tools)
-        plan = tools.tool_plan(data)
+        tokens, plan = await conversation.prompt_tokens(engine, data)
         if plan is not None and plan.callable and data.stream:
             raise ApiError(400, 'stream: streaming tool calls is not supported yet; stream false or tool_choice "none"')
-        tokens = await asyncio.to_thread(
-            requests.chat_prompt,
-            data.messages,
-            engine.tokenizer,
-            requests.template_kwargs(data),
-            engine.settings,
-            tools=plan.template_tools() if plan else None,
-        )
-        requests.check_token_ids(tokens, engine.vocab_size)
         rows = await start_rows(request, engine, data, [tokens], data.n, request.url.path)
         head = shaping.openai_head("chatcmpl", rows.request_id, rows.settings[0].model)
         logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)
