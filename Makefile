@@ -26,11 +26,13 @@ $(SHIM): app/runtime/sgemm_rows.c $(STAMP)
 run: install
 	$(BIN)/mlxcel serve
 
-# The replica test runs real nginx: .ci/ensure-nginx installs Debian's package where it is missing.
+# The replica test runs real nginx and the web page's test headless Chromium: .ci/ensure-nginx and
+# .ci/ensure-chromium install Debian's packages where they are missing.
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	bash .ci/ensure-nginx
+	bash .ci/ensure-chromium
 	$(BIN)/pytest
 
 bench: install

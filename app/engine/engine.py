@@ -16,6 +16,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from functools import partial
 
 import structlog
 
@@ -24,6 +26,7 @@ from app.engine.reporter import Reporter
 from app.engine.row import Failed, Job
 from app.engine.scheduler import EngineState, Scheduler, UnavailableError, unavailable_message
 from app.engine.snapshot import EngineSnapshot, copy_metrics, row_view
+from app.execution.embedding import embedding
 from app.profiles.schema import Settings
 from app.profiles.tenants import Tenants
 from app.runtime.logging import log_internal_error
@@ -79,6 +82,10 @@ class Engine:
 
     def submit(self, job: Job) -> None:
         self.scheduler.submit(job)
+
+    def embed(self, tokens: list[int], pooling: str) -> Future:
+        """The target's pooled, normalised embedding of `tokens`, computed on the engine thread."""
+        return self.scheduler.call(partial(embedding, self.host.target, tokens, pooling))
 
     @property
     def idle(self) -> bool:

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from enum import StrEnum
 from functools import partial
 
@@ -77,6 +78,8 @@ class Scheduler:
         self._stopping = False
         self._abort: str | None = None  # set by `abort`: fail every row and queued job with this
         self._deferred: list[int] = []  # slots of the rows the last tick's budget left out
+        # work that needs the models but is no row (embeddings), run between ticks
+        self._calls: deque[tuple[Callable[[], object], Future]] = deque()
         self._log = structlog.get_logger("mlxcel.engine")
 
     # --- called from other threads (HTTP, signal handlers): the lock only -------------------
@@ -90,6 +93,20 @@ class Scheduler:
             self._queue.append(job)
             self._count()
             self._wake.notify()
+
+    def call(self, work: Callable[[], object]) -> Future:
+        """Run `work` on the engine thread between two ticks; the future holds its result or
+        exception. One call runs per tick, so the rows go on between calls, each delayed by one
+        call's time; beyond `max_queue` waiting calls, 503 as for requests."""
+        future: Future = Future()
+        with self._wake:
+            if self.state is not EngineState.READY:
+                raise UnavailableError(unavailable_message(self.state))
+            if len(self._calls) >= self.limits.max_queue:
+                raise QueueFullError(f"{len(self._calls)} embeddings are already waiting; try again later")
+            self._calls.append((work, future))
+            self._wake.notify()
+        return future
 
     def drain(self) -> None:
         """Refuse new requests from now on; the running and queued ones go on."""
@@ -119,7 +136,13 @@ class Scheduler:
         Read under the lock: a job moves from the queue to `_admitting` inside it, and a reload
         stops a replaced engine once it reads idle, which must never strand that job."""
         with self._wake:
-            return not self.rows and not self._queue and self._admitting is None and self._abort is None
+            return (
+                not self.rows
+                and not self._queue
+                and not self._calls
+                and self._admitting is None
+                and self._abort is None
+            )
 
     # --- the engine thread -----------------------------------------------------------------
 
@@ -128,16 +151,38 @@ class Scheduler:
             if self._abort is not None:
                 self.fail_all(Failed(self._abort, 503, "unavailable_error"))
                 self._abort = None
+            self._run_calls()
             self._admit()
             if not self.rows:
                 with self._wake:
-                    if not self._queue and not self._stopping and self._abort is None:
+                    if not self._queue and not self._calls and not self._stopping and self._abort is None:
                         self._wake.wait(IDLE_WAIT_S)
                 continue
             self._tick()
+        with self._wake:  # stopped: a call left waiting is answered, never stranded
+            left = list(self._calls)
+            self._calls.clear()
+        for _, future in left:
+            future.set_exception(UnavailableError(unavailable_message(EngineState.DRAINING)))
+
+    def _run_calls(self) -> None:
+        """The oldest waiting call, if any (one per tick)."""
+        with self._wake:
+            if not self._calls:
+                return
+            work, future = self._calls.popleft()
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(work())
+        except Exception as exc:  # the caller's failure, answered to it alone
+            future.set_exception(exc)
 
     def fail_all(self, event: Failed) -> None:
         with self._wake:
+            for _, future in self._calls:
+                future.set_exception(UnavailableError(event.message))
+            self._calls.clear()
             jobs = [row.job for row in self.rows.values()] + list(self._queue)
             if self._admitting is not None:  # the engine broke while building its loop
                 jobs.append(self._admitting)

@@ -22,6 +22,8 @@ from typing import Any, Literal, get_args, get_origin
 
 import msgspec
 
+from app.loading.checkpoint import ModelLoadError
+from app.loading.hub import cached_model, is_repo_id
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import ENV_OVERRIDES, DrafterKindName, Settings
 from app.profiles.tenants import read_key_file
@@ -51,6 +53,7 @@ FLAGS = {  # flag dest -> settings key (llama-server's spellings)
     "n_predict": "sampling.n_predict",
     "parallel": "server.max_rows",
     "alias": "server.model_alias",
+    "hf_download": "server.allow_model_download",
 }
 # llama-server's flags that have no setting here, accepted so its launch lines work unchanged:
 # flag spellings -> (argparse options, why it changes nothing)
@@ -63,6 +66,7 @@ NO_OP_FLAGS = {
     ("--jinja",): ({"action": "store_true"}, "chat templates are always rendered with Jinja"),
 }
 FLAG_NAMES = {key: "--" + dest.replace("_", "-") for dest, key in FLAGS.items()}
+MODEL_KEYS = ("target.model", "drafter.model")  # paths, or Hugging Face repository ids
 # `target = "DIR"` is short for `[target] model = "DIR"`; messages name the model key the short way.
 SHORT_KEYS = {"target.model": "target"}
 # dynaconf's `@int 8080`, `@jinja {{ ... }}`, `@format ...`: refused, never evaluated (see env_layer).
@@ -297,6 +301,11 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
             f"{origin('server.admin_reload', sources, path)}: needs server.api_key, api_keys or api_key_file (a key "
             "guards POST /admin/reload, or anyone who reaches the port could reload); set a key, or reload with SIGHUP"
         )
+    if settings.server.embeddings and settings.target.parallel != "none":
+        raise ProfileError(
+            f"{origin('server.embeddings', sources, path)}: not served with a tensor-parallel target (an embedding "
+            "runs the target alone on the engine thread, outside the ranks' lockstep); set it false"
+        )
     where = partial(origin, sources=sources, path=path)
     require_each(
         settings.server.cors_origins,
@@ -381,11 +390,33 @@ def get_key(data: dict[str, Any], dotted: str) -> Any:
 
 
 def anchor_paths(data: dict[str, Any], profile: Path) -> None:
-    """Relative paths in a profile are relative to the profile file."""
+    """Relative paths in a profile are relative to the profile file; a model named `org/name`
+    that is no directory there is a Hugging Face repository id (hub_models resolves it)."""
     for key in PATH_KEYS:
         value = get_key(data, key)
-        if isinstance(value, str) and value not in ("stdout", "stderr") and not Path(value).expanduser().is_absolute():
-            set_key(data, key, str((profile.parent / value).resolve()))
+        if not isinstance(value, str) or value in ("stdout", "stderr") or Path(value).expanduser().is_absolute():
+            continue
+        if key in MODEL_KEYS and is_repo_id(value, profile.parent):
+            continue
+        set_key(data, key, str((profile.parent / value).resolve()))
+
+
+def hub_models(settings: Settings, sources: dict[str, str], path: Path) -> Settings:
+    """Target and drafter named as `org/name` repository ids, resolved to their snapshots in the
+    Hugging Face cache (app/loading/hub.py); the target's id is the model's alias unless one is set."""
+    allow = settings.server.allow_model_download
+    target, drafter, server = settings.target, settings.drafter, settings.server
+    try:
+        if is_repo_id(target.model):
+            key = "target.model"
+            server = msgspec.structs.replace(server, model_alias=server.model_alias or target.model)
+            target = msgspec.structs.replace(target, model=str(cached_model(target.model, allow_download=allow)))
+        if drafter.model is not None and is_repo_id(drafter.model):
+            key = "drafter.model"
+            drafter = msgspec.structs.replace(drafter, model=str(cached_model(drafter.model, allow_download=allow)))
+    except ModelLoadError as exc:
+        raise ProfileError(f"{origin(key, sources, path)}: {exc}") from exc
+    return msgspec.structs.replace(settings, target=target, drafter=drafter, server=server)
 
 
 def resolve(name_or_path: str | None = None, flags: dict[str, Any] | None = None) -> Resolved:
@@ -410,7 +441,7 @@ def resolve(name_or_path: str | None = None, flags: dict[str, Any] | None = None
     sources |= {FLAGS[dest]: "flag" for dest in flags}
     for key in ("profile", "source"):
         sources.pop(key, None)
-    settings = convert(data, sources, path)
+    settings = hub_models(convert(data, sources, path), sources, path)
     check_values(settings, sources, path)
     return Resolved(settings, sources)
 
@@ -418,9 +449,24 @@ def resolve(name_or_path: str | None = None, flags: dict[str, Any] | None = None
 def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="profile name (profiles/NAME.toml) or path; env MLXCEL_PROFILE")
     parser.add_argument(
-        "-m", "--model", help="target model directory (target); without a drafter flag, served with no drafter"
+        "-m",
+        "--model",
+        "-hf",
+        "--hf-repo",
+        dest="model",
+        help="target model directory or Hugging Face repository id org/name, found in the local hub cache "
+        "(target; -hf/--hf-repo as llama-server's); without a drafter flag, served with no drafter",
     )
-    parser.add_argument("--draft-model", help="drafter model directory (drafter.model; its kind read from config.json)")
+    parser.add_argument(
+        "--hf-download",
+        action="store_const",
+        const=True,
+        help="let a model named org/name that is not in the hub cache be downloaded (server.allow_model_download)",
+    )
+    parser.add_argument(
+        "--draft-model",
+        help="drafter model directory or repository id org/name (drafter.model; its kind read from config.json)",
+    )
     parser.add_argument(
         "--draft-kind", choices=get_args(DrafterKindName), help="drafter kind (drafter.kind; none: no drafter)"
     )

@@ -13,6 +13,7 @@ ParallelName = Literal["none", "tensor"]
 # whose prompt-cache entries a request may find: its own tenant's, or every tenant's
 CacheScopeName = Literal["tenant", "global"]
 WarmupName = Literal["auto", "on", "off"]
+PoolingName = Literal["mean", "last", "cls"]  # app/execution/embedding.py POOLINGS
 # The block loops' (MTP, DFlash family) rule: the contract's biased argmax-against-argmax, or the
 # classic loop's lossless rules over the drafters' proposal rows q.
 BlockRuleName = Literal["argmax-against-argmax", "lossless"]
@@ -120,6 +121,12 @@ class ServerSettings(Group):
     # "token": one stream frame per token, a verify round's tokens as consecutive frames (llama-server's);
     # "round": one frame per round (fewer frames, each with several tokens)
     stream_frames: Literal["token", "round"] = "token"
+    # /v1/embeddings and /embedding (llama-server's --embeddings): the target's pooled hidden states
+    embeddings: bool = False
+    embeddings_pooling: PoolingName = "mean"
+    web_ui: bool = True  # the chat page at / (app/server/web/index.html)
+    # a model named org/name that is not in the Hugging Face cache may be downloaded (flag --hf-download)
+    allow_model_download: bool = False
     props_show_paths: bool = False  # /props and /v1/models show filesystem paths, not just their last part
     # POST /admin/reload (hot profile reload); needs an API key, which guards it. SIGHUP reloads regardless.
     admin_reload: bool = False

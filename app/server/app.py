@@ -18,13 +18,18 @@ from app.server.errors import HANDLERS
 from app.server.grammars import Grammars
 from app.server.metrics import HttpMetrics
 from app.server.openapi import error_responses, openapi_config
+from app.server.responses_api import ResponseStore
 from app.server.routes.admin import AdminController
 from app.server.routes.chat import ChatController
 from app.server.routes.completions import OpenAICompletionController
+from app.server.routes.embeddings import EmbeddingsController
 from app.server.routes.introspection import IntrospectionController
+from app.server.routes.messages import MessagesController
 from app.server.routes.native import NativeCompletionController
+from app.server.routes.responses_api import ResponsesController
 from app.server.routes.tokens import TokensController
 from app.server.routes.unsupported import UnsupportedController
+from app.server.routes.web import WebController
 from app.server.shaping import RULE_HEADER
 
 CONTROLLERS: list[type[Controller]] = [
@@ -33,8 +38,12 @@ CONTROLLERS: list[type[Controller]] = [
     NativeCompletionController,
     OpenAICompletionController,
     ChatController,
+    MessagesController,
+    ResponsesController,
+    EmbeddingsController,
     UnsupportedController,
     AdminController,
+    WebController,
 ]
 
 
@@ -110,6 +119,7 @@ def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) 
     app.state.settings = settings  # the live profile's: the API key and JSON depth follow a reload
     app.state.tenants = engines.current.tenants  # its keys (a reload's engine read the key file again)
     app.state.grammars = grammars
+    app.state.responses = ResponseStore()  # /v1/responses kept for previous_response_id; outlives reloads
     app.state.http_metrics = HttpMetrics()  # counted by the access log, read by /metrics; outlives reloads
 
     def follow(new: Engine) -> None:

@@ -1,7 +1,7 @@
 """The API key gate: with keys configured, every route but the public ones needs one of them,
 and the key a request presents says which tenant it is (app/profiles/tenants.py).
 
-As llama-server: health, the model list and the schema are public (handlers with
+As llama-server: health, the model list, the schema and the chat page are public (handlers with
 opt={"public": True}); the key comes as `Authorization: Bearer KEY` or, Anthropic's spelling,
 `x-api-key: KEY`. OPTIONS never needs it: browsers send no key on a CORS preflight, and the
 answer names only the allowed methods. Without keys every request is the anonymous tenant's; so

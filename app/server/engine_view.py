@@ -10,6 +10,7 @@ until the handler returns, so a request never spans two engines.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
@@ -103,6 +104,13 @@ class EngineView:
     def submit(self, job: Job) -> None:
         try:
             self._engine.submit(job)
+        except UnavailableError as exc:
+            raise ApiError(503, str(exc)) from exc
+
+    async def embed(self, tokens: list[int], pooling: str) -> list[float]:
+        """The target's pooled embedding of `tokens`, computed on the engine thread between ticks."""
+        try:
+            return await asyncio.wrap_future(self._engine.embed(tokens, pooling))
         except UnavailableError as exc:
             raise ApiError(503, str(exc)) from exc
 

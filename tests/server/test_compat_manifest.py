@@ -77,6 +77,10 @@ def request_for(entry: RouteEntry) -> dict:
         "/apply-template": {"messages": [{"role": "user", "content": "hi"}]},
         "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
         "/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        "/v1/messages": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "hi"}]},
+        "/v1/responses": {"input": "hi", "max_output_tokens": 2},
+        "/responses": {"input": "hi", "max_output_tokens": 2},
     }
     return {"json": bodies.get(entry.path, {"prompt": "x", "n_predict": 2})} if entry.method == "POST" else {}
 
@@ -168,7 +172,7 @@ def test_the_api_key_gates_every_claimed_route(keyed_server) -> None:
     # Every route the app serves (unserved ones answer 404 whoever asks), the public ones excepted:
     # health, the models and the schema (tests/server/test_http_surface.py).
     served = [e for e in routes() if e.state != "deferred" and not (e.error and e.error.status == 404)]
-    public = ("/health", "/v1/health", "/models", "/v1/models", "/v1/models/:model_id")
+    public = ("/", "/health", "/v1/health", "/models", "/v1/models", "/v1/models/:model_id")  # "/": the chat page
     gated = [e for e in served if e.path not in public and not e.path.startswith("/schema")]
     with keyed_server.client() as http:
         for entry in gated:

@@ -10,7 +10,7 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from app.server import reasoning, requests, shaping, tools
+from app.server import conversation, reasoning, shaping, tools
 from app.server.bodies import json_response
 from app.server.engine_view import EngineView, require_ready
 from app.server.openapi import streamed_or
@@ -34,17 +34,7 @@ class ChatController(Controller):
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[ChatRequest]
     ) -> Response | Stream:
         """Chat through the model's chat template; `timings` rides on the body or the finish chunk."""
-        tools.check_count(data, engine.settings.grammar.max_tools)
-        plan = tools.tool_plan(data)
-        tokens = await asyncio.to_thread(
-            requests.chat_prompt,
-            data.messages,
-            engine.tokenizer,
-            requests.template_kwargs(data),
-            engine.settings,
-            tools=plan.template_tools() if plan else None,
-        )
-        requests.check_token_ids(tokens, engine.vocab_size)
+        tokens, plan = await conversation.prompt_tokens(engine, data)
         has_tags = await asyncio.to_thread(
             reasoning.template_has_tags, engine.tokenizer, engine.settings.server.chat_template_file
         )

@@ -6,13 +6,9 @@ from litestar import Controller, Request, route
 
 from app.server.errors import ApiError
 
-NO_EMBEDDINGS = "this server runs generative checkpoints only; embeddings are not served"
 NO_RERANKER = "reranking needs a reranker checkpoint; not served"
 REASONS = {
     "/infill": "fill-in-the-middle needs a model trained with FIM tokens; use /completion",
-    "/embedding": NO_EMBEDDINGS,
-    "/embeddings": NO_EMBEDDINGS,
-    "/v1/embeddings": NO_EMBEDDINGS,
     "/rerank": NO_RERANKER,
     "/reranking": NO_RERANKER,
     "/v1/rerank": NO_RERANKER,

@@ -1,0 +1,63 @@
+"""One conversation through the chat pipeline: the routes that speak another API's chat shape
+(Anthropic's Messages, OpenAI's Responses) translate their request into a ChatRequest and run it
+here, so the chat template, tools, grammar, sampling and speculation are the chat route's own."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from litestar import Request
+
+from app.server import requests, tools
+from app.server.engine_view import Delta, EngineView, Failed, Finished
+from app.server.schemas import ChatRequest
+from app.server.service import Rows, start_rows
+from app.server.tools import ToolPlan
+
+
+@dataclass
+class Conversation:
+    """The one row of a chat request in flight, the tools its output may call, its prompt's length."""
+
+    rows: Rows
+    plan: ToolPlan | None
+    prompt_tokens: int
+
+    @property
+    def may_call(self) -> bool:
+        """Whether the output may turn out to be a tool call (only the whole output tells)."""
+        return self.plan is not None and bool(self.plan.callable)
+
+
+async def prompt_tokens(engine: EngineView, data: ChatRequest) -> tuple[list[int], ToolPlan | None]:
+    """The chat template applied to the request's messages and tools, off the event loop."""
+    tools.check_count(data, engine.settings.grammar.max_tools)
+    plan = tools.tool_plan(data)
+    tokens = await asyncio.to_thread(
+        requests.chat_prompt,
+        data.messages,
+        engine.tokenizer,
+        requests.template_kwargs(data),
+        engine.settings,
+        tools=plan.template_tools() if plan else None,
+    )
+    requests.check_token_ids(tokens, engine.vocab_size)
+    return tokens, plan
+
+
+async def start(request: Request, engine: EngineView, data: ChatRequest) -> Conversation:
+    tokens, plan = await prompt_tokens(engine, data)
+    rows = await start_rows(request, engine, data, [tokens], 1, request.url.path)
+    return Conversation(rows, plan, len(tokens))
+
+
+async def events(conversation: Conversation) -> AsyncIterator[Delta | Finished | Failed]:
+    """The row's events; when the output may be a tool call its text is held back and arrives
+    whole on the Finished event (a call is known only once the output ends), so a route never
+    streams the raw call as text."""
+    async for _, event in conversation.rows.stream():
+        if isinstance(event, Delta) and conversation.may_call:
+            continue
+        yield event

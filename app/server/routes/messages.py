@@ -1,0 +1,77 @@
+"""Anthropic's Messages API: /v1/messages and /v1/messages/count_tokens (app/server/anthropic.py)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from litestar import Controller, Request, Response, post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
+from litestar.response import Stream
+
+from app.server import anthropic, conversation, shaping
+from app.server.bodies import json_response
+from app.server.conversation import Conversation
+from app.server.engine_view import Delta, EngineView, Finished, require_ready
+from app.server.openapi import streamed_or
+from app.server.streaming import sse
+
+
+class MessagesController(Controller):
+    tags = ("anthropic",)
+    guards = (require_ready,)
+
+    @post(
+        "/v1/messages",
+        status_code=200,
+        name="messages",
+        responses=streamed_or(anthropic.MessageBody, "message_start, content blocks, message_delta, message_stop"),
+    )
+    async def messages(
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[anthropic.MessagesRequest]
+    ) -> Response | Stream:
+        """A Messages answer through the chat pipeline; `timings` ride on the body or on message_delta."""
+        chat = await conversation.start(request, engine, anthropic.chat_request(data))
+        model = chat.rows.settings[0].model
+        if data.stream:
+            return await sse(chat.rows, message_events(chat, model))
+        (result,) = await chat.rows.results()
+        return await json_response(
+            lambda: anthropic.message(chat.rows.request_id, model, result, chat.plan),
+            [result],
+            [],
+            engine.settings.server.max_response_bytes,
+            shaping.rule_header([result.rule]),
+        )
+
+    @post("/v1/messages/count_tokens", status_code=200, name="messages-count-tokens")
+    async def count_tokens(
+        self, engine: NamedDependency[EngineView], data: JSONBody[anthropic.MessagesRequest]
+    ) -> anthropic.TokenCount:
+        """The prompt's tokens as the model's chat template renders the messages, system and tools."""
+        tokens, _ = await conversation.prompt_tokens(engine, anthropic.chat_request(data))
+        return anthropic.TokenCount(input_tokens=len(tokens))
+
+
+async def message_events(chat: Conversation, model: str) -> AsyncIterator[bytes]:
+    """message_start, the content block (text streamed as it comes; a possible tool call held
+    back and sent whole), message_delta with the stop reason, usage and timings, message_stop."""
+    yield anthropic.message_start(chat.rows.request_id, model, chat.prompt_tokens)
+    if not chat.may_call:
+        yield anthropic.block_start(0, anthropic.TextBlock(text=""))
+    yield anthropic.event({"type": "ping"})
+    async for event in conversation.events(chat):
+        if isinstance(event, Delta):
+            if event.text:
+                yield anthropic.text_delta(0, event.text)
+        elif isinstance(event, Finished):
+            blocks = anthropic.content(event, chat.plan)
+            if chat.may_call:
+                for frame in anthropic.block_whole(0, blocks[0]):
+                    yield frame
+            else:
+                yield anthropic.block_stop(0)
+            for frame in anthropic.message_end(event, blocks):
+                yield frame
+        else:
+            yield anthropic.error_event(event.kind, event.message)

@@ -1,0 +1,29 @@
+"""The chat page at `/` (app/server/web/index.html): one file shipped in the package, no build
+step, nothing fetched from elsewhere. Off with `server.web_ui = false` (then `/` is a 404, as
+an unserved path). The page is public, as llama-server's: it holds no data, and the calls it
+makes need the API key when one is set (the page asks for it on a 401)."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from litestar import Controller, Request, Response, get
+from litestar.exceptions import NotFoundException
+
+PAGE = Path(__file__).resolve().parents[1] / "web" / "index.html"
+
+
+@functools.cache
+def page() -> bytes:
+    return PAGE.read_bytes()
+
+
+class WebController(Controller):
+    tags = ("web",)
+
+    @get("/", opt={"public": True}, include_in_schema=False, name="web-page")
+    async def index(self, request: Request) -> Response:
+        if not request.app.state.settings.server.web_ui:
+            raise NotFoundException()
+        return Response(page(), media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-cache"})

@@ -1,0 +1,121 @@
+"""Embeddings: the target's pooled hidden states over /v1/embeddings (the OpenAI SDK) and /embedding,
+off unless server.embeddings is on (then a 404 the SDK does not retry)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+
+import httpx
+import mlx.core as mx
+import openai
+import pytest
+
+from app.execution.embedding import embedding
+from app.profiles import ProfileError, resolve
+from tests.support.server import serve
+
+TEXTS = ["hello world", "def merge_sorted(left, right):"]
+
+
+@pytest.fixture(scope="module")
+def embedding_server(tmp_path_factory):
+    env = {"MLXCEL_SERVER__EMBEDDINGS": "true"}
+    with serve(tmp_path_factory.mktemp("embeddings"), "--profile", "default", env=env) as server:
+        yield server
+
+
+def sdk(server, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", **kw)
+
+
+@pytest.mark.slow
+def test_openai_sdk_embeddings_float_base64_lists_and_token_ids(embedding_server) -> None:
+    client = sdk(embedding_server, max_retries=0)
+    both = client.embeddings.create(model="target", input=TEXTS)  # the SDK asks for base64 and decodes it
+    floats = client.embeddings.create(model="target", input=TEXTS, encoding_format="float")
+    assert [d.index for d in both.data] == [0, 1]
+    dimension = len(floats.data[0].embedding)
+    assert dimension == 256  # the embedded target's hidden size
+    for got, want in zip(both.data, floats.data, strict=True):
+        assert got.embedding == pytest.approx(want.embedding, abs=1e-6)
+        assert sum(v * v for v in want.embedding) == pytest.approx(1.0, abs=1e-5)  # normalised
+    alone = [client.embeddings.create(model="target", input=t, encoding_format="float").data[0] for t in TEXTS]
+    assert [a.embedding for a in alone] == [f.embedding for f in floats.data]  # a batch-mate changes nothing
+    assert floats.data[0].embedding != floats.data[1].embedding
+    with embedding_server.client() as http:
+        ids = [http.post("/tokenize", json={"content": t, "add_special": True}).json()["tokens"] for t in TEXTS]
+        raw = http.post("/v1/embeddings", json={"input": ids, "encoding_format": "base64"}).json()
+        native = http.post("/embedding", json={"content": TEXTS[0]}).json()
+    assert floats.usage.prompt_tokens == sum(map(len, ids))
+    decoded = struct.unpack(f"<{dimension}f", base64.b64decode(raw["data"][1]["embedding"]))
+    assert list(decoded) == pytest.approx(floats.data[1].embedding, abs=1e-6)
+    assert native[0]["embedding"][0] == pytest.approx(floats.data[0].embedding, abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [({}, "required"), ({"input": ""}, "empty"), ({"input": [1, "a"]}, "mixed"), ({"input": "a", "dimensions": 8},
+     "dimensions"), ({"input": [10**9]}, "out of the vocabulary")],
+)  # fmt: skip
+def test_bad_inputs_are_400(embedding_server, body: dict, needle: str) -> None:
+    answer = httpx.post(f"{embedding_server.url}/v1/embeddings", json=body, timeout=30)
+    assert answer.status_code == 400 and needle in answer.json()["error"]["message"]
+
+
+def test_off_by_default_a_404_the_sdk_does_not_retry(default_server) -> None:
+    sent = []
+    http = httpx.Client(event_hooks={"request": [sent.append]})
+    with pytest.raises(openai.NotFoundError) as refused:
+        sdk(default_server, http_client=http).embeddings.create(model="target", input="x")
+    assert len(sent) == 1  # max_retries is the SDK's default (2): a 404 is not retried
+    assert refused.value.response.json()["error"]["type"] == "not_supported_error"
+    for path in ("/embedding", "/embeddings"):
+        answer = httpx.post(f"{default_server.url}{path}", json={"content": "x"}, timeout=30)
+        assert answer.status_code == 404 and "server.embeddings" in answer.json()["error"]["message"]
+
+
+def test_poolings_read_the_causal_states_they_name(embedded_target) -> None:
+    tokens = list(embedded_target.tokenizer.encode("def area(radius):\n    return"))
+    first = embedding(embedded_target, tokens[:1], "last")
+    # a causal model's state at position 0 is the one-token prompt's: cls pools exactly that
+    assert embedding(embedded_target, tokens, "cls") == pytest.approx(first, abs=1e-5)
+    assert embedding(embedded_target, tokens[:1], "mean") == pytest.approx(first, abs=1e-5)
+    last = embedding(embedded_target, tokens, "last")
+    mean = embedding(embedded_target, tokens, "mean")
+    assert last != pytest.approx(first, abs=1e-3) and mean != pytest.approx(last, abs=1e-3)
+    states = embedded_target.model.model(mx.array([tokens]))[0].astype(mx.float32)
+    want = states.mean(axis=0) / mx.linalg.norm(states.mean(axis=0))
+    assert mean == pytest.approx(want.tolist(), abs=1e-5)
+
+
+def test_a_tensor_parallel_target_cannot_serve_embeddings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLXCEL_SERVER__EMBEDDINGS", "true")
+    monkeypatch.setenv("MLXCEL_TARGET__PARALLEL", "tensor")
+    monkeypatch.setenv("MLXCEL_TARGET__WORLD_SIZE", "2")
+    with pytest.raises(ProfileError, match=r"^environment: MLXCEL_SERVER__EMBEDDINGS: not served with a tensor-par"):
+        resolve("target-only")
+
+
+@pytest.mark.slow
+def test_embeddings_between_ticks_change_no_decoding_row(embedding_server) -> None:
+    body = {"messages": [{"role": "user", "content": "Write a function"}], "max_tokens": 96, "temperature": 0}
+    with embedding_server.client() as http:
+        alone = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+        alone_vector = http.post("/v1/embeddings", json={"input": TEXTS[1]}).json()["data"][0]["embedding"]
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as stream:
+            lines = stream.iter_lines()
+            pieces, vectors = [], []
+            for line in lines:
+                if line.startswith("data: {"):
+                    delta = json.loads(line[6:])["choices"][0]["delta"].get("content")
+                    pieces.append(delta or "")
+                    if len(vectors) < 3:  # embeddings computed while the row decodes
+                        answer = httpx.post(
+                            f"{embedding_server.url}/v1/embeddings", json={"input": TEXTS[1]}, timeout=60
+                        )
+                        vectors.append(answer.json()["data"][0]["embedding"])
+    assert "".join(pieces) == alone
+    assert all(vector == alone_vector for vector in vectors)
