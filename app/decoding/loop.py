@@ -135,7 +135,7 @@ def sample_next(state: RowState, logits: mx.array, greedy: bool = False) -> int:
         token, p = int(state.sampler.greedy(row, contexts)[0].item()), None
     else:
         token, p = state.sampler.sample(row, contexts, state.rng)
-    state.decide([token])
+    state.decide([token], p)
     state.report(logits, [token], p, mask)
     return token
 

@@ -80,7 +80,7 @@ def verifying(row: VerifyRow) -> Steps[Verdict]:
     logits = rows if row.masks is None else masked(rows, row.masks)
     verdict, p = judge(speculation.rule, state, proposal, logits)
     target.rewind(target.length - (base + verdict.accepted))
-    state.settle(verdict.tokens, verdict.accepted)
+    state.settle(verdict.tokens, verdict.accepted, p)
     state.report(rows, verdict.tokens, p, row.masks)  # the target's rows, never the drafter's
     decided = features[0][:, : verdict.accepted + 1] if features else None
     row.proposer.settle(state, base, proposal, verdict, decided)
@@ -94,7 +94,7 @@ def verifying(row: VerifyRow) -> Steps[Verdict]:
 def judge(rule: Rule, state: RowState, proposal: Proposal, logits: mx.array) -> tuple[Verdict, Distribution | None]:
     """Apply `rule` to the verify rows `[k+1, V]`; also the target rows p where it built them."""
     base, sampler = len(state.tokens), state.sampler
-    if sampler.needs_context:  # penalise each row as if the drafts before it were decided
+    if sampler.needs_context:  # each row reads its history as if the drafts before it were decided
         state.history.rewind(base)
         state.history.extend(proposal.tokens.tolist())
     contexts = state.contexts(range(base, base + proposal.k + 1))
