@@ -194,7 +194,7 @@ def test_temperature_zero_speculation_is_byte_identical_with_each_stage(
         undry = run_rows(
             [
                 LoopBuilder(embedded_target, None, LoopPlan()).build(
-                    replace(request, sampling=SamplingParams(temperature=0.0))
+                    dataclasses.replace(request, sampling=SamplingParams(temperature=0.0))
                 )
             ]
         )[0]
