@@ -7,7 +7,6 @@ from typing import Annotated, Literal
 import msgspec
 
 from app.loading.paths import EMBEDDED_DRAFTER, EMBEDDED_TARGET
-from app.sampling.dry import DEFAULT_BREAKERS
 
 DrafterKindName = Literal["none", "draft-model", "prompt-lookup", "mtp", "dflash"]
 ParallelName = Literal["none", "tensor"]
@@ -77,7 +76,7 @@ class SamplingDefaults(Group):
     dry_base: float = 1.75
     dry_allowed_length: Annotated[int, msgspec.Meta(ge=0)] = 2
     dry_penalty_last_n: Annotated[int, msgspec.Meta(ge=-1)] = -1  # -1: the whole context
-    dry_sequence_breakers: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_BREAKERS))
+    dry_sequence_breakers: list[str] = msgspec.field(default_factory=lambda: ["\n", ":", '"', "*"])
     top_n_sigma: float = -1.0  # <= 0: off
     typical_p: float = 1.0  # >= 1: off
     dynatemp_range: float = 0.0  # <= 0: off

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from msgspec.structs import replace
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from msgspec.structs import replace
 
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation

@@ -71,7 +71,7 @@ def test_dry_matches_the_brute_force_rule(seed: int) -> None:
     history[-3 - seed] = 7 if seed % 2 else history[-3 - seed]
     logits = rows(seed, n=1)
     params = {"dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 40}
-    sampler = pipeline(**params, dry_breakers={t: ((),) for t in breakers})
+    sampler = pipeline(**params, dry_breakers=dict.fromkeys(breakers, ((),)))
     got = np.array(sampler.adjust(mx.array(logits), [history]))[0]
     want = ref.dry(logits[0], history[-40:], 0.8, 1.75, 2, breakers)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
