@@ -138,7 +138,7 @@ def sample_next(state: RowState, logits: mx.array, greedy: bool = False) -> int:
     else:
         forced = mask is not None and not sampled_rows(mask, 1)[0]
         token, p = state.sampler.sample(row, contexts, state.rng, forced)
-    state.decide([token])
+    state.decide([token], p)
     state.report(logits, [token], p, mask)
     return token
 

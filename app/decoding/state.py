@@ -39,14 +39,15 @@ class RowState:
         return self.tokens[-1]
 
     def contexts(self, ends: Iterable[int]) -> list[list[int]] | None:
-        """Penalty windows ending at each history position (None when no penalty is active)."""
+        """History windows ending at each position (None when no stage reads the history)."""
         if not self.sampler.needs_context:
             return None
-        last_n = self.sampler.params.repeat_last_n
+        last_n = self.sampler.params.context_length
         return [self.history.window(last_n, end) for end in ends]
 
-    def decide(self, tokens: list[int]) -> None:
-        """Append decided tokens (no speculation involved)."""
+    def decide(self, tokens: list[int], p: Distribution | None = None) -> None:
+        """Append decided tokens (no speculation involved), drawn from the rows p (None: greedy or forced)."""
+        self.sampler.observe(p, tokens)
         self.tokens.extend(tokens)
         self.history.rewind(len(self.tokens) - len(tokens))
         self.history.extend(tokens)
@@ -59,8 +60,10 @@ class RowState:
             return None
         return mx.array(self.constraint.allowed())[None, :]
 
-    def settle(self, emitted: list[int], accepted: int) -> None:
-        """End a round: keep the accepted drafts, rewind the rejected ones, add the last token."""
+    def settle(self, emitted: list[int], accepted: int, p: Distribution | None = None) -> None:
+        """End a round: keep the accepted drafts, rewind the rejected ones, add the last token
+        (p: the target rows the round judged with, None where the rule built none)."""
+        self.sampler.observe(p, emitted)
         self.history.rewind(len(self.tokens) + accepted)
         self.history.extend(emitted[accepted:])
         self.tokens.extend(emitted)

@@ -81,7 +81,7 @@ def verifying(row: VerifyRow) -> Steps[Verdict]:
     logits = rows if row.masks is None else masked(rows, row.masks)
     verdict, p = judge(speculation.rule, state, proposal, logits, row.masks)
     target.rewind(target.length - (base + verdict.accepted))
-    state.settle(verdict.tokens, verdict.accepted)
+    state.settle(verdict.tokens, verdict.accepted, p)
     state.report(rows, verdict.tokens, p, row.masks)  # the target's rows, never the drafter's
     decided = features[0][:, : verdict.accepted + 1] if features else None
     row.proposer.settle(state, base, proposal, verdict, decided)
@@ -98,7 +98,7 @@ def judge(
     """Apply `rule` to the verify rows `[k+1, V]` (`masks`: the grammar's, if constrained); also
     the target rows p where it built them. Every draw is the target stream's (app/sampling/streams.py)."""
     base, sampler = len(state.tokens), state.sampler
-    if sampler.needs_context:  # penalise each row as if the drafts before it were decided
+    if sampler.needs_context:  # each row reads its history as if the drafts before it were decided
         state.history.rewind(base)
         state.history.extend(proposal.tokens.tolist())
     contexts = state.contexts(range(base, base + proposal.k + 1))

@@ -73,6 +73,18 @@ class SamplingDefaults(Group):
     frequency_penalty: float = 0.0
     xtc_probability: Probability = 0.0
     xtc_threshold: Probability = 0.1
+    dry_multiplier: float = 0.0  # 0: DRY off
+    dry_base: float = 1.75
+    dry_allowed_length: Annotated[int, msgspec.Meta(ge=0)] = 2
+    dry_penalty_last_n: Annotated[int, msgspec.Meta(ge=-1)] = -1  # -1: the whole context
+    dry_sequence_breakers: list[str] = msgspec.field(default_factory=lambda: ["\n", ":", '"', "*"])
+    top_n_sigma: float = -1.0  # <= 0: off
+    typical_p: float = 1.0  # >= 1: off
+    dynatemp_range: float = 0.0  # <= 0: off
+    dynatemp_exponent: float = 1.0
+    mirostat: Literal[0, 1, 2] = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     n_predict: Annotated[int, msgspec.Meta(ge=-1)] = -1
     seed: int = -1  # the seed of requests that send none (-1: each draws a random one), llama-server's --seed
 

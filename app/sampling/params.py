@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from app.sampling.dry import DEFAULT_BREAKERS, Breakers
+
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """What shapes the target's next-token distribution `p` (and the drafter's `q`)."""
@@ -18,6 +20,19 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     frequency_penalty: float = 0.0
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: tuple[str, ...] = DEFAULT_BREAKERS
+    dry_breakers: Breakers = {}  # the breakers as token sequences (app/sampling/dry.py::sequence_breakers)
+    top_n_sigma: float = -1.0
+    typical_p: float = 1.0
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     logit_bias: dict[int, float] = {}
 
     @property
@@ -28,7 +43,19 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def has_penalties(self) -> bool:
         active = self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-        return active and self.repeat_last_n != 0
+        return active and self.repeat_last_n != 0 and not self.mirostat
+
+    @property
+    def has_dry(self) -> bool:
+        active = self.dry_multiplier != 0.0 and self.dry_base >= 1.0 and self.dry_penalty_last_n != 0
+        return active and not self.mirostat
+
+    @property
+    def context_length(self) -> int:
+        """The longest history window a stage reads (-1: all of it; mirostat reads the last token)."""
+        lengths = [self.repeat_last_n if self.has_penalties else 0, self.dry_penalty_last_n if self.has_dry else 0]
+        lengths.append(1 if self.mirostat and not self.is_greedy else 0)
+        return -1 if -1 in lengths else max(lengths)
 
     def problems(self, vocab_size: int | None = None) -> list[str]:
         """Human-readable reasons these parameters are invalid (empty when valid)."""
@@ -47,6 +74,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             out.append("xtc_probability must be within [0, 1]")
         if not 0.0 <= self.xtc_threshold <= 1.0:
             out.append("xtc_threshold must be within [0, 1]")
+        if self.mirostat not in (0, 1, 2):
+            out.append("mirostat must be 0 (off), 1 or 2")
+        if self.dry_allowed_length < 0:
+            out.append("dry_allowed_length must be >= 0")
+        if self.dry_penalty_last_n < -1:
+            out.append("dry_penalty_last_n must be >= -1 (-1 means the whole context, 0 turns DRY off)")
         if vocab_size is not None:
             bad = [t for t in self.logit_bias if not 0 <= t < vocab_size]
             if bad:

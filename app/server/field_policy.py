@@ -51,10 +51,6 @@ def at_most(limit: float) -> Neutral:
     return lambda v: _number(v) and v <= limit
 
 
-def at_least(limit: float) -> Neutral:
-    return lambda v: _number(v) and v >= limit
-
-
 def empty(v: Any) -> bool:
     return v in ("", [], {})
 
@@ -66,8 +62,7 @@ def nothing(_: Any) -> bool:
 # The sampler stages this server runs, in its order (llama-server's default order of the same
 # stages), and the letters of llama-server's `samplers` string. OFF_STAGES never run here, so a
 # list may name them anywhere.
-STAGES = ("penalties", "top_k", "top_p", "min_p", "xtc", "temperature")
-OFF_STAGES = frozenset({"dry", "top_n_sigma", "typ_p"})
+STAGES = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 LETTERS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p"}
 LETTERS |= {"m": "min_p", "x": "xtc", "t": "temperature"}
 
@@ -84,10 +79,9 @@ def named_stages(value: Any) -> list[str | None] | None:
 def in_order(value: Any) -> bool:
     """`samplers` naming known stages, this server's each at most once and in its order."""
     names = named_stages(value)
-    if names is None or not set(names) <= set(STAGES) | OFF_STAGES:
+    if names is None or not set(names) <= set(STAGES):
         return False
-    kept = [name for name in names if name not in OFF_STAGES]
-    return kept == [stage for stage in STAGES if stage in kept]
+    return names == [stage for stage in STAGES if stage in names]
 
 
 def refuse_skipped_stages(samplers: Any, params: SamplingParams) -> None:
@@ -100,11 +94,14 @@ def refuse_skipped_stages(samplers: Any, params: SamplingParams) -> None:
     named = set(named_stages(samplers) or ())
     active = {
         "penalties": params.has_penalties,
+        "dry": params.has_dry,
+        "top_n_sigma": params.top_n_sigma > 0.0,
+        "typ_p": params.typical_p < 1.0,
         "top_k": params.top_k > 0,
         "top_p": params.top_p < 1.0,
         "min_p": params.min_p > 0.0,
         "xtc": params.xtc_probability > 0.0,
-        "temperature": params.temperature != 1.0,
+        "temperature": params.temperature != 1.0 or params.dynatemp_range > 0.0,
     }
     skipped = [stage for stage in STAGES if active[stage] and stage not in named]
     if skipped:
@@ -116,8 +113,8 @@ def refuse_skipped_stages(samplers: Any, params: SamplingParams) -> None:
 
 
 PIPELINE = (
-    "is not in this server's sampler pipeline (bias, penalties, top-k, top-p, min-p, XTC, temperature), "
-    "which every acceptance rule replays exactly"
+    "is not in this server's sampler pipeline (llama-server's chain and mirostat), which every acceptance "
+    "rule replays exactly"
 )
 NO_CONTEXT_SHIFT = "there is no context shift here: a row stops at its token limit and discards nothing"
 TEXT_ONLY = "this server runs text-only checkpoints"
@@ -125,16 +122,9 @@ TEMPLATE_ONLY = "thinking is parsed only as reasoning_format says (app/server/re
 
 # llama-server's own fields (params_from_json_cmpl), read on every completion route, as llama-server reads them
 LLAMA_SERVER: dict[str, Unhonoured] = {
-    "dynatemp_range": Unhonoured(at_most(0), f"dynamic temperature {PIPELINE}; send 0"),
-    "top_n_sigma": Unhonoured(at_most(0), f"top-n-sigma {PIPELINE}; send -1"),
-    "typical_p": Unhonoured(at_least(1), f"typical sampling {PIPELINE}; send 1"),
-    "mirostat": Unhonoured(equal(0), f"mirostat {PIPELINE}; send 0"),
-    "dry_multiplier": Unhonoured(equal(0), f"DRY {PIPELINE}; send 0"),
     "adaptive_target": Unhonoured(at_most(0), f"adaptive-p {PIPELINE}; send -1"),
     "min_keep": Unhonoured(at_most(1), "the filters here keep at least one candidate, never more; send 0"),
-    "samplers": Unhonoured(
-        in_order, f"the sampler order is fixed: {', '.join(STAGES)} (dry, top_n_sigma and typ_p are off)"
-    ),
+    "samplers": Unhonoured(in_order, f"the sampler order is fixed: {', '.join(STAGES)}"),
     "n_keep": Unhonoured(equal(0, -1), f"{NO_CONTEXT_SHIFT}; send 0"),
     "n_discard": Unhonoured(equal(0), f"{NO_CONTEXT_SHIFT}; send 0"),
     "n_indent": Unhonoured(at_most(0), "indentation-based stopping (infill) is not implemented; send 0"),

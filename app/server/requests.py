@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -14,6 +15,7 @@ from app.loading import chat_template
 from app.loading.chat_template import Limits, TemplateLimitError
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
+from app.sampling.dry import Breakers, sequence_breakers
 from app.sampling.grammar import Grammar
 from app.sampling.logprobs import MAX_TOP, ProbsRequest
 from app.sampling.rng import KEY_RANGE, RANDOM, resolve_seed
@@ -43,6 +45,17 @@ SAMPLING_FIELDS = (
     "frequency_penalty",
     "xtc_probability",
     "xtc_threshold",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "top_n_sigma",
+    "typical_p",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
 )
 
 
@@ -87,6 +100,21 @@ def logit_bias(raw: LogitBias | None, tokenizer: TokenizerWrapper) -> dict[int, 
     return bias
 
 
+@functools.lru_cache(maxsize=4)
+def _token_texts(tokenizer: TokenizerWrapper) -> tuple[str, ...]:
+    """Every token's text, as DRY matches breakers against it (once per tokenizer: it walks the vocabulary)."""
+    hf = tokenizer._tokenizer
+    return tuple(hf.batch_decode([[token] for token in range(len(hf))]))
+
+
+@functools.lru_cache(maxsize=64)
+def dry_breakers(tokenizer: TokenizerWrapper, breakers: tuple[str, ...]) -> Breakers:
+    """DRY's sequence breakers as token sequences (app/sampling/dry.py), remembered per breaker list."""
+    return sequence_breakers(
+        breakers, _token_texts(tokenizer), lambda text: tokenizer.encode(text, add_special_tokens=False)
+    )
+
+
 def sampling(request: SamplingFields, settings: Settings, tokenizer: TokenizerWrapper, vocab: int) -> SamplingParams:
     defaults = msgspec.structs.asdict(settings.sampling)
     chosen: dict[str, Any] = {f: getattr(request, f) for f in SAMPLING_FIELDS if getattr(request, f) is not None}
@@ -94,6 +122,12 @@ def sampling(request: SamplingFields, settings: Settings, tokenizer: TokenizerWr
     if request.ignore_eos:  # llama-server's: every end-of-generation token banned, after the request's own biases
         bias |= dict.fromkeys(sorted(t for t in tokenizer.eos_token_ids if t < vocab), float("-inf"))
     params = SamplingParams(**{f: defaults[f] for f in SAMPLING_FIELDS} | chosen | {"logit_bias": bias})
+    if params.has_dry:
+        given = request.dry_sequence_breakers
+        breakers = tuple(defaults["dry_sequence_breakers"] if given is None else given)
+        params = msgspec.structs.replace(
+            params, dry_sequence_breakers=breakers, dry_breakers=dry_breakers(tokenizer, breakers)
+        )
     problems = params.problems(vocab)
     if problems:
         raise ApiError(400, "; ".join(problems))

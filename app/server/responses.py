@@ -74,7 +74,7 @@ class TemplatePrompt(msgspec.Struct, kw_only=True):
 
 
 class SamplerSettings(msgspec.Struct, kw_only=True):
-    """The sampler's knobs (app.sampling.SamplingParams without its logit bias)."""
+    """The sampler's knobs (app.sampling.SamplingParams without its logit bias and tokenized breakers)."""
 
     temperature: float
     top_k: int
@@ -86,6 +86,18 @@ class SamplerSettings(msgspec.Struct, kw_only=True):
     frequency_penalty: float
     xtc_probability: float
     xtc_threshold: float
+    dry_multiplier: float
+    dry_base: float
+    dry_allowed_length: int
+    dry_penalty_last_n: int
+    dry_sequence_breakers: list[str]
+    top_n_sigma: float
+    typical_p: float
+    dynatemp_range: float
+    dynatemp_exponent: float
+    mirostat: int
+    mirostat_tau: float
+    mirostat_eta: float
 
 
 class LogitBiasEntry(msgspec.Struct, kw_only=True):

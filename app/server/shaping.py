@@ -66,7 +66,7 @@ from app.server.responses import (
 from app.server.tools import ToolPlan, tool_calls
 
 BUILD_INFO = f"mlxcel {__version__} (mlx {version('mlx')}, mlx-lm {version('mlx-lm')})"
-SAMPLER_KNOBS = tuple(f for f in SamplingParams.__struct_fields__ if f != "logit_bias")
+SAMPLER_KNOBS = tuple(f for f in SamplingParams.__struct_fields__ if f not in ("logit_bias", "dry_breakers"))
 
 
 def model_alias(settings: Settings) -> str:

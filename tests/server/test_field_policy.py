@@ -24,11 +24,6 @@ ROUTE = (
 )
 # field: (a value asking for something, a neutral value)
 CASES = {
-    "dynatemp_range": (0.5, 0.0),
-    "top_n_sigma": (1.5, -1.0),
-    "typical_p": (0.9, 1.0),
-    "mirostat": (2, 0),
-    "dry_multiplier": (0.8, 0.0),
     "adaptive_target": (0.5, -1.0),
     "min_keep": (5, 0),
     "samplers": (["temperature", "top_k"], "edskypmxt"),
@@ -95,8 +90,8 @@ def test_a_neutral_value_is_served(default_server, field: str) -> None:
 def test_llama_server_fields_are_refused_on_the_openai_routes_too(default_server) -> None:
     """llama-server reads its own fields from OpenAI bodies as well (its oaicompat parsers copy them)."""
     for path, body in (CHAT, COMPLETIONS):
-        response = default_server.client().post(path, json=body | {"max_tokens": 1, "mirostat": 2})
-        assert response.status_code == 400 and response.json()["error"]["message"].startswith("mirostat: ")
+        response = default_server.client().post(path, json=body | {"max_tokens": 1, "n_keep": 16})
+        assert response.status_code == 400 and response.json()["error"]["message"].startswith("n_keep: ")
 
 
 def test_best_of_equal_to_n_is_served(default_server) -> None:
@@ -108,7 +103,47 @@ def test_best_of_equal_to_n_is_served(default_server) -> None:
 
 def test_a_number_switch_refuses_a_boolean(default_server) -> None:
     """`mirostat: false` is no spelling of 0: it answers 400 rather than guess."""
-    assert post(default_server, "mirostat", False).status_code == 400
+    response = default_server.client().post(
+        "/completion", json={"prompt": "def f():", "n_predict": 1, "mirostat": False}
+    )
+    assert response.status_code == 400
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
+         "dry_sequence_breakers": ["\n", ":", "\"", "*"]},
+        {"dynatemp_range": 0.5, "dynatemp_exponent": 1},
+        {"typical_p": 0.9},
+        {"top_n_sigma": 1.5, "samplers": "edskypmxt"},
+        {"mirostat": 2, "mirostat_tau": 5, "mirostat_eta": 0.1},
+        {"mirostat": 1},
+    ],
+    ids=["dry", "dynatemp", "typical", "top_n_sigma", "mirostat2", "mirostat1"],
+)  # fmt: skip
+def test_the_web_uis_body_with_a_further_sampler_turned_on_is_served(default_server, settings: dict) -> None:
+    """llama.cpp's web UI sends its settings panel's values: with DRY, dynamic temperature, typical,
+    top-n-sigma or mirostat turned on, the stream is served (the stages run: tests/decoding/test_sampler_guards.py)."""
+    body = {
+        "messages": [{"role": "user", "content": "Hi"}], "stream": True, "return_progress": True,
+        "reasoning_format": "auto", "backend_sampling": False, "max_tokens": 6, "timings_per_token": True,
+        "temperature": 0.8, "dynatemp_range": 0, "dynatemp_exponent": 1, "top_k": 40, "top_p": 0.95,
+        "min_p": 0.05, "typical_p": 1, "xtc_probability": 0, "xtc_threshold": 0.1, "repeat_last_n": 64,
+        "repeat_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0, "dry_multiplier": 0,
+        "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1, "samplers": "edkypmxt",
+    } | settings  # fmt: skip
+    with default_server.client() as http, http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200, response.read()
+        frames = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert frames[-1] == "data: [DONE]"
+    assert any('"content"' in frame for frame in frames[:-1])
+
+
+def test_samplers_out_of_llama_servers_order_answers_400(default_server) -> None:
+    path, body = NATIVE
+    response = default_server.client().post(path, json=body | {"n_predict": 1, "samplers": ["top_k", "dry"]})
+    assert response.status_code == 400
 
 
 def test_the_llama_cpp_web_uis_default_streamed_body_is_served(default_server) -> None:

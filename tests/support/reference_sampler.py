@@ -28,12 +28,21 @@ def final_distribution(
     top_p: float = 1.0,
     min_p: float = 0.0,
     xtc: tuple[float, float] | None = None,  # (coin, threshold): applied when coin <= probability
+    sigma: float = -1.0,
+    typical_p: float = 1.0,
+    dynatemp: tuple[float, float] | None = None,  # (range, exponent)
 ) -> np.ndarray:
-    """Filter on the untempered distribution (each stage renormalised), XTC, temperature last."""
+    """top-n-sigma, then filters on the untempered distribution (each stage renormalised), XTC,
+    temperature (dynamic, with `dynatemp`) last."""
+    if sigma > 0:
+        logits = top_n_sigma(logits, sigma)
     order = np.argsort(-logits, kind="stable")
-    kept = list(order)
+    kept = [t for t in order if np.isfinite(logits[t])]
     if 0 < top_k < len(kept):
         kept = kept[:top_k]
+    if typical_p < 1.0:
+        keep = typical_keep(softmax(logits[kept]), typical_p)
+        kept = [t for t, k in zip(kept, keep, strict=True) if k]
     if top_p < 1.0:
         probs = softmax(logits[kept])
         mass, cut = 0.0, []
@@ -51,6 +60,85 @@ def final_distribution(
         above = int(np.sum(probs >= xtc[1]))
         if above >= 2:
             kept = kept[above - 1 :]
+    if dynatemp is not None:
+        temperature = dynamic_temperature(softmax(logits[kept]), temperature, *dynatemp)
     out = np.zeros(len(logits))
     out[kept] = softmax(logits[kept] / temperature)
+    return out
+
+
+def top_n_sigma(logits: np.ndarray, n: float) -> np.ndarray:
+    finite = logits[np.isfinite(logits)]
+    out = logits.astype(np.float64).copy()
+    out[out < finite.max() - n * finite.std()] = -np.inf
+    return out
+
+
+def typical_keep(probs: np.ndarray, p: float) -> np.ndarray:
+    """Tokens closest in surprise to the entropy, until their mass exceeds p (at least one)."""
+    nonzero = probs > 0
+    entropy = -np.sum(probs[nonzero] * np.log(probs[nonzero]))
+    with np.errstate(divide="ignore"):
+        shifted = np.where(nonzero, np.abs(-np.log(probs) - entropy), np.inf)
+    keep = np.zeros(len(probs), dtype=bool)
+    mass = 0.0
+    for token in np.argsort(shifted, kind="stable"):
+        keep[token] = True
+        mass += probs[token]
+        if mass > p:
+            break
+    return keep
+
+
+def dynamic_temperature(probs: np.ndarray, temperature: float, spread: float, exponent: float) -> float:
+    kept = probs[probs > 0]
+    if len(kept) <= 1:
+        return temperature
+    entropy = -np.sum(kept * np.log(kept)) / np.log(len(kept))
+    low, high = max(0.0, temperature - spread), temperature + spread
+    return low + (high - low) * entropy**exponent
+
+
+def dry(logits: np.ndarray, history: list[int], multiplier: float, base: float, allowed: int, breakers: set[int]):
+    """DRY by brute force, single-token breakers only: for each earlier end of the history's suffix,
+    the longest match (never reaching past the latest breaker) penalises the token that followed."""
+    out = logits.astype(np.float64).copy()
+    size = len(history)
+    if size <= allowed:
+        return out
+    limit = next((i for i in range(size) if history[size - 1 - i] in breakers), size)
+    longest: dict[int, int] = {}
+    for k in range(1, size):
+        n = 0
+        while n + k < size and n < limit and history[size - 1 - n] == history[size - 1 - n - k]:
+            n += 1
+        if n >= allowed:
+            follower = history[size - k]
+            longest[follower] = max(longest.get(follower, 0), n)
+    for token, n in longest.items():
+        if token not in breakers:
+            out[token] -= multiplier * base ** (n - allowed)
+    return out
+
+
+def mirostat(logits: np.ndarray, mu: float, version: int, temperature: float, vocab: int) -> np.ndarray:
+    """Mirostat's final row at mu, from bias-adjusted logits."""
+    probs = softmax(logits / temperature)
+    order = np.argsort(-probs, kind="stable")
+    ranked = probs[order]
+    if version == 2:
+        kept = max(1, int(np.sum(-np.log2(np.where(ranked > 0, ranked, 1e-300)) <= mu)))
+    else:
+        head = ranked[:100]
+        t, b = [], []
+        for i in range(len(head) - 1):
+            if head[i + 1] > 0:
+                t.append(np.log((i + 2) / (i + 1)))
+                b.append(np.log(head[i] / head[i + 1]))
+        s_hat = np.dot(t, b) / np.dot(t, t)
+        eps = s_hat - 1
+        k = ((eps * 2**mu) / (1 - vocab ** (-eps))) ** (1 / s_hat)
+        kept = int(np.clip(k, 1, len(probs))) if np.isfinite(k) else 1
+    out = np.zeros(len(probs))
+    out[order[:kept]] = ranked[:kept] / ranked[:kept].sum()
     return out

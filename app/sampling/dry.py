@@ -1,0 +1,89 @@
+"""DRY ("don't repeat yourself"): a penalty on the token that would extend a repeat of the row's history.
+
+llama-server's rule: look back over the last `dry_penalty_last_n` tokens; for every earlier spot where
+the history's suffix recurs (at least `dry_allowed_length` tokens), the token that followed it there
+gets `dry_multiplier * dry_base ** (length - dry_allowed_length)` off its logit. A repeat never reaches
+back past a sequence breaker, and a token that is itself a breaker is never penalised. A pure function
+of the window, so each verify position gets the penalty of its own history, drafts included.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+DEFAULT_BREAKERS = ("\n", ":", '"', "*")
+MAX_BREAKER_CHARS = 40  # llama-server truncates longer breakers, and their tails to MAX_TAIL_TOKENS
+MAX_TAIL_TOKENS = 20
+FLOAT_MAX_LOG = 88.7228391  # log(float32 max): the exponent is capped so the penalty stays finite
+
+# head token -> the token tails that must follow it to complete a breaker (an empty tail: the head is one)
+Breakers = dict[int, tuple[tuple[int, ...], ...]]
+
+
+def sequence_breakers(
+    breakers: Sequence[str], token_texts: Sequence[str], encode: Callable[[str], list[int]]
+) -> Breakers:
+    """Breaker strings as token sequences: every token whose text contains a breaker is one by itself,
+    and a token whose text ends with the start of a breaker is one when the breaker's rest follows it."""
+    found: dict[int, set[tuple[int, ...]]] = {}
+    for breaker in (b[:MAX_BREAKER_CHARS] for b in breakers if b):
+        for token, text in enumerate(token_texts):
+            if breaker in text:
+                found.setdefault(token, set()).add(())
+                continue
+            for start in range(len(text)):
+                overlap = text[start:]
+                if breaker.startswith(overlap):
+                    tail = tuple(encode(breaker[len(overlap) :])[:MAX_TAIL_TOKENS])
+                    found.setdefault(token, set()).add(tail)
+    return {token: tuple(sorted(tails)) for token, tails in found.items()}
+
+
+def _repeat_limit(recent: np.ndarray, breakers: Breakers) -> int:
+    """How far back a repeat may reach: up to the latest breaker (`recent[0]` is the last token)."""
+    for i, token in enumerate(recent.tolist()):
+        tails = breakers.get(token)
+        if tails is None:
+            continue
+        longest = max(
+            (len(t) for t in tails if len(t) <= i and all(t[o] == recent[i - o - 1] for o in range(len(t)))),
+            default=-1,
+        )
+        if longest >= 0:
+            return i - longest
+    return len(recent)
+
+
+def dry_penalties(
+    window: Sequence[int], multiplier: float, base: float, allowed: int, breakers: Breakers
+) -> dict[int, float]:
+    """Token -> the amount DRY takes off its logit after `window` (the history it looks back over)."""
+    if len(window) <= allowed:
+        return {}
+    recent = np.array(window[::-1], dtype=np.int64)  # recent[0] is the last token
+    size = len(recent)
+    limit = _repeat_limit(recent, breakers)
+    if limit < allowed:
+        return {}
+    # lengths[k - 1]: how many tokens the suffix shares with the history ending k tokens back
+    lengths = np.zeros(size - 1, dtype=np.int64)
+    alive = np.arange(1, size)
+    matched = 0
+    while alive.size and matched < limit:
+        alive = alive[alive + matched < size]
+        alive = alive[recent[alive + matched] == recent[matched]]
+        lengths[alive - 1] += 1
+        matched += 1
+    longest: dict[int, int] = {}
+    for k in np.nonzero(lengths >= allowed)[0].tolist():
+        token = int(recent[k])  # the token that followed the repeat there
+        longest[token] = max(longest.get(token, 0), int(lengths[k]))
+    cap = int(FLOAT_MAX_LOG / math.log(base)) if base > 1.000001 else 0
+    return {
+        token: multiplier * base ** (min(n - allowed, cap) if cap else n - allowed)
+        for token, n in longest.items()
+        if () not in breakers.get(token, ())
+    }
