@@ -119,6 +119,14 @@ class LoopPlan:
             return self.block_widths[0] - 1
         return self.num_draft_tokens
 
+    @property
+    def n_max(self) -> int:
+        """The most proposals a round may carry (a block loop's ceiling less its bonus row): the
+        width cap of a request that sets no speculative.n_max (app/decoding/width.py row_n_max)."""
+        if self.block_widths is not None and self.drafter_kind.is_block_loop:
+            return self.block_widths[1] - 1
+        return self.width
+
 
 def block_plan(settings: Settings) -> tuple[tuple[int, int], bool]:
     """(declared, ceiling) verify widths, and whether the plan declines sampled requests (a DSpark

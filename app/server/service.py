@@ -144,7 +144,7 @@ def start(
     )
     engine.submit(job)
     model = shaping.model_alias(settings)
-    return Submission(job, events, request.receive), shaping.generation_settings(row_request, model, engine.plan.width)
+    return Submission(job, events, request.receive), shaping.generation_settings(row_request, model, engine.plan.n_max)
 
 
 @dataclass
@@ -210,7 +210,7 @@ class Rows:
 async def start_rows(
     request: Request, engine: EngineView, data: SamplingFields, prompts: list[list[int]], n: int, route: str
 ) -> Rows:
-    """Submit `n` rows per prompt (choice j of a prompt seeded by requests.choice_seed); the
+    """Submit `n` rows per prompt (choice j of a prompt seeded by resolve_seed (app/sampling/rng.py)); the
     request's grammar is compiled once (in the grammar worker, off the event loop), and each
     row follows it with its own matcher."""
     field_policy.refuse_unhonoured(data)
