@@ -100,7 +100,8 @@ class LoopBuilder:
         plan, n_max = self.plan, row_n_max(self.plan.n_max, request.n_max)
         if n_max <= 0:
             return Choice(None)
-        load_free = plan.rule(request.sampling) in (Rule.GREEDY_ARGMAX, Rule.ARGMAX_AGAINST_ARGMAX)
+        # an argmax rule emits the target's argmax stream at every width: only such rows follow the load
+        load_free = plan.under_load and plan.rule(request.sampling) in (Rule.GREEDY_ARGMAX, Rule.ARGMAX_AGAINST_ARGMAX)
         if self.block is not None:
             return self.block.choose(request.sampling, n_max, request.n_min, load_free)
         if plan.drafter_kind is DrafterKind.DRAFT_MODEL:

@@ -101,6 +101,38 @@ def test_the_target_distribution_holds_for_rows_sharing_batches(constant_pair, s
     assert chi_square(stream[: sample_count()], TOKENS, P) < CRITICAL_DOF5_ALPHA_1E4
 
 
+class CyclingWidth:
+    """A width source that moves every round through 0 .. 4 proposals (0: a plain step)."""
+
+    def __init__(self, seed: int) -> None:
+        self.widths = itertools.cycle([(seed + i) % 5 for i in range(5)])
+        self.current = next(self.widths)
+
+    def proposals(self) -> int:
+        return self.current
+
+    def observe(self, tokens: list[int], proposed: int, verdict: object, seconds: float) -> None:
+        self.current = next(self.widths)
+
+    def notes(self) -> tuple:
+        return ()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stochastic", [False, True], ids=["sampler-match", "stochastic"])
+def test_the_target_distribution_holds_while_the_width_changes_every_round(constant_pair, stochastic: bool) -> None:
+    """The width policy may change a row's width between any two rounds (its governor, its
+    controller): the emitted stream is still the target's distribution (alpha 1e-4; the power
+    test below is this statistic's calibration)."""
+    builder = speculative(*constant_pair, k=4, stochastic=stochastic)
+
+    def moving(generation: Generation) -> None:
+        generation.widths.source = CyclingWidth(generation.state.rng.seed)
+
+    stream = seeded_stream(builder, RowRequest(prompt=[1, 2, 3], sampling=SIX, max_tokens=0), sample_count(), moving)
+    assert chi_square(stream, TOKENS, P) < CRITICAL_DOF5_ALPHA_1E4
+
+
 @pytest.mark.slow
 def test_chi_square_rejects_argmax_against_argmax_in_the_loop(constant_pair) -> None:
     """Power calibration at loop level: the biased block-loop rule, run at T > 0, is caught."""
