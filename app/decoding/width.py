@@ -24,7 +24,7 @@ such rows keep their source's width.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from app.acceptance import Verdict
 from app.decoding.adaptive import Widths
@@ -79,14 +79,13 @@ class GovernedWidth:
 @dataclass
 class WidthPolicy:
     """One row's width: its source's, within the row's cap and the tick's load, decided once per
-    round by `decide` and reported by `width`."""
+    round by `decide` (the round's outcome carries it to the row's stats)."""
 
     source: Widths  # FixedWidth, ControlledWidth (app/decoding/adaptive.py) or GovernedWidth
     n_max: int  # row_n_max: the row's cap
     n_min: int = 0  # speculative.n_min: proposals shorter than this are retracted unverified
     load_free: bool = False  # the row's tokens do not depend on its width: the load may narrow it
     limit: int | None = None  # this tick's cap from the goodput choice (None: none)
-    width: int = 0  # the latest round's decided width
     alpha: float = ACCEPTANCE_PRIOR  # EMA of the per-position acceptance of the row's rounds
     _narrowed: bool = False  # the latest round ran below its source's width because of the load
 
@@ -103,7 +102,7 @@ class WidthPolicy:
             width, self._narrowed = self.limit, True
         else:
             self._narrowed = False
-        self.limit, self.width = None, width
+        self.limit = None
         return width
 
     def retracts(self, proposed: int) -> bool:
@@ -140,8 +139,7 @@ class Goodput:
     tick's target forward at the positions those widths make (`ForwardCost`)."""
 
     cost: Callable[[], ForwardCost | None]  # the target's measured forward costs
-    cap: int | None = None
-    history: dict[int, int] = field(default_factory=dict)  # cap (-1: none) -> ticks that chose it
+    cap: int | None = None  # the latest tick's
 
     def choose(self, rows: Sequence[WidthPolicy], positions: int) -> WidthChange | None:
         """Set this tick's cap on `rows` (the tick's decoding rows' policies; `positions`: the
@@ -149,7 +147,6 @@ class Goodput:
         cap, gain = self._best(rows, positions)
         for row in rows:
             row.limit = cap if row.load_free else None
-        self.history[-1 if cap is None else cap] = self.history.get(-1 if cap is None else cap, 0) + 1
         if cap == self.cap:
             return None
         change = WidthChange(batch=len(rows), cap=cap, previous=self.cap, expected_gain=round(gain, 4))
@@ -157,20 +154,30 @@ class Goodput:
         return change
 
     def _best(self, rows: Sequence[WidthPolicy], positions: int) -> tuple[int | None, float]:
+        """(cap, expected gain over no cap); (None, 1.0) where no cap pays or nothing is measured."""
         cost = self.cost()
-        wanted = [row.wanted() for row in rows]
-        widest = max((w for w, row in zip(wanted, rows, strict=True) if row.load_free), default=0)
-        if cost is None or len(rows) < 2 or widest == 0 or cost.line() is None:
+        line = cost.line() if cost is not None else None
+        free = [row.wanted() for row in rows if row.load_free]
+        widest = max(free, default=0)
+        if line is None or len(rows) < 2 or widest == 0:
             return None, 1.0
+        fixed_s, position_s = line
+        # the other rows' part of the tick, whatever the cap: their positions and expected tokens
+        held = [(row.wanted(), row.alpha) for row in rows if not row.load_free]
+        base_positions = positions + sum(1 + w for w, _ in held)
+        base_tokens = sum(expected_tokens(alpha, w) for w, alpha in held)
+        # expected[i][k]: load-free row i's expected tokens at width k (each row's table built once)
+        alphas = [row.alpha for row in rows if row.load_free]
+        expected = [[expected_tokens(alpha, k) for k in range(w + 1)] for w, alpha in zip(free, alphas, strict=True)]
 
         def rate(cap: int) -> float:
-            widths = [min(w, cap) if row.load_free else w for w, row in zip(wanted, rows, strict=True)]
-            tokens = sum(expected_tokens(row.alpha, w) for w, row in zip(widths, rows, strict=True))
-            seconds = cost.seconds(positions + sum(1 + w for w in widths))
-            return tokens / seconds if seconds else 0.0
+            widths = [min(w, cap) for w in free]
+            tokens = base_tokens + sum(table[k] for table, k in zip(expected, widths, strict=True))
+            seconds = fixed_s + position_s * (base_positions + sum(1 + k for k in widths))
+            return tokens / seconds if seconds > 0 else 0.0
 
-        uncapped = rate(widest)
-        best = max(range(widest + 1), key=rate)
-        if best == widest or rate(best) <= ADOPT_GAIN * uncapped:
+        rates = [rate(cap) for cap in range(widest + 1)]
+        best, uncapped = max(range(widest + 1), key=rates.__getitem__), rates[widest]
+        if best == widest or rates[best] <= ADOPT_GAIN * uncapped:
             return None, 1.0
-        return best, rate(best) / uncapped if uncapped else 1.0
+        return best, rates[best] / uncapped if uncapped else 1.0

@@ -41,7 +41,8 @@ class ForwardCost:
         bucket.count += 1
 
     def line(self) -> tuple[float, float] | None:
-        """(fixed seconds, seconds per position) of the fitted line; None before two buckets."""
+        """(fixed seconds, seconds per position) of the fitted line, so a forward of P positions
+        is estimated at fixed + P * per position; None before two buckets."""
         if len(self.buckets) < 2:
             return None
         xs = [b.positions for b in self.buckets.values()]
@@ -50,14 +51,6 @@ class ForwardCost:
         spread = sum((x - mean_x) ** 2 for x in xs)
         slope = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread)
         return max(0.0, mean_y - slope * mean_x), slope
-
-    def seconds(self, positions: int) -> float | None:
-        """The estimated seconds of a forward of `positions` (None: not enough measurements)."""
-        line = self.line()
-        if line is None:
-            return None
-        fixed, per_position = line
-        return fixed + per_position * positions
 
 
 def cost_of(model: nn.Module) -> ForwardCost:

@@ -35,10 +35,10 @@ def test_expected_tokens_is_leviathans_closed_form() -> None:
 def test_forward_cost_fits_a_line_through_its_buckets() -> None:
     cost = ForwardCost()
     cost.observe(4, 0.014)
-    assert cost.seconds(32) is None  # one bucket says nothing about the slope
+    assert cost.line() is None  # one bucket says nothing about the slope
     for positions in (16, 64, 64, 4):
         cost.observe(positions, 0.01 + 0.001 * positions)
-    assert cost.seconds(32) == pytest.approx(0.042, rel=1e-6)
+    assert cost.line() == pytest.approx((0.01, 0.001), rel=1e-6)
 
 
 def policy(n_max: int = 7, load_free: bool = True, alpha: float = 0.5, n_min: int = 0) -> WidthPolicy:
@@ -47,7 +47,7 @@ def policy(n_max: int = 7, load_free: bool = True, alpha: float = 0.5, n_min: in
 
 def test_a_round_is_decided_once_within_cap_budget_and_the_ticks_limit() -> None:
     row = policy(n_max=5)
-    assert row.wanted() == 5 and row.decide(budget=100) == 5 and row.width == 5
+    assert row.wanted() == 5 and row.decide(budget=100) == 5
     assert row.decide(budget=3) == 2  # the round's last token is within the budget too
     row.limit = 1
     assert row.decide(budget=100) == 1
