@@ -95,9 +95,10 @@ class LoopBuilder:
             )
         return self._grammar_vocabulary
 
-    def choose(self, request: RowRequest) -> Choice:
-        """This request's drafting: the block loops', or the draft model's or prompt lookup's."""
-        plan, n_max = self.plan, row_n_max(self.plan.n_max, request.n_max)
+    def choose(self, request: RowRequest, n_max: int) -> Choice:
+        """This request's drafting (the block loops', or the draft model's or prompt lookup's) at
+        most `n_max` proposals a round (the row's cap)."""
+        plan = self.plan
         if n_max <= 0:
             return Choice(None)
         # an argmax rule emits the target's argmax stream at every width: only such rows follow the load
@@ -126,7 +127,8 @@ class LoopBuilder:
             probs=request.probs,
         )
         target = ModelRunner(self.target.model, max_kv_size=self.plan.max_kv_size)
-        choice = self.choose(request)
+        n_max = row_n_max(self.plan.n_max, request.n_max)  # the row's cap, which all its reports read
+        choice = self.choose(request, n_max)
         rule = self.plan.rule(request.sampling)
         loop: RoundLoop = TargetLoop(target)
         speculation, widths = Speculation(), None
@@ -149,7 +151,7 @@ class LoopBuilder:
             ignore_eos=request.ignore_eos,
             speculation=speculation,
             widths=widths,
-            n_max=row_n_max(self.plan.n_max, request.n_max),
+            n_max=n_max,
             stats=RowStats(notes=list(choice.notes)),
             excluded_s=choice.setup_seconds,
             caching=self._caching(request, loop),

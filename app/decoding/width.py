@@ -35,7 +35,7 @@ from app.execution.cost import ForwardCost
 ACCEPTANCE_PRIOR = 0.5  # per-position acceptance assumed before a row's first verified round
 ACCEPTANCE_EMA = 0.3  # weight of a round's observed acceptance
 MAX_ACCEPTANCE = 0.99  # the expected length stays finite (alpha = 1 accepts every draft)
-ADOPT_GAIN = 1.02  # a cap is adopted only if its expected rate beats no cap by 2 %
+ADOPT_GAIN = 1.02  # a cap must beat no cap (and the cap in force) by 2 % of expected tokens/s
 
 
 def row_n_max(plan_n_max: int, requested: int | None) -> int:
@@ -178,6 +178,10 @@ class Goodput:
 
         rates = [rate(cap) for cap in range(widest + 1)]
         best, uncapped = max(range(widest + 1), key=rates.__getitem__), rates[widest]
-        if best == widest or rates[best] <= ADOPT_GAIN * uncapped:
+        if rates[best] <= ADOPT_GAIN * uncapped:  # no cap pays clearly
             return None, 1.0
+        # a cap in force that still pays stays unless another beats it too: no flapping between neighbours
+        held = self.cap if self.cap is not None and self.cap < widest else None
+        if held is not None and rates[held] > ADOPT_GAIN * uncapped and rates[best] <= ADOPT_GAIN * rates[held]:
+            best = held
         return best, rates[best] / uncapped if uncapped else 1.0

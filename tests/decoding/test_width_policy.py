@@ -139,3 +139,16 @@ def test_governor_pauses_reach_the_rows_stats_as_notes(embedded_target) -> None:
     paused = [note for note in generation.notes if note.event == "governor_paused"]
     assert len(paused) == governor.pauses
     assert all(set(note.fields) == {"ema", "floor"} for note in paused)
+
+
+def test_the_cap_in_force_holds_until_another_beats_it_clearly() -> None:
+    rows = [policy(alpha=0.3) for _ in range(16)]
+    goodput = Goodput(lambda: measured(0.001, 0.001))
+    first = goodput.choose(rows, positions=0)
+    assert first is not None
+    for row in rows:  # acceptance drifts a little: the best cap may move by one, not enough to switch
+        row.alpha = 0.32
+    assert goodput.choose(rows, positions=0) is None and goodput.cap == first.cap
+    goodput.cost = lambda: measured(0.05, 0.00001)  # positions cost nothing now: no cap pays
+    lifted = goodput.choose(rows, positions=0)
+    assert lifted is not None and lifted.cap is None and lifted.previous == first.cap
