@@ -1,7 +1,8 @@
-"""Verify widths: how many proposals a round asks for, fixed or adaptive.
+"""Width sources: how many proposals a row's round asks for before the width policy
+(app/decoding/width.py) caps them by the row's n_max, the tick's load and the tokens left.
 
-The classic kinds ask for a fixed number (the plan's, capped by the request's n_max; prompt
-lookup's governor may then propose fewer). The block loops adapt (the upstream controller's constants):
+The draft model asks for a fixed number (the plan's); prompt lookup's governor is a source of its
+own (width.py `GovernedWidth`). The block loops adapt (the upstream controller's constants):
 
 Warm up at the drafter's declared width, then measure emitted tokens per millisecond. A trial
 runs the held width and the other one (the wider, or once that was adopted the declared) in

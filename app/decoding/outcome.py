@@ -60,7 +60,6 @@ class RowStats:
 
     acceptance: AcceptanceStats = field(default_factory=AcceptanceStats)
     jumped: int = 0
-    width: int = 0  # the latest verify round's width (0: none yet)
     widths: dict[int, int] = field(default_factory=dict)  # width -> verify rounds run at it
     governor_pauses: int = 0
     governor_resumes: int = 0
@@ -80,7 +79,6 @@ class RowStats:
         self.governor_resumes += sum(note.event == "governor_resumed" for note in outcome.notes)
         if not outcome.verified:
             return
-        self.width = outcome.width
         self.widths[outcome.width] = self.widths.get(outcome.width, 0) + 1
         self.acceptance.observe(outcome.proposed, outcome.verdict)
         if (forms := outcome.closed_forms) is not None:

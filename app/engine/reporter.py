@@ -28,13 +28,10 @@ class Reporter:
         """llama-server's requests_deferred and requests_processing gauges."""
         self.metrics.requests_deferred, self.metrics.requests_processing = waiting, running
 
-    def built(self, job: Job, generation: Generation) -> None:
-        """How the request's loop was chosen (block loops: drafter loaded, probes, declines)."""
-        self.stepped(job, generation)
-
-    def stepped(self, job: Job, generation: Generation) -> None:
-        """What the row's latest steps noted: prompt lookup's governor pausing or resuming (with
-        the tokens the row has decided), or how its loop was chosen."""
+    def noted(self, job: Job, generation: Generation) -> None:
+        """What the row noted since the last call: how its loop was chosen (block loops: drafter
+        loaded, probes, declines), prompt lookup's governor pausing or resuming (with the tokens
+        the row has decided)."""
         for note in generation.stats.unlogged():
             if note.event in GOVERNOR_EVENTS:
                 decided = len(generation.emitted)

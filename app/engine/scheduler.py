@@ -186,7 +186,7 @@ class Scheduler:
         job.admitted = time.perf_counter()
         try:
             generation = self.host.build(job.request)
-            self.reporter.built(job, generation)
+            self.reporter.noted(job, generation)
         except DrafterUnavailableError as exc:
             self.reporter.drafter_unavailable(job, str(exc))
             self._deliver(job, Failed(str(exc), 503, "unavailable_error"))
@@ -281,7 +281,7 @@ class Scheduler:
     def _emit(self, row: Row, delta: Delta) -> None:
         job = row.job
         streamed = job.stream and (delta.text or delta.tokens)
-        self.reporter.stepped(job, row.generation)
+        self.reporter.noted(job, row.generation)
         if row.generation.finished:
             self._retire(row)
             result = row.finished()

@@ -122,7 +122,7 @@ def test_a_failed_probe_declines_to_classic_decode(perturbed_target, embedded_ta
     assert declined.fields["width"] == 4 and declined.fields["position"] is not None
     assert f"width 4, position {declined.fields['position']}" in declined.fields["reason"]
     with structlog.testing.capture_logs() as logs:  # the contract: a decline is one warning line
-        Reporter("mtp").built(Job(request, "r1", "/completion", sink=lambda event: None), generation)
+        Reporter("mtp").noted(Job(request, "r1", "/completion", sink=lambda event: None), generation)
     assert [(e["event"], e["log_level"]) for e in logs if e["event"] != "drafter_loaded"] == [
         ("exactness_probe", "info"), ("block_loop_declined", "warning")]  # fmt: skip
     assert run(generation).emitted == greedy_tokens(embedded_target, CODE, 40)
