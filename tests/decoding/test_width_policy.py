@@ -11,9 +11,12 @@ from app.acceptance import Verdict
 from app.decoding.adaptive import FixedWidth
 from app.decoding.batch import run_together
 from app.decoding.builder import LoopBuilder, RowRequest
-from app.decoding.plan import LoopPlan
+from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.width import Goodput, WidthPolicy, expected_tokens, row_n_max
 from app.execution.cost import ForwardCost
+from app.execution.model import LoadedModel
+from app.loading.paths import REPO_ROOT
+from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams
 from tests.support.batched import run_rows
 
@@ -101,11 +104,22 @@ def test_sampled_rows_and_lone_rows_are_never_narrowed() -> None:
     assert Goodput(lambda: ForwardCost()).choose(unmeasured, positions=0) is None
 
 
-def test_temperature_zero_rows_are_byte_identical_while_the_ticks_cap_moves(embedded_target, embedded_drafter) -> None:
+def builder_of(kind: str, target: LoadedModel, drafter: LoadedModel) -> LoopBuilder:
+    if kind == "mtp":
+        settings = Settings(drafter=DrafterSettings(kind="mtp", model=str(REPO_ROOT / "models" / "mtp")))
+        return LoopBuilder(target, None, plan_from_settings(settings, environ={}))
+    plan = LoopPlan(drafter_kind=kind, num_draft_tokens=4, governor_policy="break-even")
+    return LoopBuilder(target, drafter if kind == "draft-model" else None, plan)
+
+
+@pytest.mark.parametrize("kind", ["draft-model", "prompt-lookup", "mtp"])
+def test_temperature_zero_rows_are_byte_identical_while_the_ticks_cap_moves(
+    embedded_target, embedded_drafter, kind: str
+) -> None:
     """Every tick caps each row at a random width (0 to the row's cap): the greedy stream is the
     target's own, and the rows did run at several widths."""
     plain = LoopBuilder(embedded_target, None, LoopPlan())
-    builder = LoopBuilder(embedded_target, embedded_drafter, LoopPlan(drafter_kind="draft-model", num_draft_tokens=4))
+    builder = builder_of(kind, embedded_target, embedded_drafter)
     encode = embedded_target.tokenizer.encode
     requests = [RowRequest(encode(prompt), GREEDY, max_tokens=40, ignore_eos=True) for prompt in PROMPTS]
     expected = [generation.emitted for generation in run_rows([plain.build(r) for r in requests])]
@@ -116,12 +130,12 @@ def test_temperature_zero_rows_are_byte_identical_while_the_ticks_cap_moves(embe
     draw = random.Random(0)
     while live := [g for g in rows if not g.finished]:
         for generation in live:
-            generation.widths.limit = draw.randint(0, 4)
+            generation.widths.limit = draw.randint(0, generation.n_max)
         for outcome in run_together([g.steps() for g in live]):
             if isinstance(outcome, Exception):
                 raise outcome
     assert [g.emitted for g in rows] == expected
-    assert all(len(g.stats.widths) >= 3 for g in rows)
+    assert sum(len(g.stats.widths) >= 2 for g in rows) >= 2
 
 
 def test_governor_pauses_reach_the_rows_stats_as_notes(embedded_target) -> None:
