@@ -166,3 +166,16 @@ def test_the_cap_in_force_holds_until_another_beats_it_clearly() -> None:
     goodput.cost = lambda: measured(0.05, 0.00001)  # positions cost nothing now: no cap pays
     lifted = goodput.choose(rows, positions=0)
     assert lifted is not None and lifted.cap is None and lifted.previous == first.cap
+
+
+def test_a_zero_cap_still_verifies_one_draft_every_eighth_tick() -> None:
+    """At cap 0 nothing is verified, so acceptance could never move: every eighth tick at cap 0
+    caps the rows at one draft instead (and logs nothing: the cap in force is still 0)."""
+    rows = [policy(alpha=0.0) for _ in range(8)]
+    goodput = Goodput(lambda: measured(0.001, 0.001))
+    limits, changes = [], []
+    for _ in range(16):
+        changes.append(goodput.choose(rows, positions=0))
+        limits.append(rows[0].limit)
+    assert goodput.cap == 0 and sum(change is not None for change in changes) == 1
+    assert limits.count(1) == 2 and limits.count(0) == 14
