@@ -115,9 +115,11 @@ class WidthPolicy:
         if verdict is not None and proposed:
             observed = verdict.accepted / max(1, verdict.tested)
             self.alpha += ACCEPTANCE_EMA * (observed - self.alpha)
-        # A round the load narrowed measures the load, not the width the controller asked for; a
-        # governor takes every verified round as evidence (the contract's rule).
-        if not self._narrowed or isinstance(self.source, GovernedWidth):
+        # A round the load narrowed is no evidence about the width its source asked for: charged
+        # to a block loop's controller it would measure the load, and a governor would compare a
+        # narrow round's yield with a floor set for full blocks (it adds no verify evidence, as
+        # the contract has gated-out rows add none).
+        if not self._narrowed:
             self.source.observe(tokens, proposed, verdict, seconds)
         return self.source.notes()
 

@@ -12,7 +12,8 @@ from app.decoding.adaptive import FixedWidth
 from app.decoding.batch import run_together
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan, plan_from_settings
-from app.decoding.width import Goodput, WidthPolicy, expected_tokens, row_n_max
+from app.decoding.width import Goodput, GovernedWidth, WidthPolicy, expected_tokens, row_n_max
+from app.drafters.governor import make_governor
 from app.execution.cost import ForwardCost
 from app.execution.model import LoadedModel
 from app.loading.paths import REPO_ROOT
@@ -179,3 +180,17 @@ def test_a_zero_cap_still_verifies_one_draft_every_eighth_tick() -> None:
         limits.append(rows[0].limit)
     assert goodput.cap == 0 and sum(change is not None for change in changes) == 1
     assert limits.count(1) == 2 and limits.count(0) == 14
+
+
+def test_a_round_the_load_narrowed_is_no_evidence_for_the_governor() -> None:
+    governor = make_governor(7, policy="break-even")
+    row = WidthPolicy(GovernedWidth(governor, lambda n: []), n_max=7, load_free=True)
+    for _ in range(4):  # narrowed rounds of one draft: below the floor, yet no pause
+        row.limit = 1
+        assert row.decide(100) == 1
+        row.observe([5, 6], 1, Verdict(accepted=1, tokens=[5, 6], tested=1), 0.001)
+    assert governor.observed_rounds == 0 and not governor.paused
+    for _ in range(2):  # full rounds that miss: the governor's own evidence, and its pause
+        assert row.decide(100) == 7
+        row.observe([5], 7, Verdict(accepted=0, tokens=[5], tested=1), 0.001)
+    assert governor.observed_rounds == 2 and governor.paused and row.wanted() == 0
