@@ -28,6 +28,8 @@ def speculative_request(
     stats: AcceptanceStats,
     predicted_n: int,
     biased: bool,
+    n_max: int,
+    widths: dict[int, int],
     governor_pauses: int = 0,
     governor_resumes: int = 0,
     profile: str,
@@ -48,6 +50,8 @@ def speculative_request(
         per_position_acceptance=round(stats.per_position_acceptance, 4),
         mean_accepted_len=round(stats.mean_accepted_len, 4),
         predicted_n=predicted_n,
+        n_max=n_max,
+        widths={str(width): rounds for width, rounds in sorted(widths.items())},
         governor_pauses=governor_pauses,
         governor_resumes=governor_resumes,
     )
@@ -56,6 +60,14 @@ def speculative_request(
 def governor_changed(event: str, *, request_id: str, decided: int, ema: float, floor: float | None) -> None:
     """`governor_paused` or `governor_resumed` for one row."""
     structlog.get_logger(LOGGER).info(event, request_id=request_id, decided=decided, ema=round(ema, 4), floor=floor)
+
+
+def speculation_width_changed(*, batch: int, cap: int | None, previous: int | None, expected_gain: float) -> None:
+    """The engine's per-tick goodput choice capped the load-free rows' widths at `cap` (None: no
+    cap) for `batch` decoding rows, expecting `expected_gain` times the uncapped tokens per second."""
+    structlog.get_logger(LOGGER).info(
+        "speculation_width_changed", batch=batch, cap=cap, previous=previous, expected_gain=expected_gain
+    )
 
 
 def loop_note(event: str, *, request_id: str | None, warning: bool, **fields: object) -> None:

@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = encode_prompt(target.tokenizer, args.prompt, not args.no_chat_template)
     request = RowRequest(prompt=prompt, sampling=sampling_from(args), max_tokens=args.n_predict, seed=seed)
     generation = builder.build(request)
-    speculation = generation.loop.speculation
+    speculation = generation.speculation
     if speculation.drafting:
         log.info("acceptance_rule_active", rule=speculation.rule, drafter_kind=resolution.kind, width=width)
     stream(generation)
@@ -171,10 +171,10 @@ def report(generation: Generation, plan: LoopPlan) -> None:
         f"prompt: {generation.prompt_n} tokens in {prefill_s:.3f} s; generated: {n} tokens, {rate:.1f} tokens/s",
         file=sys.stderr,
     )
-    speculation = generation.loop.speculation
+    speculation = generation.speculation
     if not speculation.drafting:
         return
-    stats = speculation.stats
+    stats = generation.stats.acceptance
     print(summary_line(speculation.rule, stats, speculation.description))
     if plan.switches.accept_diag:
         print(diagnostic_line(stats))

@@ -1,7 +1,8 @@
-"""Verify widths: how many proposals a round asks for, fixed or adaptive.
+"""Width sources: how many proposals a row's round asks for before the width policy
+(app/decoding/width.py) caps them by the row's n_max, the tick's load and the tokens left.
 
-The classic kinds ask for a fixed number (the plan's, capped by the request's n_max; prompt
-lookup's governor may then propose fewer). The block loops adapt (the upstream controller's constants):
+The draft model asks for a fixed number (the plan's); prompt lookup's governor is a source of its
+own (width.py `GovernedWidth`). The block loops adapt (the upstream controller's constants):
 
 Warm up at the drafter's declared width, then measure emitted tokens per millisecond. A trial
 runs the held width and the other one (the wider, or once that was adopted the declared) in
@@ -26,7 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from app.acceptance import Verdict
+    from app.decoding.outcome import Note
 
 WARMUP_ROUNDS = 8
 WINDOW_ROUNDS = 32
@@ -145,43 +150,52 @@ class WidthController:
 
 
 class Widths(Protocol):
-    """Where a speculative loop takes each round's width from."""
+    """Where a row's width comes from before the width policy (app/decoding/width.py) caps it."""
 
     def proposals(self) -> int:
-        """Proposals to ask for this round (the loop caps them by the tokens left)."""
+        """Proposals wanted for the next round (reads only: asked again until a round is observed)."""
         ...
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        """A verify round of proposals emitted `tokens` in `seconds`."""
+    def observe(self, tokens: list[int], proposed: int, verdict: Verdict | None, seconds: float) -> None:
+        """A step decided `tokens` in `seconds`; `verdict` when its `proposed` drafts were verified."""
+        ...
+
+    def notes(self) -> tuple[Note, ...]:
+        """What the source wants logged since the last call."""
         ...
 
 
 @dataclass
 class FixedWidth:
-    """The classic kinds: the plan's width, capped by the request's n_max."""
+    """The draft model: the plan's width."""
 
     width: int
 
     def proposals(self) -> int:
         return self.width
 
-    def observe(self, tokens: int, seconds: float) -> None:
+    def observe(self, tokens: list[int], proposed: int, verdict: Verdict | None, seconds: float) -> None:
         """A fixed width learns nothing from a round."""
+
+    def notes(self) -> tuple[Note, ...]:
+        return ()
 
 
 @dataclass
 class ControlledWidth:
-    """A block loop row: the shared controller's verify width (bonus row included), capped by n_max.
-    Its rounds are charged to the width it asked for, whatever other rows did meanwhile."""
+    """A block loop row: the shared controller's verify width less the bonus row. Its rounds are
+    charged to the width it asked for, whatever other rows did meanwhile."""
 
     controller: WidthController
-    n_max: int | None = None
     asked: int = 0  # the verify width of this row's round in flight
 
     def proposals(self) -> int:
         self.asked = self.controller.width()
-        width = self.asked - 1
-        return width if self.n_max is None else min(width, self.n_max)
+        return self.asked - 1
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        self.controller.observe(self.asked, tokens, seconds)
+    def observe(self, tokens: list[int], proposed: int, verdict: Verdict | None, seconds: float) -> None:
+        if verdict is not None and proposed:
+            self.controller.observe(self.asked, len(tokens), seconds)
+
+    def notes(self) -> tuple[Note, ...]:
+        return ()

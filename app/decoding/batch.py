@@ -19,7 +19,7 @@ from typing import TypeVar
 import mlx.core as mx
 
 from app.drafters.base import Forward, Steps
-from app.execution.forward import forward
+from app.execution.forward import forward, measured_forward
 
 T = TypeVar("T")
 
@@ -45,8 +45,11 @@ def run_together(steps: Sequence[Steps[T]]) -> list[T | Exception]:
         for group in _by_model(served, waiting):
             requests = [waiting.pop(i) for i in group]
             try:
-                logits = forward(requests)
-                mx.async_eval(logits)  # every row computes while the first one is judged
+                if drafting:  # a draft model's chain stays lazy: its next step is queued meanwhile
+                    logits = forward(requests)
+                    mx.async_eval(logits)
+                else:  # the rows judge on these logits next; their cost is what the width policy weighs
+                    logits = measured_forward(requests)
             except Exception as exc:
                 for i in group:
                     steps[i].close()

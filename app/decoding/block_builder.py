@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from app.decoding.adaptive import ControlledWidth, WidthController
 from app.decoding.exactness import ProbeCache, ProbeVerdict
 from app.decoding.loop import Drafting
+from app.decoding.outcome import Note
 from app.decoding.plan import LoopPlan
+from app.decoding.width import WidthPolicy
 from app.drafters.block import BlockDrafterModel, block_proposer, load_block_drafter
 from app.execution.model import LoadedModel
 from app.loading import ModelLoadError
@@ -26,16 +28,6 @@ from app.sampling import SamplingParams
 
 class DrafterUnavailableError(Exception):
     """The drafter could not be loaded; the request that needed it fails, the server goes on."""
-
-
-@dataclass
-class Note:
-    """Something a request's loop choice should log: `event` name, its fields, and whether it is
-    the warning of that choice (one per outcome: a decline warns, not also the probe behind it)."""
-
-    event: str
-    fields: dict[str, object]
-    warning: bool = False
 
 
 @dataclass
@@ -103,7 +95,9 @@ class BlockLoops:
         self._gate(notes)
         return notes
 
-    def choose(self, sampling: SamplingParams, n_max: int | None) -> Choice:
+    def choose(self, sampling: SamplingParams, n_max: int, n_min: int = 0, load_free: bool = False) -> Choice:
+        """A row of `sampling`: its drafting under the shared width controller, capped at `n_max`
+        (row_n_max) and retracting below `n_min`; `load_free` as the width policy takes it."""
         started = time.perf_counter()
         notes = self._loaded()
         if self.plan.rule(sampling) is None:  # the plan declines this sampler class (DSpark samples nothing)
@@ -118,5 +112,5 @@ class BlockLoops:
                                                       "position": failed.position}, warning=True))  # fmt: skip
             return Choice(None, notes, time.perf_counter() - started)
         proposer = block_proposer(self.bound, lossless=self.plan.block_lossless)
-        drafting = Drafting(proposer, ControlledWidth(self.controller, n_max))
+        drafting = Drafting(proposer, WidthPolicy(ControlledWidth(self.controller), n_max, n_min, load_free))
         return Choice(drafting, notes, time.perf_counter() - started)

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.acceptance import Rule
 from app.decoding.adaptive import FixedWidth
 from app.decoding.block_builder import BlockLoops, Choice
 from app.decoding.generation import Generation
-from app.decoding.loop import Drafting, RoundLoop, Speculation, SpeculativeLoop, TargetLoop
+from app.decoding.loop import Drafting, RoundLoop, SpeculativeLoop, TargetLoop
+from app.decoding.outcome import RowStats
 from app.decoding.plan import LoopPlan
-from app.decoding.state import RowState
+from app.decoding.speculation import Speculation
+from app.decoding.width import GovernedWidth, WidthPolicy, row_n_max
 from app.drafters.block import DFlashDrafter, MtpDrafter
 from app.drafters.draft_model import DraftModelDrafter
-from app.drafters.governor import Listener, make_governor
+from app.drafters.governor import make_governor
 from app.drafters.kinds import DrafterKind
 from app.drafters.prompt_lookup import PromptLookupDrafter
 from app.execution.model import LoadedModel
@@ -25,6 +28,7 @@ from app.sampling import RowRng, SamplerPipeline, SamplingParams
 from app.sampling.grammar import Grammar, GrammarVocabulary
 from app.sampling.logprobs import ProbsRequest
 from app.sampling.rng import resolve_seed
+from app.sampling.state import RowState
 
 DEFAULT_CONTEXT = 4096
 
@@ -91,26 +95,30 @@ class LoopBuilder:
             )
         return self._grammar_vocabulary
 
-    def choose(self, request: RowRequest, listener: Listener | None) -> Choice:
-        """This request's drafting: the block loops', or the draft model's or prompt lookup's."""
-        if self.block is not None:
-            return self.block.choose(request.sampling, request.n_max) if request.n_max != 0 else Choice(None)
+    def choose(self, request: RowRequest, n_max: int) -> Choice:
+        """This request's drafting (the block loops', or the draft model's or prompt lookup's) at
+        most `n_max` proposals a round (the row's cap)."""
         plan = self.plan
-        width = plan.num_draft_tokens if request.n_max is None else min(request.n_max, plan.num_draft_tokens)
-        if width <= 0:
+        if n_max <= 0:
             return Choice(None)
+        # an argmax rule emits the target's argmax stream at every width: only such rows follow the load
+        load_free = plan.under_load and plan.rule(request.sampling) in (Rule.GREEDY_ARGMAX, Rule.ARGMAX_AGAINST_ARGMAX)
+        if self.block is not None:
+            return self.block.choose(request.sampling, n_max, request.n_min, load_free)
         if plan.drafter_kind is DrafterKind.DRAFT_MODEL:
             proposer = DraftModelDrafter(self.drafter, self.target.vocab_size, p_min=request.p_min)
-            return Choice(Drafting(proposer, FixedWidth(width), request.n_min))
+            widths = WidthPolicy(FixedWidth(n_max), n_max, request.n_min, load_free)
+            return Choice(Drafting(proposer, widths))
         if plan.drafter_kind is DrafterKind.PROMPT_LOOKUP:
             governor = make_governor(
-                width, policy=plan.governor_policy, adaptive=plan.governor_adaptive, floor=plan.governor_floor
+                n_max, policy=plan.governor_policy, adaptive=plan.governor_adaptive, floor=plan.governor_floor
             )
-            governor.listener = listener
-            return Choice(Drafting(PromptLookupDrafter(governor), FixedWidth(width), request.n_min, governor))
+            proposer = PromptLookupDrafter()
+            widths = WidthPolicy(GovernedWidth(governor, proposer.lookup), n_max, request.n_min, load_free)
+            return Choice(Drafting(proposer, widths))
         return Choice(None)
 
-    def build(self, request: RowRequest, governor_listener: Listener | None = None) -> Generation:
+    def build(self, request: RowRequest) -> Generation:
         state = RowState(
             tokens=list(request.prompt),
             sampler=SamplerPipeline(request.sampling, self.target.vocab_size),
@@ -119,17 +127,18 @@ class LoopBuilder:
             probs=request.probs,
         )
         target = ModelRunner(self.target.model, max_kv_size=self.plan.max_kv_size)
-        choice = self.choose(request, governor_listener)
+        n_max = row_n_max(self.plan.n_max, request.n_max)  # the row's cap, which all its reports read
+        choice = self.choose(request, n_max)
         rule = self.plan.rule(request.sampling)
         loop: RoundLoop = TargetLoop(target)
+        speculation, widths = Speculation(), None
         if choice.drafting is not None and rule is not None:
-            proposer = choice.drafting.proposer
+            proposer, widths = choice.drafting.proposer, choice.drafting.widths
             speculation = Speculation(
                 rule=rule,
                 draft_kind=proposer.kind,
                 one_hot_proposals=proposer.one_hot_proposals,
                 diagnose=self.plan.switches.accept_diag,
-                governor=choice.drafting.governor,
             )
             loop = SpeculativeLoop(target, choice.drafting, speculation)
         return Generation(
@@ -140,7 +149,10 @@ class LoopBuilder:
             context_limit=self.context_limit,
             stop=list(request.stop),
             ignore_eos=request.ignore_eos,
-            notes=choice.notes,
+            speculation=speculation,
+            widths=widths,
+            n_max=n_max,
+            stats=RowStats(notes=list(choice.notes)),
             excluded_s=choice.setup_seconds,
             caching=self._caching(request, loop),
         )

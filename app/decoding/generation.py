@@ -9,11 +9,14 @@ from enum import StrEnum
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from app.decoding.loop import RoundLoop
-from app.decoding.state import RowState
+from app.decoding.outcome import Note, RoundOutcome, RowStats
+from app.decoding.speculation import Speculation
 from app.decoding.timings import Timings
+from app.decoding.width import WidthPolicy
 from app.drafters.base import Steps
 from app.execution.prompt_cache import RowCaching
 from app.sampling.logprobs import TokenLogprob
+from app.sampling.state import RowState
 
 
 class StopType(StrEnum):
@@ -50,6 +53,10 @@ class Generation:
 
     Iterating it runs it: `for delta in generation:` yields each step's delta (the prefill's
     chunks first, empty until the first token) and stops once it has finished.
+
+    Each step's `RoundOutcome` is folded into `stats` once the tokens it keeps are known;
+    `speculation` (what the row's loop judges with) and `widths` (its width policy, None without
+    a drafter) are the builder's, shared with the loop; `n_max` is the row's resolved width cap.
     """
 
     loop: RoundLoop
@@ -65,7 +72,10 @@ class Generation:
     prefill_started: float = 0.0
     prefill_finished: float = 0.0
     last_token_at: float = 0.0
-    notes: list = field(default_factory=list)  # events the loop choice wants logged (block loops)
+    speculation: Speculation = field(default_factory=Speculation)
+    widths: WidthPolicy | None = None
+    n_max: int = 0  # row_n_max (app/decoding/width.py): the most proposals a round of this row may carry
+    stats: RowStats = field(default_factory=RowStats)  # the notes of the loop's choice already in
     excluded_s: float = 0.0  # a drafter's first load, paid by this request, kept out of its timings
     caching: RowCaching | None = None  # the row's use of the prompt cache (None: it does not use it)
 
@@ -146,9 +156,16 @@ class Generation:
         """Target positions the next tick forwards at most (a prefill chunk, or a step's)."""
         return self.loop.positions(self.state)
 
-    def _stepped(self, tokens: list[int]) -> Delta:
+    @property
+    def notes(self) -> list[Note]:
+        """Every note the row's loop choice and rounds left (app/decoding/outcome.py `Note`)."""
+        return self.stats.notes
+
+    def _stepped(self, outcome: RoundOutcome) -> Delta:
         self.last_token_at = time.perf_counter()
-        return self._accept(tokens)
+        delta = self._accept(list(outcome.tokens))
+        self.stats.fold(outcome, len(delta.tokens))
+        return delta
 
     def _accept(self, tokens: list[int]) -> Delta:
         kept: list[int] = []
@@ -163,9 +180,6 @@ class Generation:
             if len(self.emitted) + len(kept) >= self._limit:
                 self.stop_type = StopType.LIMIT
                 break
-        if len(kept) < len(tokens):  # the one place a stop inside a round uncounts its drafts
-            speculation = self.loop.speculation  # the round's tokens follow the step's forced ones
-            speculation.stats.clamp_last_round(max(0, len(kept) - speculation.last_jumped))
         logprobs = self.state.reported[len(self.emitted) : len(self.emitted) + len(kept)]
         self.emitted.extend(kept)
         if self.finished:

@@ -1,123 +1,55 @@
 """Round loops: target-only decoding, and verify rounds over any proposer's proposals.
 
-Both satisfy `RoundLoop`; `Generation` drives either one and reads its `speculation` report,
-which every loop has (a target-only loop's has no rule and no rounds). A step exists twice over
-one body: `steps` asks for its forwards (the engine batches many rows' steps, app/decoding/batch.py)
-and `step` serves them itself (a lone row; the target-only loop then also pipelines).
+Both satisfy `RoundLoop`; `Generation` drives either one and folds the `RoundOutcome` each step
+returns into the row's stats (app/decoding/outcome.py): a loop keeps no counters and nothing
+outside it reads its state. A step exists twice over one body: `steps` asks for its forwards
+(the engine batches many rows' steps, app/decoding/batch.py) and `step` serves them itself (a
+lone row; the target-only loop then also pipelines).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import mlx.core as mx
 
-from app.acceptance import AcceptanceStats, Rule, describe
-from app.decoding.adaptive import Widths
-from app.decoding.state import RowState
-from app.decoding.timings import SpeculativeDiagnostics
+from app.acceptance import Rule
+from app.decoding.outcome import RoundOutcome
+from app.decoding.speculation import Speculation
 from app.decoding.verify import VerifyRow, observed, verifying
+from app.decoding.width import WidthPolicy
 from app.drafters.base import Forward, Proposal, Proposer, Steps, run_alone
-from app.drafters.governor import Governor
-from app.drafters.kinds import DrafterKind
 from app.execution.forward import forward
 from app.execution.runner import PREFILL_CHUNK, ModelRunner
 from app.sampling.grammar import Constraint, masked
+from app.sampling.state import RowState
 from app.sampling.streams import sampled_rows
 
 
 @dataclass
-class Speculation:
-    """What speculation does and did for one row: the rule, the drafter kind, the counters."""
-
-    rule: Rule | None = None  # None: no drafter runs for this row
-    draft_kind: DrafterKind | None = None
-    one_hot_proposals: bool = False
-    diagnose: bool = False  # collect the closed forms (MLXCEL_SPECULATIVE_ACCEPT_DIAG)
-    governor: Governor | None = None  # prompt lookup's, whose pauses the request event reports
-    stats: AcceptanceStats = field(default_factory=AcceptanceStats)
-    jumped: int = 0  # tokens the grammar forced, decided with no forward (jump-forward)
-    last_jumped: int = 0  # of them, those heading the last step's tokens
-
-    @property
-    def drafting(self) -> bool:
-        return self.rule is not None
-
-    @property
-    def rule_name(self) -> str | None:
-        """The rule's identifier as responses, headers and events name it (None: no drafter)."""
-        return str(self.rule) if self.rule is not None else None
-
-    @property
-    def ran(self) -> bool:
-        """At least one round was verified."""
-        return self.drafting and self.stats.rounds > 0
-
-    @property
-    def description(self) -> str:
-        return describe(self.rule, one_hot_proposals=self.one_hot_proposals)
-
-    def biased(self, greedy: bool) -> bool:
-        """A rule that is exact only for argmax (argmax-against-argmax) served a sampling request:
-        the stream followed the target's greedy path, not its distribution."""
-        return self.rule is not None and not self.rule.lossless and not greedy
-
-    def diagnostics(self, greedy: bool) -> SpeculativeDiagnostics | None:
-        """What this row's rounds did, for a request that asked; None where no drafter runs."""
-        if self.rule is None:
-            return None
-        stats = self.stats
-        return SpeculativeDiagnostics(
-            rule=str(self.rule),
-            identity=self.rule.identity,
-            biased=self.biased(greedy),
-            rounds=stats.rounds,
-            proposed=stats.proposed,
-            positions_tested=stats.positions_tested,
-            accepted=stats.accepted,
-            per_position_acceptance=stats.per_position_acceptance,
-            accepted_per_position=list(stats.accepted_per_position),
-            accepted_lengths=list(stats.accepted_lengths),
-            closed_form_sum_min=stats.closed_form_sum_min if self.diagnose else None,
-            closed_form_sum_prod=stats.closed_form_sum_prod if self.diagnose else None,
-        )
-
-    @property
-    def governor_pauses(self) -> int:
-        return self.governor.pauses if self.governor is not None else 0
-
-    @property
-    def governor_resumes(self) -> int:
-        return self.governor.resumes if self.governor is not None else 0
-
-
-@dataclass
 class Drafting:
-    """What a speculative row drafts with: its proposer, its width source, its n_min."""
+    """What a speculative row drafts with: its proposer and its width policy."""
 
     proposer: Proposer
-    widths: Widths
-    n_min: int = 0  # speculative.n_min: shorter proposals are retracted unverified
-    governor: Governor | None = None  # prompt lookup's, reported with the row's speculation
+    widths: WidthPolicy
 
 
 class RoundLoop(Protocol):
     """One row's decode: the prompt chunk by chunk, then one step (or verify round) at a time."""
 
-    speculation: Speculation
     target: ModelRunner
 
     def prefill_chunk(self, state: RowState) -> int | None:
         """Feed one chunk of the prompt; once it is all in, decide the first token and return it."""
         ...
 
-    def step(self, state: RowState, budget: int) -> list[int]:
+    def step(self, state: RowState, budget: int) -> RoundOutcome:
         """Decide at least one and at most `budget` tokens."""
         ...
 
-    def steps(self, state: RowState, budget: int) -> Steps[list[int]]:
+    def steps(self, state: RowState, budget: int) -> Steps[RoundOutcome]:
         """`step` as the forwards it asks for, for a batch to serve."""
         ...
 
@@ -149,7 +81,7 @@ def decode_one(target: ModelRunner, state: RowState) -> Steps[list[int]]:
     return [sample_next(state, logits)]
 
 
-def jump_forward(state: RowState, budget: int, speculation: Speculation) -> list[int]:
+def jump_forward(state: RowState, budget: int) -> list[int]:
     """Decide the tokens the grammar forces (the only one its mask allows), with no forward;
     the step goes on after them (leaving it at least one token of its budget).
 
@@ -163,8 +95,6 @@ def jump_forward(state: RowState, budget: int, speculation: Speculation) -> list
         return []  # a jumped token has no target row to report log-probabilities from
     forced = state.constraint.forced(budget - 1)
     state.decide(forced)
-    speculation.jumped += len(forced)
-    speculation.last_jumped = len(forced)
     return forced
 
 
@@ -203,14 +133,13 @@ class TargetLoop:
 
     def __init__(self, target: ModelRunner) -> None:
         self.target = target
-        self.speculation = Speculation()
         self._ahead: mx.array | None = None
 
     def prefill_chunk(self, state: RowState) -> int | None:
         logits = self.target.prefill_chunk(state.tokens)
         return None if logits is None else sample_next(state, logits)
 
-    def step(self, state: RowState, budget: int) -> list[int]:
+    def step(self, state: RowState, budget: int) -> RoundOutcome:
         if not self._can_pipeline(state):
             return run_alone(self.steps(state, budget))
         current = self._ahead if self._ahead is not None else self._decide_lazily(state, state.tokens[-1:])
@@ -219,18 +148,18 @@ class TargetLoop:
             mx.async_eval(self._ahead)
         token = int(current.item())
         state.decide([token])
-        return [token]
+        return RoundOutcome((token,))
 
-    def steps(self, state: RowState, budget: int) -> Steps[list[int]]:
+    def steps(self, state: RowState, budget: int) -> Steps[RoundOutcome]:
         """A plain step for a batch (no pipelining); a step queued by `step` is taken first."""
-        forced = jump_forward(state, budget, self.speculation)
+        forced = jump_forward(state, budget)
         if ends_here(state):
-            return forced
+            return RoundOutcome(tuple(forced), jumped=len(forced))
         if self._ahead is None:
-            return forced + (yield from decode_one(self.target, state))
+            return RoundOutcome((*forced, *(yield from decode_one(self.target, state))), jumped=len(forced))
         token, self._ahead = int(self._ahead.item()), None
         state.decide([token])
-        return [token]
+        return RoundOutcome((token,))
 
     def positions(self, state: RowState) -> int:
         return positions(self.target, state, 0)
@@ -250,11 +179,12 @@ class TargetLoop:
 
 
 class SpeculativeLoop:
-    """Propose up to the width's proposals, verify them in one target forward, settle.
+    """Propose the width policy's width, verify the proposals in one target forward, settle.
 
     Every drafter kind runs here; they differ only in their proposer and width source. A proposal
-    shorter than `n_min` is retracted: a proposer that reads nothing of the target then gets a
-    plain decode step, one with a hook gets a verify of no proposals (its forward feeds the hook).
+    shorter than the request's `n_min` is retracted: a proposer that reads nothing of the target
+    then gets a plain decode step, one with a hook gets a verify of no proposals (its forward
+    feeds the hook).
     """
 
     def __init__(self, target: ModelRunner, drafting: Drafting, speculation: Speculation) -> None:
@@ -263,7 +193,6 @@ class SpeculativeLoop:
         self.proposer = drafting.proposer
         self.widths = drafting.widths
         self.speculation = speculation
-        self.n_min = max(1, drafting.n_min)
         self._first: int | None = None  # the first token, decided before the proposer's prefill ends
         self._prompt_features: list[mx.array] = []  # the hook's rows of the prefill chunks so far
 
@@ -284,33 +213,44 @@ class SpeculativeLoop:
         self._prompt_features = []
         return self._first
 
-    def step(self, state: RowState, budget: int) -> list[int]:
+    def step(self, state: RowState, budget: int) -> RoundOutcome:
         return run_alone(self.steps(state, budget))
 
-    def steps(self, state: RowState, budget: int) -> Steps[list[int]]:
+    def steps(self, state: RowState, budget: int) -> Steps[RoundOutcome]:
         started = time.perf_counter()
         # Block drafters read the target's rows of every decided position: no jump-forward there.
-        forced = jump_forward(state, budget, self.speculation) if self.proposer.hook is None else []
+        forced = jump_forward(state, budget) if self.proposer.hook is None else []
         if ends_here(state):
             self.proposer.settle(state, len(state.tokens), Proposal.empty(), None, None)
-            return forced
-        base, budget = len(state.tokens), budget - len(forced)
-        width = min(self.widths.proposals(), budget - 1)
+            notes = self.widths.observe(forced, 0, None, time.perf_counter() - started)
+            return RoundOutcome(tuple(forced), jumped=len(forced), notes=notes)
+        base = len(state.tokens)
+        width = self.widths.decide(budget - len(forced))
         proposal = (yield from self.proposer.proposing(state, width)) if width > 0 else Proposal.empty()
         masks = None
         if state.constraint is not None:
             renormalise = not self.proposer.draws_within_grammar
             proposal, masks = within_grammar(state.constraint, proposal, renormalise)
-        if proposal.k < self.n_min:
+        if self.widths.retracts(proposal.k):
             proposal, masks = Proposal.empty(), masks[:1] if masks is not None else None
             if self.proposer.hook is None:
                 emitted = yield from decode_one(self.target, state)
                 self.proposer.settle(state, base, proposal, None, None)
-                return forced + emitted
-        verdict = yield from verifying(VerifyRow(state, self.target, self.proposer, proposal, self.speculation, masks))
-        if proposal.k:
-            self.widths.observe(len(verdict.tokens), time.perf_counter() - started)
-        return forced + verdict.tokens
+                notes = self.widths.observe(forced + emitted, 0, None, time.perf_counter() - started)
+                return RoundOutcome((*forced, *emitted), jumped=len(forced), width=width, notes=notes)
+        row = VerifyRow(state, self.target, self.proposer, proposal, self.speculation, masks)
+        verified = yield from verifying(row)
+        verdict, tokens = verified.verdict, forced + verified.verdict.tokens
+        notes = self.widths.observe(tokens, proposal.k, verdict, time.perf_counter() - started)
+        return RoundOutcome(
+            tuple(tokens),
+            jumped=len(forced),
+            width=width,
+            proposed=proposal.k,
+            verdict=verdict,
+            closed_forms=verified.closed_forms,
+            notes=notes,
+        )
 
     def positions(self, state: RowState) -> int:
-        return positions(self.target, state, self.widths.proposals())
+        return positions(self.target, state, self.widths.wanted())

@@ -75,6 +75,7 @@ class LoopPlan:
     greedy_only: bool = False  # a block drafter that declines sampled requests (DSpark, biased rule only)
     block_lossless: bool = False  # block loops: the lossless rules (drafter.block_rule = "lossless")
     adaptive: bool = True  # block loops: the width controller may widen up to the ceiling
+    under_load: bool = True  # the goodput choice may narrow the widths of rows that cannot depend on them
     governor_policy: str = "gated"  # the CLI token loop's; the server's profiles default to break-even
     governor_adaptive: bool = True
     governor_floor: float = DEFAULT_FLOOR
@@ -119,6 +120,14 @@ class LoopPlan:
             return self.block_widths[0] - 1
         return self.num_draft_tokens
 
+    @property
+    def n_max(self) -> int:
+        """The most proposals a round may carry (a block loop's ceiling less its bonus row): the
+        width cap of a request that sets no speculative.n_max (app/decoding/width.py row_n_max)."""
+        if self.block_widths is not None and self.drafter_kind.is_block_loop:
+            return self.block_widths[1] - 1
+        return self.width
+
 
 def block_plan(settings: Settings) -> tuple[tuple[int, int], bool]:
     """(declared, ceiling) verify widths, and whether the plan declines sampled requests (a DSpark
@@ -146,6 +155,7 @@ def plan_from_settings(settings: Settings, environ: Mapping[str, str] | None = N
         greedy_only=greedy_only,
         block_lossless=settings.drafter.block_rule == LOSSLESS_BLOCK_RULE,
         adaptive=settings.adaptive.enabled,
+        under_load=settings.adaptive.under_load,
         governor_policy=settings.governor.policy,
         governor_adaptive=settings.governor.adaptive,
         governor_floor=settings.governor.floor,

@@ -24,17 +24,18 @@ import mlx.core as mx
 
 from app.acceptance import Rule, Verdict, rules
 from app.decoding.batch import run_together
-from app.decoding.state import RowState
+from app.decoding.outcome import ClosedForms
+from app.decoding.speculation import Speculation
 from app.drafters.base import Forward, Proposal, Proposer, Steps
 from app.execution.runner import ModelRunner
 from app.sampling import Distribution
 from app.sampling.grammar import masked
+from app.sampling.state import RowState
 from app.sampling.streams import position_keys, sampled_rows, xtc_coins
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from app.decoding.loop import Speculation
     from app.execution.target_taps import FeatureHook
 
 
@@ -49,8 +50,16 @@ class VerifyRow:
     target: ModelRunner
     proposer: Proposer
     proposal: Proposal
-    speculation: Speculation  # the rule to judge with, and the counters to observe into
+    speculation: Speculation  # the rule to judge with, and whether to diagnose
     masks: mx.array | None = None  # the grammar's mask of each verify row [k+1, V], if constrained
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A verify's verdict, and the closed forms of its tested positions where diagnosed."""
+
+    verdict: Verdict
+    closed_forms: ClosedForms | None = None
 
 
 def observed(hook: FeatureHook | None) -> AbstractContextManager[list[mx.array]]:
@@ -58,17 +67,17 @@ def observed(hook: FeatureHook | None) -> AbstractContextManager[list[mx.array]]
     return hook.capture() if hook is not None else nullcontext([])
 
 
-def verify(rows: Sequence[VerifyRow]) -> list[Verdict]:
+def verify(rows: Sequence[VerifyRow]) -> list[Verified]:
     """Verify each row's proposal (an empty one decides one token) and settle the row; the rows'
     target forwards run as one batched pass."""
-    verdicts = run_together([verifying(row) for row in rows])
-    for verdict in verdicts:
-        if isinstance(verdict, Exception):
-            raise verdict
-    return verdicts  # type: ignore[return-value]  # no exception above
+    results = run_together([verifying(row) for row in rows])
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+    return results  # type: ignore[return-value]  # no exception above
 
 
-def verifying(row: VerifyRow) -> Steps[Verdict]:
+def verifying(row: VerifyRow) -> Steps[Verified]:
     """One row's verify: its target forward asked for (with its proposer's hook, if any), judged, settled."""
     state, target, proposal, speculation = row.state, row.target, row.proposal, row.speculation
     base = len(state.tokens)
@@ -85,11 +94,9 @@ def verifying(row: VerifyRow) -> Steps[Verdict]:
     state.report(rows, verdict.tokens, p, row.masks)  # the target's rows, never the drafter's
     decided = features[0][:, : verdict.accepted + 1] if features else None
     row.proposer.settle(state, base, proposal, verdict, decided)
-    if proposal.k:
-        speculation.stats.observe(proposal.k, verdict)
-        if speculation.diagnose:
-            _diagnose(speculation, proposal, p, verdict, logits.shape[-1])
-    return verdict
+    if proposal.k and speculation.diagnose:
+        return Verified(verdict, _closed_forms(proposal, p, verdict, logits.shape[-1]))
+    return Verified(verdict)
 
 
 def judge(
@@ -115,15 +122,13 @@ def judge(
     return rules.sampler_match(drafts, p, keys), p
 
 
-def _diagnose(
-    speculation: Speculation, proposal: Proposal, p: Distribution | None, verdict: Verdict, vocab: int
-) -> None:
+def _closed_forms(proposal: Proposal, p: Distribution | None, verdict: Verdict, vocab: int) -> ClosedForms:
     """Closed forms over the positions this round tested (one-hot rows where nothing is sampled)."""
     tested = verdict.tested
     # Greedy p is one-hot on the argmax, which is the emitted token at every tested row.
     p = _one_hot(mx.array(verdict.tokens[:tested]), vocab) if p is None else p[:tested].dense()
     q = proposal.q[:tested].dense() if proposal.q is not None else _one_hot(proposal.tokens[:tested], vocab)
-    speculation.stats.observe_closed_forms(rules.sum_min(p, q).tolist(), rules.sum_prod(p, q).tolist())
+    return ClosedForms(tuple(rules.sum_min(p, q).tolist()), tuple(rules.sum_prod(p, q).tolist()))
 
 
 def _one_hot(tokens: mx.array, vocab: int) -> mx.array:

@@ -46,12 +46,7 @@ def warm_shapes(plan: LoopPlan, max_rows: int) -> WarmShapes:
     while size < max_rows:
         buckets.append(size)
         size *= 2
-    if plan.drafter_kind is DrafterKind.NONE:
-        widest = 0
-    elif plan.block_widths is not None:
-        widest = plan.block_widths[1] - 1  # the ceiling counts the bonus row
-    else:
-        widest = plan.num_draft_tokens
+    widest = 0 if plan.drafter_kind is DrafterKind.NONE else plan.n_max
     return WarmShapes((*buckets, max_rows), tuple(range(widest, -1, -1)))
 
 

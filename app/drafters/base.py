@@ -13,9 +13,9 @@ from app.sampling import Distribution
 
 if TYPE_CHECKING:
     from app.acceptance import Verdict
-    from app.decoding.state import RowState
     from app.drafters.kinds import DrafterKind
     from app.execution.target_taps import FeatureHook
+    from app.sampling.state import RowState
 
 T = TypeVar("T")
 

@@ -29,7 +29,7 @@ from app.sampling import Distribution
 
 if TYPE_CHECKING:
     from app.acceptance import Verdict
-    from app.decoding.state import RowState
+    from app.sampling.state import RowState
 
 MUSE_DECLARED_DEPTH = 4
 MTP_DEFAULT_DEPTH = 3

@@ -15,8 +15,8 @@ from app.sampling.streams import xtc_coins
 
 if TYPE_CHECKING:
     from app.acceptance import Verdict
-    from app.decoding.state import RowState
     from app.execution.model import LoadedModel
+    from app.sampling.state import RowState
 
 
 class DraftModelDrafter:

@@ -32,7 +32,6 @@ MIN_ROUNDS_BEFORE_PAUSE = 2
 DEFAULT_FLOOR = 4.0
 
 Lookup = Callable[[int], list[int]]
-Listener = Callable[[str, "Governor"], None]
 
 
 @dataclass
@@ -73,7 +72,9 @@ class Governor:
     paused: bool = False
     pauses: int = 0
     resumes: int = 0
-    listener: Listener | None = field(default=None, repr=False, compare=False)  # pause/resume events
+    # (event, ema) of each pause and resume not yet reported: the row's width policy turns them
+    # into notes its round reports (app/decoding/width.py)
+    changes: list[tuple[str, float]] = field(default_factory=list, repr=False, compare=False)
 
     def budget(self) -> int:
         """Tokens to propose now (0: paused)."""
@@ -113,8 +114,7 @@ class Governor:
         self._notify("governor_resumed")
 
     def _notify(self, event: str) -> None:
-        if self.listener is not None:
-            self.listener(event, self)
+        self.changes.append((event, self.ema))
 
 
 @dataclass

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.drafters.base import Proposal, ProposesAtOnce
-from app.drafters.governor import Governor
 from app.drafters.kinds import DrafterKind
 from app.drafters.ngram import NgramIndex
 
@@ -13,7 +12,7 @@ if TYPE_CHECKING:
     import mlx.core as mx
 
     from app.acceptance import Verdict
-    from app.decoding.state import RowState
+    from app.sampling.state import RowState
 
 PROMPT_LOOKUP_WIDTH = 7  # proposals per round: the server's, and the CLI's default
 
@@ -29,8 +28,7 @@ class PromptLookupDrafter(ProposesAtOnce):
     one_hot_proposals = True
     draws_within_grammar = True  # no rows: a draft the grammar forbids is cut, an allowed one kept
 
-    def __init__(self, governor: Governor) -> None:
-        self.governor = governor
+    def __init__(self) -> None:
         self.index = NgramIndex()
 
     def prefill(self, state: RowState, features: mx.array | None) -> bool:
@@ -38,15 +36,14 @@ class PromptLookupDrafter(ProposesAtOnce):
         return True
 
     def propose(self, state: RowState, width: int) -> Proposal:
-        budget = min(width, self.governor.budget())
-        return Proposal.of(self.index.lookup(budget)) if budget > 0 else Proposal.empty()
+        """The width is the row's width policy's (prompt lookup's governor is one of its sources)."""
+        return Proposal.of(self.index.lookup(width)) if width > 0 else Proposal.empty()
+
+    def lookup(self, width: int) -> list[int]:
+        """What the index proposes now (the governor's shadow lookups while it pauses)."""
+        return self.index.lookup(width)
 
     def settle(
         self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None, features: mx.array | None
     ) -> None:
-        emitted = state.tokens[len(self.index) :]
-        self.index.extend(emitted)
-        if verdict is not None:
-            self.governor.observe_round(proposal.k, verdict.accepted)
-        else:
-            self.governor.observe_emitted(emitted, self.index.lookup)
+        self.index.extend(state.tokens[len(self.index) :])

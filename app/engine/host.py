@@ -12,13 +12,13 @@ from dataclasses import dataclass
 import structlog
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from app.decoding.block_builder import Note
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
+from app.decoding.outcome import Note
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.warmup import warm, warm_shapes, warms
-from app.drafters.governor import Listener
 from app.drafters.kinds import DrafterKind
+from app.execution.cost import ForwardCost, cost_of
 from app.execution.forward import batching
 from app.execution.lockstep import Lockstep
 from app.execution.model import LoadedModel, load_model
@@ -121,7 +121,11 @@ class ModelHost:
         cache = self.builder.prompt_cache if self.builder is not None else None
         return cache.counters if cache is not None else None
 
-    def build(self, request: RowRequest, governor_listener: Listener) -> Generation:
+    def build(self, request: RowRequest) -> Generation:
         """A request's generation; may take seconds (a block drafter's first load and probes)."""
         assert self.builder is not None
-        return self.builder.build(request, governor_listener)
+        return self.builder.build(request)
+
+    def forward_cost(self) -> ForwardCost | None:
+        """The target's measured forward costs (None until it is loaded)."""
+        return cost_of(self.builder.target.model) if self.builder is not None else None

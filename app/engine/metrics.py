@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Histogram
 
-from app.acceptance import AcceptanceStats
+from app.decoding.outcome import RowStats
 from app.engine.row import Finished
 
 # Seconds, from a token on a warm model to a long generation queued behind others
@@ -69,6 +69,7 @@ class Metrics:
     spec_decode_num_accepted_tokens_total: int = 0
     spec_accepted_per_position: list[int] = field(default_factory=list)
     spec_accepted_lengths: list[int] = field(default_factory=list)  # [k]: verify rounds that accepted k drafts
+    spec_widths: list[int] = field(default_factory=list)  # [w]: verify rounds the width policy ran at width w
     # the prompt cache's counters (app/execution/prompt_cache.py), copied in by each snapshot
     prompt_cache_hits_total: int = 0
     prompt_cache_misses_total: int = 0
@@ -86,7 +87,7 @@ class Metrics:
         """Average generation throughput, tokens/s."""
         return _rate(self.tokens_predicted_total, self.tokens_predicted_seconds_total)
 
-    def observe(self, result: Finished, stats: AcceptanceStats) -> None:
+    def observe(self, result: Finished, row: RowStats) -> None:
         timings = result.timings
         self.prompt_tokens_total += timings.prompt_n
         self.prompt_seconds_total += timings.prompt_ms / 1000.0
@@ -97,8 +98,10 @@ class Metrics:
         self.spec_decode_num_drafts_total += timings.draft_rounds
         self.spec_decode_num_draft_tokens_total += timings.draft_n or 0
         self.spec_decode_num_accepted_tokens_total += timings.draft_n_accepted or 0
+        stats = row.acceptance
         _add(self.spec_accepted_per_position, stats.accepted_per_position)
         _add(self.spec_accepted_lengths, stats.accepted_lengths)
+        _add(self.spec_widths, [row.widths.get(w, 0) for w in range(max(row.widths, default=-1) + 1)])
 
 
 def _add(total: list[int], counts: list[int]) -> None:

@@ -6,16 +6,16 @@ docs/log-events.md); the counters are what /metrics serves.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import structlog
 
 from app import events
-from app.decoding.block_builder import Note
 from app.decoding.generation import Generation
-from app.drafters.governor import Governor, Listener
+from app.decoding.outcome import Note
+from app.decoding.width import WidthChange
 from app.engine.metrics import Metrics
 from app.engine.row import Finished, Job, Row
+
+GOVERNOR_EVENTS = ("governor_paused", "governor_resumed")
 
 
 class Reporter:
@@ -28,19 +28,22 @@ class Reporter:
         """llama-server's requests_deferred and requests_processing gauges."""
         self.metrics.requests_deferred, self.metrics.requests_processing = waiting, running
 
-    def governor_listener(self, job: Job, decided: Callable[[], int]) -> Listener:
-        """`governor_paused` / `governor_resumed` for this job, with how many tokens it had decided."""
+    def noted(self, job: Job, generation: Generation) -> None:
+        """What the row noted since the last call: how its loop was chosen (block loops: drafter
+        loaded, probes, declines), prompt lookup's governor pausing or resuming (with the tokens
+        the row has decided)."""
+        for note in generation.stats.unlogged():
+            if note.event in GOVERNOR_EVENTS:
+                decided = len(generation.emitted)
+                events.governor_changed(note.event, request_id=job.request_id, decided=decided, **note.fields)
+            else:
+                events.loop_note(note.event, request_id=job.request_id, warning=note.warning, **note.fields)
 
-        def listener(event: str, governor: Governor) -> None:
-            floor = getattr(governor, "floor", None)
-            events.governor_changed(event, request_id=job.request_id, decided=decided(), ema=governor.ema, floor=floor)
-
-        return listener
-
-    def built(self, job: Job, generation: Generation) -> None:
-        """How the request's loop was chosen (block loops: drafter loaded, probes, declines)."""
-        for note in generation.notes:
-            events.loop_note(note.event, request_id=job.request_id, warning=note.warning, **note.fields)
+    def width_changed(self, change: WidthChange) -> None:
+        """The tick's goodput choice moved (app/decoding/width.py `Goodput`)."""
+        events.speculation_width_changed(
+            batch=change.batch, cap=change.cap, previous=change.previous, expected_gain=change.expected_gain
+        )
 
     def prepared(self, notes: list[Note]) -> None:
         """What preparing a block drafter before any request noted (no request id: none asked)."""
@@ -60,22 +63,24 @@ class Reporter:
     def finished(self, row: Row, result: Finished) -> None:
         """Count the result and its latencies; after a verify round, emit `speculative_request`."""
         job, generation = row.job, row.generation
-        speculation = generation.loop.speculation
-        self.metrics.observe(result, speculation.stats)
+        speculation, stats = generation.speculation, generation.stats
+        self.metrics.observe(result, stats)
         first = generation.prefill_finished  # the first token is decided as the prefill ends
         last = generation.last_token_at or first
         self.metrics.latencies.observe(job.created, job.admitted, first, last, len(generation.emitted))
-        if not speculation.ran:
+        if not (speculation.drafting and stats.ran):
             return
         events.speculative_request(
             request_id=job.request_id,
             route=job.route,
             rule=str(speculation.rule),
             draft_kind=str(speculation.draft_kind),
-            stats=speculation.stats,
+            stats=stats.acceptance,
             predicted_n=len(generation.emitted),
             biased=speculation.biased(generation.state.sampler.is_greedy),
-            governor_pauses=speculation.governor_pauses,
-            governor_resumes=speculation.governor_resumes,
+            n_max=result.n_max,
+            widths=stats.widths,
+            governor_pauses=stats.governor_pauses,
+            governor_resumes=stats.governor_resumes,
             profile=self.profile,
         )

@@ -28,6 +28,7 @@ class Finished:
     timings: Timings  # with the draft block when a drafter ran a verify round
     rule: str | None
     draft_kind: str | None
+    n_max: int = 0  # the row's width cap (row_n_max), as generation_settings, /slots and events report it
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, when the request asked
     biased: bool = False  # Speculation.biased: the stream followed the target's argmax at T > 0
 
@@ -90,7 +91,6 @@ class Row:
 
     def timings(self) -> Timings:
         generation = self.generation
-        speculation = generation.loop.speculation
         first = generation.prefill_finished or time.perf_counter()
         last = generation.last_token_at or first
         return make_timings(
@@ -100,17 +100,17 @@ class Row:
             prompt_ms=max(0.0, (first - self.job.created - generation.excluded_s) * 1000.0),
             predicted_n=len(generation.emitted),
             predicted_ms=(last - first) * 1000.0,
-            stats=speculation.stats,
-            draft_kind=speculation.draft_kind,
+            stats=generation.stats.acceptance,
+            draft_kind=generation.speculation.draft_kind,
         )
 
     def finished(self) -> Finished:
         generation = self.generation
-        speculation = generation.loop.speculation
+        speculation = generation.speculation
         greedy = generation.state.sampler.is_greedy
         timings = self.timings()
         if self.job.diagnostics:
-            timings = msgspec.structs.replace(timings, speculative=speculation.diagnostics(greedy))
+            timings = msgspec.structs.replace(timings, speculative=generation.stats.diagnostics(speculation, greedy))
         return Finished(
             text=generation.text,
             tokens=list(generation.emitted),
@@ -120,6 +120,7 @@ class Row:
             timings=timings,
             rule=speculation.rule_name,
             draft_kind=speculation.draft_kind,
+            n_max=generation.n_max,
             logprobs=generation.logprobs,
             biased=speculation.biased(greedy),
         )

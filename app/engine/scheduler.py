@@ -22,13 +22,13 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from enum import StrEnum
-from functools import partial
 
 import structlog
 
 from app.decoding.batch import run_together
 from app.decoding.block_builder import DrafterUnavailableError
 from app.decoding.generation import Delta
+from app.decoding.width import Goodput
 from app.engine.host import ModelHost
 from app.engine.reporter import Reporter
 from app.engine.row import Event, Failed, Job, Row, Started
@@ -80,6 +80,7 @@ class Scheduler:
         self._deferred: list[int] = []  # slots of the rows the last tick's budget left out
         # work that needs the models but is no row (embeddings), run between ticks
         self._calls: deque[tuple[Callable[[], object], Future]] = deque()
+        self.goodput = Goodput(host.forward_cost)  # the tick's width cap under load
         self._log = structlog.get_logger("mlxcel.engine")
 
     # --- called from other threads (HTTP, signal handlers): the lock only -------------------
@@ -229,9 +230,8 @@ class Scheduler:
     def _build(self, job: Job, slot: int) -> Row | None:
         job.admitted = time.perf_counter()
         try:
-            listener = self.reporter.governor_listener(job, partial(self._decided, job))
-            generation = self.host.build(job.request, listener)
-            self.reporter.built(job, generation)
+            generation = self.host.build(job.request)
+            self.reporter.noted(job, generation)
         except DrafterUnavailableError as exc:
             self.reporter.drafter_unavailable(job, str(exc))
             self._deliver(job, Failed(str(exc), 503, "unavailable_error"))
@@ -240,12 +240,8 @@ class Scheduler:
             self._fail_row(job, exc, "admit")
             return None
         if job.stream:  # its response headers wait for the rule (non-streamed: Finished.rule)
-            self._deliver(job, Started(generation.loop.speculation.rule_name))
+            self._deliver(job, Started(generation.speculation.rule_name))
         return Row(job, generation, slot)
-
-    def _decided(self, job: Job) -> int:
-        row = next((r for r in self.rows.values() if r.job is job), None)
-        return len(row.generation.emitted) if row is not None else 0
 
     def _fail_row(self, job: Job, exc: Exception, stage: str) -> None:
         """One row's failure. A row that reached its request's bound, or whose grammar's mask went
@@ -280,8 +276,18 @@ class Scheduler:
         if len(decoding) == 1:
             self._settle(decoding[0], _outcome(decoding[0].advance))
         elif decoding:
+            self._weigh_widths(decoding)
             for row, outcome in zip(decoding, run_together([row.steps() for row in decoding]), strict=True):
                 self._settle(row, outcome)
+
+    def _weigh_widths(self, decoding: list[Row]) -> None:
+        """The goodput choice of this tick's width cap (app/decoding/width.py), logged when it moves."""
+        policies = [row.generation.widths for row in decoding if row.generation.widths is not None]
+        if not policies:
+            return
+        change = self.goodput.choose(policies, positions=len(decoding) - len(policies))
+        if change is not None:
+            self.reporter.width_changed(change)
 
     def _sweep_cancelled(self) -> None:
         for row in [row for row in self.rows.values() if row.job.cancelled]:
@@ -320,6 +326,7 @@ class Scheduler:
     def _emit(self, row: Row, delta: Delta) -> None:
         job = row.job
         streamed = job.stream and (delta.text or delta.tokens)
+        self.reporter.noted(job, row.generation)
         if row.generation.finished:
             self._retire(row)
             result = row.finished()

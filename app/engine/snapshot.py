@@ -33,6 +33,7 @@ class RowView:
     cache_n: int  # of the prompt's tokens, those restored from the prompt cache
     decided: int
     finished: bool
+    n_max: int  # the row's width cap (app/decoding/width.py row_n_max)
     draft: DraftCounts | None  # None for loops that verify nothing
 
 
@@ -47,8 +48,8 @@ class EngineSnapshot:
 
 
 def row_view(row: Row) -> RowView:
-    speculation = row.generation.loop.speculation
-    stats = speculation.stats
+    generation = row.generation
+    stats = generation.stats.acceptance
     return RowView(
         slot=row.slot,
         request_id=row.job.request_id,
@@ -57,7 +58,8 @@ def row_view(row: Row) -> RowView:
         cache_n=row.generation.cache_n,
         decided=len(row.generation.emitted),
         finished=row.generation.finished,
-        draft=DraftCounts(stats.proposed, stats.accepted, stats.rounds) if speculation.drafting else None,
+        n_max=generation.n_max,
+        draft=DraftCounts(stats.proposed, stats.accepted, stats.rounds) if generation.speculation.drafting else None,
     )
 
 
@@ -68,6 +70,7 @@ def copy_metrics(metrics: Metrics, cache: CacheCounters | None) -> Metrics:
         metrics,
         spec_accepted_per_position=list(metrics.spec_accepted_per_position),
         spec_accepted_lengths=list(metrics.spec_accepted_lengths),
+        spec_widths=list(metrics.spec_widths),
         prompt_cache_hits_total=cache.hits,
         prompt_cache_misses_total=cache.misses,
         prompt_cache_evictions_total=cache.evictions,

@@ -38,6 +38,7 @@ KVCache and RotatingKVCache, a device without the row-stable kernel and a tensor
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from mlx_lm.models import rope_utils
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from app.execution import row_invariant
+from app.execution.cost import cost_of
 from app.execution.device import backend
 from app.execution.lockstep import lockstep_of
 from app.execution.runner import ModelRunner, Tokens
@@ -90,6 +92,18 @@ def forward(rows: Sequence[RowForward]) -> list[mx.array]:
             logits.append(_solo_forward(rows[group.start], tokens[group.start]))
         else:
             logits.extend(_flat_forward([rows[i] for i in group], [tokens[i] for i in group]))
+    return logits
+
+
+def measured_forward(rows: Sequence[RowForward]) -> list[mx.array]:
+    """`forward(rows)` of rows of one model, evaluated now, its seconds recorded against its
+    positions in the model's `ForwardCost` (what the width policy reads). A batch's rows are
+    judged on its logits straight after, so evaluating here costs the tick nothing."""
+    started = time.perf_counter()
+    logits = forward(rows)
+    mx.eval(logits)
+    positions = sum(int(logit.shape[0]) for logit in logits)
+    cost_of(rows[0].runner.model).observe(positions, time.perf_counter() - started)
     return logits
 
 

@@ -51,6 +51,7 @@ class DrafterSettings(Group):
 
 class AdaptiveSettings(Group):
     enabled: bool = True  # adaptive verify width of the block loops
+    under_load: bool = True  # the tick's goodput choice may narrow T = 0 rows (app/decoding/width.py)
     max_width: Annotated[int, msgspec.Meta(ge=2, le=33)] = 16
 
 

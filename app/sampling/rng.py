@@ -10,13 +10,15 @@ KEY_RANGE = 2**64  # mx.random.key takes an unsigned 64-bit seed
 RANDOM = -1  # llama-server's "pick a seed for me"
 
 
-def resolve_seed(seed: int | None) -> int:
-    """The key seed a requested seed means: absent or -1 draws a random one (32 bits, so that
-    every JSON client reads it back exactly); any other integer is taken modulo 2**64, the way
-    a C client would wrap it, so every integer llama-server accepts is served."""
+def resolve_seed(seed: int | None, choice: int = 0) -> int:
+    """The key seed a requested seed means, the one place it is decided: absent or -1 draws a
+    random one (32 bits, so that every JSON client reads it back exactly); any other integer is
+    taken modulo 2**64, the way a C client would wrap it, so every integer llama-server accepts
+    is served. Choice `choice` of a request (OpenAI's `n`) adds its number to a given seed, so
+    each choice of a seeded request replays alone with that seed; unseeded choices draw their own."""
     if seed is None or seed == RANDOM:
         return random.getrandbits(32)
-    return seed % KEY_RANGE
+    return (seed + choice) % KEY_RANGE
 
 
 class RowRng:

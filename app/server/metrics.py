@@ -49,6 +49,10 @@ ACCEPTED_LENGTH = (
     "mlxcel_spec_decode_accepted_length",
     "Drafted tokens accepted per verify round (le: at most that many; the bonus token not counted).",
 )
+WIDTH = (
+    "mlxcel_spec_decode_width",
+    "Verify rounds by the width (proposals) the width policy decided for them (le: at most that many).",
+)
 UNMATCHED = "unmatched"  # the route label of a path no route serves (keeps the label set bounded)
 
 
@@ -82,14 +86,15 @@ class EngineCollector:
         for position, count in enumerate(m.spec_accepted_per_position):
             per_position.add_metric([str(position)], count)
         yield per_position
-        yield accepted_length(m.spec_accepted_lengths)
+        yield counts_histogram(ACCEPTED_LENGTH, m.spec_accepted_lengths)
+        yield counts_histogram(WIDTH, m.spec_widths)
         for histogram in vars(m.latencies).values():
             yield from histogram.collect()
 
 
-def accepted_length(counts: list[int]) -> HistogramMetricFamily:
-    """The per-round accepted lengths (exact counts by length) as a cumulative histogram."""
-    name, help_text = ACCEPTED_LENGTH
+def counts_histogram(metric: tuple[str, str], counts: list[int]) -> HistogramMetricFamily:
+    """Exact counts by value ([v]: rounds of value v: accepted length, width) as a cumulative histogram."""
+    name, help_text = metric
     buckets, running = [], 0
     for length, count in enumerate(counts):
         running += count

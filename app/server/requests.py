@@ -18,7 +18,7 @@ from app.sampling import SamplingParams
 from app.sampling.dry import Breakers, sequence_breakers
 from app.sampling.grammar import Grammar
 from app.sampling.logprobs import MAX_TOP, ProbsRequest
-from app.sampling.rng import KEY_RANGE, RANDOM, resolve_seed
+from app.sampling.rng import resolve_seed
 from app.server import field_policy
 from app.server.errors import ApiError
 from app.server.schemas import (
@@ -305,14 +305,6 @@ def response_schema(response_format: ResponseFormat) -> dict[str, Any] | None:
     )
 
 
-def choice_seed(seed: int | None, choice: int) -> int:
-    """The seed of choice `choice` (OpenAI's `n`): a given seed plus the choice's number, so each
-    choice of a seeded request replays alone with that seed; unseeded choices draw their own."""
-    if seed is None or seed == RANDOM:
-        return resolve_seed(seed)
-    return (resolve_seed(seed) + choice) % KEY_RANGE
-
-
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions `logprobs`
 MAX_N_PROBS = 1000  # candidates per token: bounds the answer (each is an object per token)
 # OpenAI answers echo + logprobs with the prompt tokens' log-probabilities too; this server
@@ -414,9 +406,8 @@ def row_request(
         prompt=tokens,
         sampling=params,
         max_tokens=max_tokens(request, settings),
-        seed=choice_seed(
-            settings.sampling.seed if request.seed is None else request.seed, choice
-        ),  # resolved here so generation_settings reports the seed used
+        # resolved here so generation_settings reports the seed used; the profile's (--seed) when the request has none
+        seed=resolve_seed(settings.sampling.seed if request.seed is None else request.seed, choice),
         stop=stop_strings(request.stop, settings),
         ignore_eos=request.ignore_eos,
         n_max=n_max,

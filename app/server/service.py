@@ -174,7 +174,7 @@ def start(
     model = shaping.model_alias(settings)
     per_round = settings.server.stream_frames == "round"
     return Submission(job, events, request.receive, per_round), shaping.generation_settings(
-        row_request, model, engine.plan.width
+        row_request, model, engine.plan.n_max
     )
 
 
@@ -241,7 +241,7 @@ class Rows:
 async def start_rows(
     request: Request, engine: EngineView, data: SamplingFields, prompts: list[list[int]], n: int, route: str
 ) -> Rows:
-    """Submit `n` rows per prompt (choice j of a prompt seeded by requests.choice_seed); the
+    """Submit `n` rows per prompt (choice j of a prompt seeded by resolve_seed (app/sampling/rng.py)); the
     request's grammar is compiled once (in the grammar worker, off the event loop), and each
     row follows it with its own matcher."""
     field_policy.refuse_unhonoured(data)

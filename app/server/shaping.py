@@ -17,6 +17,7 @@ from msgspec import UNSET, UnsetType
 from app import __version__
 from app.decoding.builder import RowRequest
 from app.decoding.plan import LoopPlan, SamplerClass
+from app.decoding.width import row_n_max
 from app.drafters.kinds import DrafterKind
 from app.loading.token_bytes import token_bytes, token_text
 from app.profiles.schema import Settings
@@ -135,7 +136,7 @@ def props(engine: EngineView) -> Props:
     settings = engine.settings
     ready = engine.unavailable is None
     speculative = {
-        "speculative_n_max": engine.plan.width,
+        "speculative_n_max": row_n_max(engine.plan.n_max, None),  # a request that sets no n_max
         "speculative_n_min": 0,
         "speculative_p_min": settings.drafter.p_min,
     }
@@ -169,14 +170,14 @@ def slots(engine: EngineView, tenant: str) -> list[Slot]:
     settings (its seed, its logit biases) or counts (its prompt's length, its cache hits)."""
     rows, n_ctx = engine.rows(), engine.context_limit
     return [
-        slot(index, row, n_ctx, engine.plan.width)
+        slot(index, row, n_ctx)
         if (row := rows.get(index)) is None or row.request.tenant == tenant
         else Slot(id=index, id_task=-1, is_processing=True, n_ctx=n_ctx)
         for index in range(engine.settings.server.max_rows)
     ]
 
 
-def slot(index: int, row: RowView | None, n_ctx: int, width: int) -> Slot:
+def slot(index: int, row: RowView | None, n_ctx: int) -> Slot:
     if row is None:
         return Slot(id=index, id_task=-1, is_processing=False, n_ctx=n_ctx)
     request = row.request
@@ -184,7 +185,7 @@ def slot(index: int, row: RowView | None, n_ctx: int, width: int) -> Slot:
         **sampler_knobs(request.sampling),
         logit_bias=logit_bias_entries(request.sampling),
         n_predict=request.max_tokens,
-        speculative_n_max=width if request.n_max is None else request.n_max,
+        speculative_n_max=row.n_max,  # the row's resolved cap, as its response reports it
         speculative_n_min=request.n_min,
         speculative_p_min=request.p_min,
     )
@@ -273,7 +274,7 @@ def logprobs_for(tokenizer: TokenizerWrapper, rows: Sequence[RowRequest]) -> lis
 # --- completions ------------------------------------------------------------------------------
 
 
-def generation_settings(request: RowRequest, model: str, width: int) -> GenerationSettings:
+def generation_settings(request: RowRequest, model: str, plan_n_max: int) -> GenerationSettings:
     params = request.sampling
     return GenerationSettings(
         **sampler_knobs(params),
@@ -283,7 +284,7 @@ def generation_settings(request: RowRequest, model: str, width: int) -> Generati
         seed=request.seed if request.seed is not None else -1,
         stop=list(request.stop),
         ignore_eos=request.ignore_eos,
-        speculative_n_max=width if request.n_max is None else min(width, request.n_max),
+        speculative_n_max=row_n_max(plan_n_max, request.n_max),  # what the row's builder resolves
         speculative_n_min=request.n_min,
         speculative_p_min=request.p_min,
     )

@@ -13,7 +13,13 @@ tokens it carries (a speculative round of 3 tokens after 30 ms counts as three 1
 
     python -m ops.bench.concurrency [--clients 1,2,4,8,16] [--tokens 64] [--repeats 2]
         [--profiles target-only,default,prompt-lookup,mtp] [--target DIR | --target random-1.2b]
-        [--no-mlx-lm] [--note TEXT] [--write]
+        [--no-fixed] [--no-mlx-lm] [--note TEXT] [--write]
+
+Every profile with a drafter also runs as a fixed-width arm, `PROFILE@fixed`: the same profile
+with its widths held (no block-loop width trials, no governor, no goodput choice under load:
+the `FIXED_WIDTH` settings), the fixed k most servers draft whatever the batch. The goals
+compare each profile with the better of target-only and its fixed-width arm at every client
+count (issue 26: at least 0.95x).
 
 `--target` serves every arm on another target: a model directory, or `random-1.2b`, issue 25's
 1.2 B random bf16 Qwen3 (ops/models/random_target.py), built into a temporary folder first.
@@ -45,6 +51,11 @@ from ops.bench.spawn import REPO_ROOT, spawned, spawned_server
 from ops.models.random_target import SIZE_1_2B, build_random_target
 
 PROFILES = ["target-only", "default", "prompt-lookup", "mtp"]
+TARGET_ONLY = "target-only"
+FIXED = "@fixed"  # an arm's suffix: its profile with the widths held
+FIXED_WIDTH = {"MLXCEL_ADAPTIVE__ENABLED": "false", "MLXCEL_ADAPTIVE__UNDER_LOAD": "false",
+               "MLXCEL_GOVERNOR__ADAPTIVE": "false"}  # fmt: skip
+GOODPUT_GOAL = 0.95
 MLX_LM = "mlx_lm.server"
 RANDOM_1_2B = "random-1.2b"
 EMBEDDED_TARGET = REPO_ROOT / "models" / "target"
@@ -182,11 +193,36 @@ def ratio(a: Cell | None, b: Cell | None) -> str:
     return f"{a.tokens_per_second / b.tokens_per_second:.2f}x" if a and b and b.tokens_per_second else ""
 
 
+def fixed_arms(profiles: list[str]) -> list[str]:
+    """The fixed-width arm of every profile with a drafter."""
+    return [profile + FIXED for profile in profiles if profile != TARGET_ONLY]
+
+
+def goodput_goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
+    """Issue 26: each profile against the better of target-only and its fixed-width arm."""
+    lines = []
+    for arm in dict.fromkeys(arm for arm, _ in cells):
+        if (arm + FIXED, 1) not in cells:
+            continue
+        ratios = []
+        for c in sorted(c for a, c in cells if a == arm):
+            rivals = [cells[k] for k in ((TARGET_ONLY, c), (arm + FIXED, c)) if k in cells]
+            best = max(rivals, key=lambda cell: cell.tokens_per_second)
+            ratios.append(
+                (c, cells[arm, c].tokens_per_second / best.tokens_per_second if best.tokens_per_second else 0)
+            )
+        met = all(r >= GOODPUT_GOAL for _, r in ratios)
+        listed = ", ".join(f"{c}: {r:.2f}x" for c, r in ratios)
+        lines.append(f"- `{arm}` against the better of target-only and `{arm}{FIXED}` by clients: {listed} "
+                     f"(goal ≥ {GOODPUT_GOAL}x at every count: {'met' if met else 'missed'}).")  # fmt: skip
+    return lines
+
+
 def goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
-    """Issue 12's goals for the default profile at 8 clients, where this run measured them."""
+    """Issue 12's goals for the default profile at 8 clients, and issue 26's, where this run measured them."""
     one, eight, theirs = cells.get(("default", 1)), cells.get(("default", 8)), cells.get((MLX_LM, 8))
     if not (one and eight):
-        return []
+        return goodput_goals(cells)
     spread = percentile(eight.inter_token_s, 0.95) / percentile(one.inter_token_s, 0.95)
     lines = [
         f"- default profile, 8 clients against 1: {ratio(eight, one)} aggregate (goal ≥ 3x); "
@@ -194,7 +230,7 @@ def goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
     ]
     if theirs:
         lines.append(f"- default profile against `mlx_lm.server` at 8 clients: {ratio(eight, theirs)} (goal ≥ 1.5x).")
-    return lines
+    return lines + goodput_goals(cells)
 
 
 def render(cells: dict[tuple[str, int], Cell], n: int, repeats: int, note: str = "") -> str:
@@ -232,6 +268,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--profiles", type=lambda text: text.split(","), default=PROFILES)
     parser.add_argument("--target", help=f"a model directory, or {RANDOM_1_2B} (built first); default: the embedded")
+    parser.add_argument("--no-fixed", action="store_true", help=f"leave the fixed-width arms (PROFILE{FIXED}) out")
     parser.add_argument("--no-mlx-lm", action="store_true", help=f"leave {MLX_LM} out")
     parser.add_argument("--note", default="", help="a line for the section (e.g. the machine's state)")
     parser.add_argument("--write", action="store_true", help=WRITE_HELP)
@@ -253,6 +290,9 @@ def main(argv: list[str] | None = None) -> None:
         # as many rows as the widest wave, as mlx_lm.server batches up to it (server.max_rows is 8 by default)
         flags = ["--parallel", str(max(args.clients)), *([] if args.target is None else ["-m", str(target)])]
         urls = {profile: servers.enter_context(spawned_server(profile, args=flags))[0] for profile in args.profiles}
+        for arm in [] if args.no_fixed else fixed_arms(args.profiles):
+            served = spawned_server(arm.removesuffix(FIXED), args=flags, env=FIXED_WIDTH)
+            urls[arm] = servers.enter_context(served)[0]
         if not args.no_mlx_lm:
             # mlx_lm.server initialises mx.distributed, which needs more of the environment than PATH
             command = mlx_lm_command(max(args.clients), target)

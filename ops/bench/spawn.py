@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
@@ -18,12 +18,12 @@ STARTUP_S = 120
 
 
 def spawned_server(
-    profile: str, log: str = "stderr", args: Sequence[str] = ()
+    profile: str, log: str = "stderr", args: Sequence[str] = (), env: Mapping[str, str] | None = None
 ) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
     """`mlxcel serve --profile PROFILE [ARGS]` logging to `log`. The environment holds no MLXCEL_
-    variable but the log's, so only the profile (and `args`) count."""
+    variable but the log's and `env`'s, so only the profile (and `args`, `env`) count."""
     command = [sys.executable, "-m", "app", "serve", "--profile", profile, *args]
-    return spawned(command, {"MLXCEL_LOGGING__DESTINATION": log}, f"log: {log}")
+    return spawned(command, {"MLXCEL_LOGGING__DESTINATION": log, **(env or {})}, f"log: {log}")
 
 
 def free_port() -> int:

@@ -54,7 +54,7 @@ def ours(builder: LoopBuilder, prompt: list[int], sampling: SamplingParams, n: i
         generation.prefill()
         while not generation.finished:
             generation.step()
-        return generation.emitted, generation.loop.speculation.stats
+        return generation.emitted, generation.stats.acceptance
 
     return run
 

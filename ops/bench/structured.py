@@ -69,8 +69,8 @@ def arm_run(builder: LoopBuilder, prompt: list[int], n: int, jump: bool, name: s
         generation.prefill()
         while not generation.finished:
             generation.step()
-        JUMPED[name] = JUMPED.get(name, 0) + generation.loop.speculation.jumped
-        return generation.emitted, generation.loop.speculation.stats
+        JUMPED[name] = JUMPED.get(name, 0) + generation.stats.jumped
+        return generation.emitted, generation.stats.acceptance
 
     return run
 

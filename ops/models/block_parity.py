@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import app  # noqa: E402, F401 - routes MLX's BLAS before mlx.core loads
 import mlx.core as mx  # noqa: E402
 
-from app.decoding.state import RowState  # noqa: E402
+from app.sampling.state import RowState  # noqa: E402
 from app.drafters.block import DFlashDrafter as MlxDFlash  # noqa: E402
 from app.drafters.block import MtpDrafter as MlxMtp  # noqa: E402
 from app.drafters.block import load_block_drafter  # noqa: E402

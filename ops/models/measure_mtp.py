@@ -44,7 +44,7 @@ def run(builder: LoopBuilder, prompt: list[int], tokens: int) -> tuple[list[int]
     generation.prefill()
     while not generation.finished:
         generation.step()
-    return generation.emitted, generation.loop.speculation.stats, time.process_time() - started
+    return generation.emitted, generation.stats.acceptance, time.process_time() - started
 
 
 def main() -> None:

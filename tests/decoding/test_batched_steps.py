@@ -87,7 +87,7 @@ def test_mixed_rows_joining_and_leaving_emit_their_solo_output(builders, embedde
     assert any(g.stop_type is StopType.WORD for g in solo)
     for case, one, many in zip(CASES, solo, batched, strict=True):
         assert (many.emitted, many.text, many.stop_type) == (one.emitted, one.text, one.stop_type), case
-        assert many.loop.speculation.stats == one.loop.speculation.stats, case
+        assert many.stats.acceptance == one.stats.acceptance, case
         if isinstance(one.loop, SpeculativeLoop) or one.stop_type is StopType.LIMIT:
             # a lone target-only row may queue one step past a stop string; otherwise the same keys
             assert many.state.rng.uniform() == one.state.rng.uniform(), case
@@ -135,4 +135,4 @@ def test_block_drafter_rows_share_the_target_forward_and_emit_their_solo_output(
     assert max(shared) == 3  # all three block rows' verify forwards in one pass
     for case, one, many in zip(cases, solo, batched, strict=True):
         assert (many.emitted, many.text) == (one.emitted, one.text), case
-        assert many.loop.speculation.stats == one.loop.speculation.stats, case
+        assert many.stats.acceptance == one.stats.acceptance, case

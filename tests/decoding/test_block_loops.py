@@ -12,7 +12,7 @@ import mlx.nn as nn
 import pytest
 import structlog
 
-from app.acceptance import Rule
+from app.acceptance import Rule, Verdict
 from app.decoding.adaptive import (
     ABANDON_AFTER,
     WARMUP_ROUNDS,
@@ -24,9 +24,10 @@ from app.decoding.adaptive import (
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.exactness import ProbeVerdict, probe_width
 from app.decoding.generation import Generation
-from app.decoding.loop import Drafting, Speculation, SpeculativeLoop, TargetLoop
+from app.decoding.loop import Drafting, SpeculativeLoop, TargetLoop
 from app.decoding.plan import LoopPlan, plan_from_settings
-from app.decoding.state import RowState
+from app.decoding.speculation import Speculation
+from app.decoding.width import WidthPolicy
 from app.drafters.block import block_proposer, load_block_drafter
 from app.engine.reporter import Reporter
 from app.engine.row import Job
@@ -36,6 +37,7 @@ from app.loading import EMBEDDED_TARGET
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
+from app.sampling.state import RowState
 from tests.support.server import clean_env, serve
 
 MODELS = REPO_ROOT / "models"
@@ -71,7 +73,8 @@ def test_every_width_is_exact_greedy_decoding(embedded_target, greedy, drafter: 
         assert probe_width(embedded_target.model, width).exact
         for prompt, n in greedy:
             tokens = embedded_target.tokenizer.encode(prompt)
-            drafting = Drafting(block_proposer(bound), ControlledWidth(WidthController(width, width)))
+            widths = WidthPolicy(ControlledWidth(WidthController(width, width)), n_max=width - 1)
+            drafting = Drafting(block_proposer(bound), widths)
             speculation = Speculation(rule=Rule.ARGMAX_AGAINST_ARGMAX, draft_kind=bound.draft_kind)
             loop = SpeculativeLoop(ModelRunner(embedded_target.model), drafting, speculation)
             state = RowState(tokens=list(tokens), sampler=SamplerPipeline(GREEDY, embedded_target.vocab_size),
@@ -79,7 +82,8 @@ def test_every_width_is_exact_greedy_decoding(embedded_target, greedy, drafter: 
             generation = run(Generation(loop=loop, state=state, tokenizer=embedded_target.tokenizer, max_tokens=n,
                                         context_limit=4096, ignore_eos=True))  # fmt: skip
             assert generation.emitted == greedy[prompt, n], (drafter, width, len(tokens))
-            assert loop.speculation.stats.rounds > 0 and loop.speculation.stats.accepted > 0
+            stats = generation.stats.acceptance
+            assert stats.rounds > 0 and stats.accepted > 0
 
 
 class PerturbWideSteps(nn.Module):
@@ -118,7 +122,7 @@ def test_a_failed_probe_declines_to_classic_decode(perturbed_target, embedded_ta
     assert declined.fields["width"] == 4 and declined.fields["position"] is not None
     assert f"width 4, position {declined.fields['position']}" in declined.fields["reason"]
     with structlog.testing.capture_logs() as logs:  # the contract: a decline is one warning line
-        Reporter("mtp").built(Job(request, "r1", "/completion", sink=lambda event: None), generation)
+        Reporter("mtp").noted(Job(request, "r1", "/completion", sink=lambda event: None), generation)
     assert [(e["event"], e["log_level"]) for e in logs if e["event"] != "drafter_loaded"] == [
         ("exactness_probe", "info"), ("block_loop_declined", "warning")]  # fmt: skip
     assert run(generation).emitted == greedy_tokens(embedded_target, CODE, 40)
@@ -128,9 +132,9 @@ def test_allow_inexact_overrides_the_probe_with_a_warning(perturbed_target, monk
     monkeypatch.setenv("MLXCEL_MTP_ALLOW_INEXACT", "1")
     request = RowRequest(perturbed_target.tokenizer.encode(CODE), GREEDY, max_tokens=24, ignore_eos=True)
     generation = block_builder(perturbed_target).build(request)
-    assert generation.loop.speculation.draft_kind == "mtp"
+    assert generation.speculation.draft_kind == "mtp"
     assert [n.event for n in generation.notes].count("exactness_probe_overridden") == 1
-    assert run(generation).loop.speculation.stats.rounds > 0
+    assert run(generation).stats.acceptance.rounds > 0
 
 
 def test_a_failing_ceiling_keeps_the_declared_width(embedded_target, monkeypatch) -> None:
@@ -140,7 +144,7 @@ def test_a_failing_ceiling_keeps_the_declared_width(embedded_target, monkeypatch
     builder.block._load()
     builder.block.probes.verdicts[key] = ProbeVerdict(8, False, 3, 1e-3)  # as if width 8 had failed
     generation = builder.build(RowRequest(embedded_target.tokenizer.encode(CODE), GREEDY, max_tokens=8))
-    assert generation.loop.speculation.draft_kind == "dflash"
+    assert generation.speculation.draft_kind == "dflash"
     assert builder.block.controller.phase is Phase.SETTLED and builder.block.controller.width() == 4
 
 
@@ -150,7 +154,7 @@ def test_prepare_loads_and_probes_before_any_request(embedded_target) -> None:
     prepared = [note.event for note in builder.block.prepare()]
     assert prepared[0] == "drafter_loaded" and "exactness_probe" in prepared
     generation = builder.build(RowRequest(embedded_target.tokenizer.encode(CODE), GREEDY, max_tokens=4))
-    assert generation.loop.speculation.draft_kind == "mtp" and generation.notes == []
+    assert generation.speculation.draft_kind == "mtp" and generation.notes == []
 
 
 # --- the adaptive width controller, on a scripted clock ---------------------------------------
@@ -208,8 +212,9 @@ def test_rounds_are_charged_to_the_width_their_row_asked_for() -> None:
     feed(controller, WARMUP_ROUNDS, {4: 1.0, 8: 1.0})
     first, second = ControlledWidth(controller), ControlledWidth(controller)
     assert first.proposals() == 7 and second.proposals() == 7  # one tick: both rows at the ceiling
-    first.observe(4, 0.001)
-    second.observe(4, 0.001)
+    round_ = Verdict(accepted=3, tokens=[1, 2, 3, 4], tested=3)
+    first.observe(round_.tokens, 7, round_, 0.001)
+    second.observe(round_.tokens, 7, round_, 0.001)
     assert (controller.challenger.rounds, controller.window.rounds) == (2, 0)
 
 

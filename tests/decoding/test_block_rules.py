@@ -78,7 +78,7 @@ def emitted_stream(builder: LoopBuilder, n: int, rule: Rule) -> list[int]:
     while len(stream) < n:
         request = RowRequest(prompt=[1, 2, 3], sampling=WARM, max_tokens=min(3000, n - len(stream)), seed=seed)
         generation = run(builder.build(request))
-        assert generation.loop.speculation.rule is rule and generation.loop.speculation.stats.rounds > 0
+        assert generation.speculation.rule is rule and generation.stats.acceptance.rounds > 0
         stream.extend(generation.emitted)
         seed += 1
     return stream[:n]
@@ -123,9 +123,9 @@ def acceptance_run(target: LoadedModel, drafter: str, stochastic: bool, position
     while tested < positions:
         prompt = target.tokenizer.encode(PROMPTS[seed % len(PROMPTS)])
         request = RowRequest(prompt=prompt, sampling=SamplingParams(temperature=TEMPERATURE), max_tokens=256, seed=seed)
-        speculation = run(builder.build(request)).loop.speculation
-        assert speculation.rule is rule
-        stats = speculation.stats
+        generation = run(builder.build(request))
+        assert generation.speculation.rule is rule
+        stats = generation.stats.acceptance
         tested, accepted = tested + stats.positions_tested, accepted + stats.accepted
         weighted += getattr(stats, closed_form) * stats.diagnosed_positions
         diagnosed += stats.diagnosed_positions
@@ -161,7 +161,7 @@ def test_argmax_against_argmax_serves_the_greedy_stream_from_the_first_token(emb
     builder = profile_builder(embedded_target, drafter, "argmax-against-argmax")
     for seed in range(4):
         generation = run(builder.build(RowRequest([91], SamplingParams(temperature=1.5), max_tokens=12, seed=seed)))
-        speculation = generation.loop.speculation
+        speculation = generation.speculation
         assert speculation.rule is Rule.ARGMAX_AGAINST_ARGMAX and not speculation.rule.lossless  # labelled biased
         assert generation.emitted == greedy, seed
 
@@ -172,7 +172,7 @@ def test_lossless_block_loops_at_temperature_0_are_exact_greedy_decoding(embedde
     builder = profile_builder(embedded_target, drafter, "lossless")
     request = RowRequest(embedded_target.tokenizer.encode(CODE), GREEDY, max_tokens=48, ignore_eos=True)
     generation = run(builder.build(request))
-    assert generation.loop.speculation.rule is Rule.GREEDY_ARGMAX and generation.loop.speculation.stats.rounds > 0
+    assert generation.speculation.rule is Rule.GREEDY_ARGMAX and generation.stats.acceptance.rounds > 0
     assert generation.emitted == run(plain.build(request)).emitted
 
 

@@ -40,7 +40,7 @@ def test_the_plan_states_the_rule_each_request_runs(name: str, monkeypatch: pyte
         generation.prefill()
         while not generation.finished:
             generation.step()
-        ran = generation.loop.speculation.rule
+        ran = generation.speculation.rule
         assert ran == engine.plan.rule(request.sampling) == engine.plan.rules[sampler], sampler
 
 

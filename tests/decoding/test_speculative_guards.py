@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 
@@ -57,8 +58,9 @@ def constant_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel
 
 def emitted_stream(builder: LoopBuilder, n: int, rule: Rule | None = None) -> list[int]:
     def overrule(generation: Generation) -> None:
-        if rule is not None:
-            generation.loop.speculation.rule = rule
+        if rule is not None:  # the loop judges with its speculation, the row reports it: both overruled
+            overruled = dataclasses.replace(generation.speculation, rule=rule)
+            generation.loop.speculation = generation.speculation = overruled
 
     return seeded_stream(builder, RowRequest(prompt=[1, 2, 3], sampling=SIX, max_tokens=0), n, overrule)
 
@@ -68,7 +70,7 @@ def emitted_stream(builder: LoopBuilder, n: int, rule: Rule | None = None) -> li
 def test_speculative_stream_matches_the_target_distribution(constant_pair, stochastic: bool) -> None:
     builder = speculative(*constant_pair, k=2, stochastic=stochastic)
     generation = builder.build(RowRequest(prompt=[1], sampling=SIX, max_tokens=1))
-    assert generation.loop.speculation.rule is (Rule.STOCHASTIC if stochastic else Rule.SAMPLER_MATCH)
+    assert generation.speculation.rule is (Rule.STOCHASTIC if stochastic else Rule.SAMPLER_MATCH)
     stat = chi_square(emitted_stream(builder, sample_count()), TOKENS, P)
     assert stat < CRITICAL_DOF5_ALPHA_1E4
 
@@ -97,6 +99,38 @@ def test_the_target_distribution_holds_for_rows_sharing_batches(constant_pair, s
     stream = [token for generation in under_test for token in generation.emitted]
     assert len(stream) >= sample_count()
     assert chi_square(stream[: sample_count()], TOKENS, P) < CRITICAL_DOF5_ALPHA_1E4
+
+
+class CyclingWidth:
+    """A width source that moves every round through 0 .. 4 proposals (0: a plain step)."""
+
+    def __init__(self, seed: int) -> None:
+        self.widths = itertools.cycle([(seed + i) % 5 for i in range(5)])
+        self.current = next(self.widths)
+
+    def proposals(self) -> int:
+        return self.current
+
+    def observe(self, tokens: list[int], proposed: int, verdict: object, seconds: float) -> None:
+        self.current = next(self.widths)
+
+    def notes(self) -> tuple:
+        return ()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stochastic", [False, True], ids=["sampler-match", "stochastic"])
+def test_the_target_distribution_holds_while_the_width_changes_every_round(constant_pair, stochastic: bool) -> None:
+    """The width policy may change a row's width between any two rounds (its governor, its
+    controller): the emitted stream is still the target's distribution (alpha 1e-4; the power
+    test below is this statistic's calibration)."""
+    builder = speculative(*constant_pair, k=4, stochastic=stochastic)
+
+    def moving(generation: Generation) -> None:
+        generation.widths.source = CyclingWidth(generation.state.rng.seed)
+
+    stream = seeded_stream(builder, RowRequest(prompt=[1, 2, 3], sampling=SIX, max_tokens=0), sample_count(), moving)
+    assert chi_square(stream, TOKENS, P) < CRITICAL_DOF5_ALPHA_1E4
 
 
 @pytest.mark.slow
@@ -132,7 +166,7 @@ def test_temperature_zero_stream_is_byte_identical_to_greedy_target_only(embedde
         request = RowRequest(prompt=prompt, sampling=GREEDY, max_tokens=64, seed=3)
         reference = run(plain.build(request))
         drafted = run(spec.build(request))
-        assert drafted.loop.speculation.rule is Rule.GREEDY_ARGMAX
+        assert drafted.speculation.rule is Rule.GREEDY_ARGMAX
         assert drafted.emitted == reference.emitted
         assert drafted.text == reference.text
         assert drafted.state.rng.uniform() == reference.state.rng.uniform()  # greedy drew nothing
@@ -164,9 +198,9 @@ def test_kv_cache_and_draft_cache_rewind_arithmetic(regimes, regime: str) -> Non
     generation.prefill()
     accepted_counts = []
     for _ in range(25):
-        before = loop.speculation.stats.accepted
+        before = generation.stats.acceptance.accepted
         generation.step()
-        accepted_counts.append(loop.speculation.stats.accepted - before)
+        accepted_counts.append(generation.stats.acceptance.accepted - before)
         owed = loop.proposer.owed(state)
         # main cache: every decided token but the last; draft cache + owed == main cache
         assert loop.target.cache_offset == loop.target.length == len(state.tokens) - 1
@@ -218,7 +252,7 @@ def seeded_stats(builder: LoopBuilder, sampling: SamplingParams) -> Iterator[Acc
         for seed in range(first, first + ACCEPTANCE_ROWS):
             prompt = builder.target.tokenizer.encode(PROMPTS[seed % len(PROMPTS)])
             rows.append(builder.build(RowRequest(prompt=prompt, sampling=sampling, max_tokens=256, seed=seed)))
-        yield from (generation.loop.speculation.stats for generation in run_rows(rows))
+        yield from (generation.stats.acceptance for generation in run_rows(rows))
 
 
 @pytest.mark.slow

@@ -75,7 +75,7 @@ def test_classic_and_block_rounds_run_the_one_verify_step(
     generation.prefill()
     while not generation.finished:
         generation.step()
-    stats = generation.loop.speculation.stats
+    stats = generation.stats.acceptance
     assert stats.rounds > 0 and stats.rounds == sum(1 for k in verified if k > 0)
     assert stats.proposed == sum(verified)
 
@@ -89,9 +89,9 @@ def test_one_verify_call_takes_many_rows(embedded_target, embedded_drafter) -> N
         loop, state = generation.loop, generation.state
         rows.append(VerifyRow(state, loop.target, loop.proposer, loop.proposer.propose(state, 3), loop.speculation))
     before = [len(row.state.tokens) for row in rows]
-    verdicts = verify(rows)
-    assert len(verdicts) == len(rows)
-    for row, verdict, length in zip(rows, verdicts, before, strict=True):
-        assert row.state.tokens[length:] == verdict.tokens
+    verified = verify(rows)
+    assert len(verified) == len(rows)
+    for row, result, length in zip(rows, verified, before, strict=True):
+        assert row.state.tokens[length:] == result.verdict.tokens
         assert row.target.length == len(row.state.tokens) - 1  # the cache holds all decided tokens but the last
-        assert row.speculation.stats.rounds == 1
+        assert 0 <= result.verdict.accepted <= row.proposal.k

@@ -219,8 +219,8 @@ def test_retracted_proposals_add_no_evidence(embedded_target, n_min: int) -> Non
     generation.prefill()
     while not generation.finished:
         generation.step()
-    governor = generation.loop.speculation.governor
-    stats = generation.loop.speculation.stats
+    governor = generation.widths.source.governor
+    stats = generation.stats.acceptance
     assert governor.observed_rounds == stats.rounds  # one observation per verified round, none otherwise
     if n_min > 7:
         assert stats.rounds == 0

@@ -53,6 +53,16 @@ def cancel_mid_stream(url: str) -> str:
         return r.headers["x-request-id"]
 
 
+def comparable(result: dict, request: dict) -> dict:
+    """What must not depend on a row's batch-mates: everything, but a T = 0 row's draft counts,
+    which follow the widths the tick's load chose for it (app/decoding/width.py `Goodput`: at
+    T = 0 every width emits the same tokens, so only such rows are narrowed)."""
+    kept = {k: v for k, v in result.items() if k != "id"}
+    if request.get("temperature") == 0:
+        kept["counts"] = {k: v for k, v in kept["counts"].items() if not k.startswith("draft_")}
+    return kept
+
+
 def scrape(http: httpx.Client) -> dict[str, float]:
     lines = [line.rsplit(" ", 1) for line in http.get("/metrics").text.splitlines() if line and line[0] != "#"]
     return {name: float(value) for name, value in lines}
@@ -69,7 +79,7 @@ def test_mixed_concurrent_requests_each_get_their_solo_output_and_counts(default
             together = list(pool.map(lambda request: completion(url, request), REQUESTS))
         after = scrape(http)
     for request, one, many in zip(REQUESTS, solo, together, strict=True):
-        assert {k: v for k, v in many.items() if k != "id"} == {k: v for k, v in one.items() if k != "id"}, request
+        assert comparable(many, request) == comparable(one, request), request
         if many["counts"]["draft_rounds"]:
             event = default_server.wait_for_event("speculative_request", many["id"])
             assert (event["rounds"], event["predicted_n"]) == (

@@ -10,14 +10,16 @@ import pytest
 from app.acceptance import Rule
 from app.decoding.adaptive import ControlledWidth, WidthController
 from app.decoding.generation import Generation
-from app.decoding.loop import Drafting, Speculation, SpeculativeLoop
-from app.decoding.state import RowState
+from app.decoding.loop import Drafting, SpeculativeLoop
+from app.decoding.speculation import Speculation
+from app.decoding.width import WidthPolicy
 from app.drafters.block import DFlashDrafter, MtpDrafter, block_proposer, load_block_drafter
 from app.execution.model import LoadedModel
 from app.execution.prompt_cache import Entry, PrefixRows, PromptCache, RowCaching, shared_chunks
 from app.execution.runner import PREFILL_CHUNK, ModelRunner
 from app.loading.paths import REPO_ROOT
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
+from app.sampling.state import RowState
 
 B = PREFILL_CHUNK
 TENANT = "tests"
@@ -146,7 +148,9 @@ def test_block_drafters_resume_from_a_restored_prefix_exactly(embedded_target: L
 
     def decoded(tokens: list[int], cache: PromptCache | None) -> tuple[Generation, DFlashDrafter | MtpDrafter]:
         width = bound.declared_width
-        drafting = Drafting(block_proposer(bound), ControlledWidth(WidthController(width, width)))
+        drafting = Drafting(
+            block_proposer(bound), WidthPolicy(ControlledWidth(WidthController(width, width)), width - 1)
+        )
         loop = SpeculativeLoop(ModelRunner(embedded_target.model), drafting,
                                Speculation(rule=Rule.ARGMAX_AGAINST_ARGMAX, draft_kind=bound.draft_kind))  # fmt: skip
         caching = None

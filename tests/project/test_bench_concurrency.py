@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ops.bench.concurrency import MLX_LM, Cell, Stream, parse_args, record, render, waves_of
+from ops.bench.concurrency import MLX_LM, Cell, Stream, fixed_arms, parse_args, record, render, waves_of
 from ops.bench.prompts import HELD_OUT_CODE
 
 
@@ -65,3 +65,23 @@ def test_table_ratios_and_goals() -> None:
     assert "| mlx_lm.server | 1 | 50.0 | 1.00x | 1.00x | 20.0 / 20.0 | 60 / 60 |" in text
     assert "4.00x aggregate (goal ≥ 3x); p95 inter-token latency 1.50x" in text
     assert "at 8 clients: 2.00x (goal ≥ 1.5x)" in text and "a busy machine" in text
+
+
+def test_fixed_width_arms_and_the_goodput_goal() -> None:
+    """Every profile with a drafter gets a fixed-width arm; each profile is compared with the
+    better of target-only and its fixed-width arm at every client count."""
+    assert fixed_arms(["target-only", "default", "mtp"]) == ["default@fixed", "mtp@fixed"]
+    assert parse_args(["--no-fixed"]).no_fixed and not parse_args([]).no_fixed
+    cells = {
+        ("target-only", 1): Cell(tokens=100, seconds=1.0),
+        ("target-only", 8): Cell(tokens=400, seconds=1.0),
+        ("mtp", 1): Cell(tokens=200, seconds=1.0),
+        ("mtp", 8): Cell(tokens=380, seconds=1.0),
+        ("mtp@fixed", 1): Cell(tokens=190, seconds=1.0),
+        ("mtp@fixed", 8): Cell(tokens=300, seconds=1.0),
+    }
+    text = render(cells, n=64, repeats=1)
+    assert "`mtp` against the better of target-only and `mtp@fixed` by clients: 1: 1.05x, 8: 0.95x" in text
+    assert "(goal ≥ 0.95x at every count: met)" in text
+    cells["mtp", 8] = Cell(tokens=379, seconds=1.0)
+    assert "8: 0.95x (goal ≥ 0.95x at every count: missed)" in render(cells, n=64, repeats=1)

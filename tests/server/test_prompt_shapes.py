@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from app.server.requests import choice_seed
+from app.sampling.rng import resolve_seed
 from tests.support.server import sse_frames
 
 A, B = "def add(a, b):\n", "class Stack:\n"
@@ -151,6 +151,6 @@ def test_a_client_that_leaves_stops_every_row(default_server) -> None:
 
 
 def test_choice_seeds_wrap_like_seeds() -> None:
-    assert [choice_seed(7, j) for j in range(3)] == [7, 8, 9]
-    assert choice_seed(2**64 - 1, 1) == 0 and choice_seed(-2, 1) == 2**64 - 1
-    assert 0 <= choice_seed(-1, 5) < 2**32  # unseeded: each choice draws its own
+    assert [resolve_seed(7, j) for j in range(3)] == [7, 8, 9]
+    assert resolve_seed(2**64 - 1, 1) == 0 and resolve_seed(-2, 1) == 2**64 - 1
+    assert 0 <= resolve_seed(-1, 5) < 2**32  # unseeded: each choice draws its own

@@ -1,4 +1,4 @@
-"""What every round loop reads and extends for one row."""
+"""What every round loop reads and extends for one row (below the drafters, which read it too)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,112 @@
+"""What one round (or plain step) reports, and the row's counters folded from those reports.
+
+A round loop never keeps counters: each step returns an immutable `RoundOutcome`, and the row's
+`Generation` folds it into its `RowStats` once it knows how many of the tokens it kept (a stop
+inside a round keeps fewer; the drafts past it are not counted as accepted). Responses, /slots,
+events and metrics read the stats; nothing reads a loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.acceptance import AcceptanceStats, Verdict
+from app.decoding.speculation import Speculation
+from app.decoding.timings import SpeculativeDiagnostics
+
+
+@dataclass
+class Note:
+    """Something the row wants logged: `event` name, its fields, and whether it is the warning of
+    that outcome (block-loop choices: a decline warns, not also the probe behind it; prompt
+    lookup's governor: `governor_paused`, `governor_resumed`)."""
+
+    event: str
+    fields: dict[str, object]
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class ClosedForms:
+    """sum_x min(p, q) and sum_x p q of each position a round tested (MLXCEL_SPECULATIVE_ACCEPT_DIAG)."""
+
+    sum_min: tuple[float, ...]
+    sum_prod: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """One step of a row: the tokens it decided, the grammar-forced ones first (`jumped`), then
+    the round's; `verdict` when proposals were verified (`proposed` of them, the policy having
+    decided `width`); `notes` to log."""
+
+    tokens: tuple[int, ...]
+    jumped: int = 0
+    width: int = 0
+    proposed: int = 0
+    verdict: Verdict | None = None
+    closed_forms: ClosedForms | None = None
+    notes: tuple[Note, ...] = ()
+
+    @property
+    def verified(self) -> bool:
+        return self.verdict is not None and self.proposed > 0
+
+
+@dataclass
+class RowStats:
+    """One row's counters: acceptance, jump-forward, the widths its rounds ran at, the governor's
+    pauses, and the notes not yet logged."""
+
+    acceptance: AcceptanceStats = field(default_factory=AcceptanceStats)
+    jumped: int = 0
+    widths: dict[int, int] = field(default_factory=dict)  # width -> verify rounds run at it
+    governor_pauses: int = 0
+    governor_resumes: int = 0
+    notes: list[Note] = field(default_factory=list)
+    _logged: int = 0  # notes[:_logged] were handed to the reporter
+
+    @property
+    def ran(self) -> bool:
+        """At least one round was verified."""
+        return self.acceptance.rounds > 0
+
+    def fold(self, outcome: RoundOutcome, kept: int) -> None:
+        """Count a step of which the row kept the first `kept` tokens."""
+        self.jumped += min(kept, outcome.jumped)
+        self.notes += outcome.notes
+        self.governor_pauses += sum(note.event == "governor_paused" for note in outcome.notes)
+        self.governor_resumes += sum(note.event == "governor_resumed" for note in outcome.notes)
+        if not outcome.verified:
+            return
+        self.widths[outcome.width] = self.widths.get(outcome.width, 0) + 1
+        self.acceptance.observe(outcome.proposed, outcome.verdict)
+        if (forms := outcome.closed_forms) is not None:
+            self.acceptance.observe_closed_forms(list(forms.sum_min), list(forms.sum_prod))
+        if kept < len(outcome.tokens):  # the round's tokens follow the forced ones
+            self.acceptance.clamp_last_round(max(0, kept - outcome.jumped))
+
+    def unlogged(self) -> list[Note]:
+        """The notes since the last call (each is logged once)."""
+        notes, self._logged = self.notes[self._logged :], len(self.notes)
+        return notes
+
+    def diagnostics(self, speculation: Speculation, greedy: bool) -> SpeculativeDiagnostics | None:
+        """What this row's rounds did, for a request that asked; None where no drafter runs."""
+        if speculation.rule is None:
+            return None
+        stats = self.acceptance
+        return SpeculativeDiagnostics(
+            rule=str(speculation.rule),
+            identity=speculation.rule.identity,
+            biased=speculation.biased(greedy),
+            rounds=stats.rounds,
+            proposed=stats.proposed,
+            positions_tested=stats.positions_tested,
+            accepted=stats.accepted,
+            per_position_acceptance=stats.per_position_acceptance,
+            accepted_per_position=list(stats.accepted_per_position),
+            accepted_lengths=list(stats.accepted_lengths),
+            closed_form_sum_min=stats.closed_form_sum_min if speculation.diagnose else None,
+            closed_form_sum_prod=stats.closed_form_sum_prod if speculation.diagnose else None,
+        )

@@ -1,0 +1,77 @@
+"""The engine's tick weighs the load: with many T = 0 rows on a forward whose positions cost,
+the goodput choice narrows their widths (one `speculation_width_changed` line per change) and
+every row still emits its solo tokens."""
+
+from __future__ import annotations
+
+import io
+import json
+import queue
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+from app.decoding.builder import RowRequest
+from app.engine.engine import Engine
+from app.engine.row import Finished, Job
+from app.execution.cost import ForwardCost
+from app.profiles import resolve
+from app.runtime.logging import configure_logging
+from app.sampling import SamplingParams
+
+PROMPTS = ["def rolling_mean(values, window):\n", "class Stack:\n", "import os\n", "def area(radius):\n"]
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture
+def log() -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    configure_logging("info", stream=stream)
+    yield stream
+    structlog.reset_defaults()
+
+
+@pytest.fixture
+def engine(log: io.StringIO) -> Iterator[Engine]:
+    engine = Engine(resolve("default").settings)
+    engine.start()
+    assert engine.wait_ready(120)
+    yield engine
+    engine.stop()
+
+
+def positions_dominate() -> ForwardCost:
+    """A forward whose cost grows with its positions, as a batched GPU forward's does."""
+    cost = ForwardCost()
+    for positions in (8, 64):
+        cost.observe(positions, 0.001 + 0.001 * positions)
+    return cost
+
+
+def finish(engine: Engine, requests: list[RowRequest]) -> list[Finished]:
+    """Submit every request at once; their results in order."""
+    inboxes: list[queue.Queue] = []
+    for i, request in enumerate(requests):
+        inboxes.append(queue.Queue())
+        engine.submit(Job(request=request, request_id=f"goodput-{id(requests)}-{i}", route="test",
+                          sink=inboxes[-1].put))  # fmt: skip
+    results = []
+    for inbox in inboxes:
+        while not isinstance(event := inbox.get(timeout=120), Finished):
+            pass
+        results.append(event)
+    return results
+
+
+def test_narrowed_t0_rows_keep_their_solo_tokens(engine: Engine, log: io.StringIO) -> None:
+    encode = engine.host.target.tokenizer.encode
+    requests = [RowRequest(encode(p), GREEDY, max_tokens=32, ignore_eos=True) for p in PROMPTS * 2]
+    solo = [finish(engine, [request])[0] for request in requests[: len(PROMPTS)]]
+    engine.scheduler.goodput.cost = positions_dominate  # the measured costs, made position-bound
+    together = finish(engine, requests)
+    assert [r.tokens for r in together] == [r.tokens for r in solo] * 2
+    lines = [json.loads(line) for line in log.getvalue().splitlines() if line.startswith("{")]
+    changes = [e for e in lines if e["event"] == "speculation_width_changed"]
+    assert changes and changes[0]["batch"] >= 2 and changes[0]["cap"] < 4 and changes[0]["expected_gain"] > 1.02
+    assert sum(r.timings.draft_n or 0 for r in together) < 2 * sum(r.timings.draft_n or 0 for r in solo)
