@@ -13,7 +13,7 @@ tokens it carries (a speculative round of 3 tokens after 30 ms counts as three 1
 
     python -m ops.bench.concurrency [--clients 1,2,4,8,16] [--tokens 64] [--repeats 2]
         [--profiles target-only,default,prompt-lookup,mtp] [--target DIR | --target random-1.2b]
-        [--no-fixed] [--no-mlx-lm] [--note TEXT] [--write]
+        [--no-fixed] [--no-mlx-lm] [--note TEXT] [--write] [--json FILE]
 
 Every profile with a drafter also runs as a fixed-width arm, `PROFILE@fixed`: the same profile
 with its widths held (no block-loop width trials, no governor, no goodput choice under load:
@@ -272,6 +272,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-mlx-lm", action="store_true", help=f"leave {MLX_LM} out")
     parser.add_argument("--note", default="", help="a line for the section (e.g. the machine's state)")
     parser.add_argument("--write", action="store_true", help=WRITE_HELP)
+    parser.add_argument("--json", type=Path, help="also write each arm's aggregate tokens/s by clients (for plot.py)")
     return parser.parse_args(argv)
 
 
@@ -300,6 +301,9 @@ def main(argv: list[str] | None = None) -> None:
         cells = measure(urls, args.clients, args.tokens, args.repeats)
     body = render(cells, args.tokens, args.repeats, args.note)
     print(body)
+    if args.json:
+        aggregate = {arm: {c: cells[arm, c].tokens_per_second for a, c in cells if a == arm} for arm, _ in cells}
+        args.json.write_text(json.dumps({"machine": machine(), "tokens_per_second": aggregate}, indent=1))
     if args.write:
         write_section("concurrency", body)
 
