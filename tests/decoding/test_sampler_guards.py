@@ -188,7 +188,7 @@ def test_temperature_zero_speculation_is_byte_identical_with_each_stage(
     plain = run_rows([LoopBuilder(embedded_target, None, LoopPlan()).build(request)])[0]
     plan = LoopPlan(drafter_kind="draft-model", num_draft_tokens=4)
     drafted = run_rows([LoopBuilder(embedded_target, embedded_drafter, plan).build(request)])[0]
-    assert drafted.loop.speculation.ran
+    assert drafted.stats.ran
     assert drafted.emitted == plain.emitted
     if "dry_multiplier" in stage:  # DRY changed the greedy stream here, so the identity is not vacuous
         undry = run_rows(

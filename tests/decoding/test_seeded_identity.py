@@ -140,8 +140,8 @@ def test_seeded_sampler_match_emits_target_only_tokens(kind: str, prompts, targe
     loops = builder(PROFILES[kind])
     for i, tokens in enumerate(prompts):
         row = run(loops.build(alone_request(tokens, i)))
-        speculation = row.loop.speculation
-        assert speculation.rule is Rule.SAMPLER_MATCH and speculation.ran, (kind, i, [n.event for n in row.notes])
+        speculation = row.speculation
+        assert speculation.rule is Rule.SAMPLER_MATCH and row.stats.ran, (kind, i, [n.event for n in row.stats.notes])
         assert speculation.rule.identity == "token"
         assert row.emitted == target_only["alone"][i], (kind, i, first_difference(row.emitted, target_only["alone"][i]))
 
@@ -151,6 +151,6 @@ def test_seeded_sampler_match_emits_target_only_tokens(kind: str, prompts, targe
     assert widest >= len(prompts)
     for i, arrival in enumerate(identity):
         row, want = arrival.generation, target_only["batched"][i]
-        assert row.loop.speculation.rule is Rule.SAMPLER_MATCH, (kind, i)
+        assert row.speculation.rule is Rule.SAMPLER_MATCH, (kind, i)
         assert row.emitted == want, (kind, i, BATCHED[i], first_difference(row.emitted, want))
-    assert sum(arrival.generation.loop.speculation.stats.rounds for arrival in identity) > 0
+    assert sum(arrival.generation.stats.acceptance.rounds for arrival in identity) > 0
