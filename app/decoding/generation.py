@@ -113,6 +113,12 @@ class Generation:
     def prefilled(self) -> bool:
         return self.prefill_finished > 0.0
 
+    @property
+    def prompt_processed(self) -> int:
+        """Prompt tokens the target's cache holds so far, restored or prefilled (its decided
+        tokens beyond the prompt are not counted): how far the prefill has come."""
+        return min(self.loop.target.length, self.prompt_n)
+
     def __iter__(self) -> Generation:
         return self
 

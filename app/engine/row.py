@@ -42,13 +42,26 @@ class Started:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """How far a streaming row's prefill has come, for a request that asked (llama-server's
+    `return_progress`): `total` prompt tokens, `cache` of them restored from the prompt cache,
+    `processed` in the target's cache so far (the restored ones included), `time_ms` since the
+    prefill began. Sent once the row is built (processed = cache) and after each chunk it prefills."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+
+
+@dataclass(frozen=True)
 class Failed:
     message: str
     code: int = 500
     kind: str = "server_error"
 
 
-Event = Started | Delta | Finished | Failed
+Event = Started | Progress | Delta | Finished | Failed
 Sink = Callable[[Event], None]
 
 
@@ -62,6 +75,7 @@ class Job:
     sink: Sink
     stream: bool = False
     per_token_timings: bool = False
+    progress: bool = False  # a stream that gets Progress events while its prompt prefills
     diagnostics: bool = False  # its Finished timings carry `speculative` (SpeculativeDiagnostics)
     created: float = field(default_factory=time.perf_counter)
     admitted: float = 0.0  # when the engine began building its row (queue wait = admitted - created)
@@ -75,6 +89,7 @@ class Row:
         self.job = job
         self.generation = generation
         self.slot = slot
+        self._reported = -1  # the prompt tokens the last Progress counted (-1: none sent yet)
 
     def advance(self) -> Delta:
         """One tick on its own: a prefill chunk or a step, with the timings so far if wanted."""
@@ -88,6 +103,17 @@ class Row:
         if not self.job.per_token_timings:
             return delta
         return dataclasses.replace(delta, timings=self.timings().base())
+
+    def progress(self) -> Progress | None:
+        """The prefill's progress if it moved since the last one reported (None: it did not)."""
+        generation = self.generation
+        processed = generation.prompt_processed
+        if processed <= self._reported:
+            return None
+        self._reported = processed
+        started = generation.prefill_started
+        elapsed = time.perf_counter() - started if started else 0.0
+        return Progress(generation.prompt_n, generation.cache_n, processed, int(elapsed * 1000))
 
     def timings(self) -> Timings:
         generation = self.generation

@@ -239,9 +239,11 @@ class Scheduler:
         except Exception as exc:
             self._fail_row(job, exc, "admit")
             return None
+        row = Row(job, generation, slot)
         if job.stream:  # its response headers wait for the rule (non-streamed: Finished.rule)
             self._deliver(job, Started(generation.speculation.rule_name))
-        return Row(job, generation, slot)
+        self._report_progress(row)  # the prefill starts: as llama-server, a first frame at the cached tokens
+        return row
 
     def _fail_row(self, job: Job, exc: Exception, stage: str) -> None:
         """One row's failure. A row that reached its request's bound, or whose grammar's mask went
@@ -323,9 +325,14 @@ class Scheduler:
             self._retire(row)
             self._fail_row(job, exc, "tick")
 
+    def _report_progress(self, row: Row) -> None:
+        if row.job.progress and (progress := row.progress()) is not None:
+            self._deliver(row.job, progress)
+
     def _emit(self, row: Row, delta: Delta) -> None:
         job = row.job
         streamed = job.stream and (delta.text or delta.tokens)
+        self._report_progress(row)  # a prefill chunk went in: before the first token it may bring
         self.reporter.noted(job, row.generation)
         if row.generation.finished:
             self._retire(row)

@@ -27,7 +27,7 @@ from app.engine.engine import Engine, EngineState, UnavailableError, unavailable
 from app.engine.host import ModelInfo
 from app.engine.metrics import Metrics
 from app.engine.reload import Reloader, ReloadRefusedError
-from app.engine.row import Event, Failed, Finished, Job, Started
+from app.engine.row import Event, Failed, Finished, Job, Progress, Started
 from app.engine.snapshot import RowView
 from app.engine.switch import EngineSwitch
 from app.profiles.schema import Settings
@@ -43,6 +43,7 @@ __all__ = [
     "Finished",
     "Job",
     "Metrics",
+    "Progress",
     "ReloadRefusedError",
     "Reloader",
     "RowView",

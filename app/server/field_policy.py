@@ -1,8 +1,8 @@
 """Request fields llama-server or the OpenAI API define that this server does not honour.
 
 A field that would change the answer if it were ignored is refused unless neutral; a field with
-no effect here is accepted as a documented no-op and is not listed (`backend_sampling`,
-`return_progress`: docs/server.md's table says which). Each field below is declared on
+no effect here is accepted as a documented no-op and is not listed (`backend_sampling`:
+docs/server.md's table says which). Each field below is declared on
 the wire types (schemas.py builds them from these tables) as `Any`, so every JSON value reaches
 `refuse_unhonoured` instead of a type error. A neutral value, one that asks for nothing (absent,
 null, `mirostat: 0`, `typical_p: 1`), passes; any other answers 400 naming the field and why.

@@ -266,8 +266,19 @@ class NativeCompletion(msgspec.Struct, kw_only=True):
     speculative_biased: bool | UnsetType = UNSET  # a drafter ran: did the stream follow the argmax at T > 0?
 
 
+class PromptProgress(msgspec.Struct, kw_only=True):
+    """llama-server's `prompt_progress` (return_progress): prompt tokens in all, restored from the
+    prompt cache, in the cache so far (those included), and milliseconds since the prefill began."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+
+
 class NativeChunk(msgspec.Struct, kw_only=True):
-    """One /completion stream frame before the last; timings with `timings_per_token`."""
+    """One /completion stream frame before the last; timings with `timings_per_token`; a
+    prefill progress frame (no content, no tokens) carries `prompt_progress`."""
 
     index: int = 0
     content: str
@@ -278,6 +289,7 @@ class NativeChunk(msgspec.Struct, kw_only=True):
     tokens_evaluated: int = 0
     timings: Timings | UnsetType = UNSET
     completion_probabilities: list[CompletionProbability] | UnsetType = UNSET  # this frame's tokens'
+    prompt_progress: PromptProgress | UnsetType = UNSET
 
 
 class PromptTokensDetails(msgspec.Struct, kw_only=True):
@@ -324,6 +336,7 @@ class TextCompletion(OpenAIObject, kw_only=True):
     usage: Usage | UnsetType = UNSET
     timings: Timings | UnsetType = UNSET
     speculative_biased: bool | UnsetType = UNSET  # a drafter ran: did the stream follow the argmax at T > 0?
+    prompt_progress: PromptProgress | UnsetType = UNSET  # a stream's prefill progress chunk
 
 
 class FunctionCall(msgspec.Struct, kw_only=True):
@@ -413,3 +426,4 @@ class ChatCompletionChunk(OpenAIObject, kw_only=True):
     usage: Usage | UnsetType = UNSET
     timings: Timings | UnsetType = UNSET
     speculative_biased: bool | UnsetType = UNSET  # a drafter ran: did the stream follow the argmax at T > 0?
+    prompt_progress: PromptProgress | UnsetType = UNSET  # a prefill progress chunk

@@ -115,6 +115,7 @@ class SamplingFields(_unhonoured("LlamaServerFields", field_policy.LLAMA_SERVER,
     post_sampling_probs: bool = False  # llama-server: probabilities after the sampler chain
     cache_prompt: bool = True
     timings_per_token: bool = False
+    return_progress: bool = False  # llama-server: prompt_progress frames while a stream's prompt prefills
     return_tokens: bool = False
     speculative_diagnostics: bool = False  # this server's own: timings.speculative (docs/server.md)
     json_schema: dict[str, Any] | None = None  # constrain the output to this JSON schema

@@ -15,7 +15,7 @@ from app.sampling import SamplingParams
 from app.sampling.grammar import Grammar
 from app.server import access, field_policy, requests, shaping
 from app.server.auth import tenant_of
-from app.server.engine_view import Delta, EngineView, Event, Failed, Finished, Job, Started
+from app.server.engine_view import Delta, EngineView, Event, Failed, Finished, Job, Progress, Started
 from app.server.errors import ApiError
 from app.server.grammars import Grammars
 from app.server.prompts import check_rows
@@ -70,7 +70,7 @@ class Submission:
         self.job.cancelled = True
         self.events.put_nowait(DISCONNECTED)  # the engine sends nothing to a cancelled row
 
-    async def stream(self) -> AsyncIterator[Delta | Finished | Failed]:
+    async def stream(self) -> AsyncIterator[Delta | Progress | Finished | Failed]:
         """Events as the engine produces them; a client that disconnects stops its row.
 
         Each token is a delta of its own, as llama-server streams one token per frame even
@@ -168,6 +168,7 @@ def start(
         sink=sink,
         stream=data.stream,
         per_token_timings=data.stream and data.timings_per_token,
+        progress=data.stream and data.return_progress,
         diagnostics=data.speculative_diagnostics,
     )
     engine.submit(job)
@@ -212,13 +213,13 @@ class Rows:
             for wait in waits:
                 wait.cancel()  # after a failure: the others' rows stop
 
-    async def stream(self) -> AsyncIterator[tuple[int, Delta | Finished | Failed]]:
+    async def stream(self) -> AsyncIterator[tuple[int, Delta | Progress | Finished | Failed]]:
         """(row index, event) as the rows produce them; ends after every row finished or one failed."""
         if len(self.submissions) == 1:  # the common case keeps Submission.stream's merged deltas
             async for event in self.submissions[0].stream():
                 yield 0, event
             return
-        merged: asyncio.Queue[tuple[int, Delta | Finished | Failed]] = asyncio.Queue()
+        merged: asyncio.Queue[tuple[int, Delta | Progress | Finished | Failed]] = asyncio.Queue()
 
         async def pump(index: int, submission: Submission) -> None:
             async for event in submission.stream():

@@ -23,7 +23,7 @@ from app.loading.token_bytes import token_bytes, token_text
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
 from app.sampling.logprobs import TokenLogprob
-from app.server.engine_view import EngineView, Finished, RowView, Timings
+from app.server.engine_view import EngineView, Finished, Progress, RowView, Timings
 from app.server.reasoning import Reasoning, split
 from app.server.responses import (
     AssistantMessage,
@@ -49,6 +49,7 @@ from app.server.responses import (
     NativeChunk,
     NativeCompletion,
     NextToken,
+    PromptProgress,
     PromptTokensDetails,
     Props,
     Reloaded,
@@ -404,6 +405,18 @@ def native_chunk(
     )
 
 
+def prompt_progress(progress: Progress) -> PromptProgress:
+    return PromptProgress(
+        total=progress.total, cache=progress.cache, processed=progress.processed, time_ms=progress.time_ms
+    )
+
+
+def native_progress_chunk(progress: Progress, counts: tuple[int, int], index: int = 0) -> NativeChunk:
+    """A prefill progress frame of prompt `index`, as llama-server sends one: no content, the
+    row's `counts`, and `prompt_progress`."""
+    return msgspec.structs.replace(native_chunk("", [], None, counts, index), prompt_progress=prompt_progress(progress))
+
+
 def select_fields(body: dict[str, Any], fields: list[str]) -> dict[str, Any]:
     """llama-server's `response_fields`: keep the named keys; `a/b` reaches into nested objects.
 
@@ -446,6 +459,11 @@ def text_completion(
     return TextCompletion(
         id=head.id, created=head.created, model=head.model, choices=[choice], usage=usage, timings=timings
     )
+
+
+def text_progress_chunk(head: OpenAIHead, index: int, progress: Progress) -> TextCompletion:
+    """A prefill progress chunk of choice `index`, as llama-server sends one: no text yet, `prompt_progress`."""
+    return msgspec.structs.replace(text_completion(head, index, "", None), prompt_progress=prompt_progress(progress))
 
 
 def text_completion_body(
@@ -532,6 +550,12 @@ def chat_role_chunk(head: OpenAIHead, index: int = 0) -> ChatCompletionChunk:
     """The first chunk of choice `index`: the assistant's role, no text yet (null)."""
     delta = ChatDelta(role="assistant", content=None)
     return _chat_chunk(head, ChatChunkChoice(index=index, delta=delta, finish_reason=None))
+
+
+def chat_progress_chunk(head: OpenAIHead, index: int, progress: Progress) -> ChatCompletionChunk:
+    """A prefill progress chunk of choice `index`, as llama-server sends one: the role delta (no
+    content yet) with `prompt_progress`."""
+    return msgspec.structs.replace(chat_role_chunk(head, index), prompt_progress=prompt_progress(progress))
 
 
 def _chat_chunk(

@@ -11,7 +11,7 @@ from msgspec import UNSET, UnsetType
 
 from app.sampling.logprobs import TokenLogprob
 from app.server import shaping
-from app.server.engine_view import Delta, Finished, Timings
+from app.server.engine_view import Delta, Finished, Progress, Timings
 from app.server.errors import envelope_body
 from app.server.reasoning import ThinkingStream
 from app.server.responses import Usage
@@ -26,6 +26,8 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 OpenAIChunk = Callable[
     [shaping.OpenAIHead, int, str | None, str | None, Usage | UnsetType, Timings | UnsetType, Any], Any
 ]
+# shaping.text_progress_chunk or shaping.chat_progress_chunk: (head, choice index, progress) -> chunk
+ProgressChunk = Callable[[shaping.OpenAIHead, int, Progress], Any]
 # shaping.Logprobs.text or .chat of one row: a chunk's tokens' log-probabilities in the route's shape
 LogprobShape = Callable[[list[TokenLogprob]], Any]
 
@@ -54,11 +56,14 @@ async def native_frames(
 ) -> AsyncIterator[bytes]:
     """One frame per update (with its tokens' probabilities), then each row's whole object
     (without the text and probabilities already sent); every frame carries its prompt's `index`,
-    and `logprobs` has one shaper per row. Each frame counts its row's tokens so far, as llama-server's do."""
+    and `logprobs` has one shaper per row. Each frame counts its row's tokens so far, as llama-server's do.
+    With return_progress, a row's prefill progress frames come before its first token."""
     predicted = [0] * len(rows.submissions)
     prompt_n = [len(request.prompt) for request in rows.row_requests]
     async for index, event in rows.stream():
-        if isinstance(event, Delta):
+        if isinstance(event, Progress):
+            yield frame(shaping.native_progress_chunk(event, (predicted[index], prompt_n[index]), index))
+        elif isinstance(event, Delta):
             shaper = logprobs[index]
             probabilities = shaper.native(event.logprobs) if shaper is not None and event.logprobs else UNSET
             predicted[index] += len(event.tokens)
@@ -85,6 +90,7 @@ async def openai_frames(
     per_token: bool,
     head: shaping.OpenAIHead,
     chunk: OpenAIChunk,
+    progress: ProgressChunk,
     n: int,
     logprobs: list[LogprobShape | None],
     *,
@@ -102,11 +108,14 @@ async def openai_frames(
     tool calls, and ends as their `delta.tool_calls` chunks with finish_reason `tool_calls`.
     With `thinking` (chat, reasoning parsed: one per row), a choice's thinking block goes out as
     `delta.reasoning_content` chunks (with its tokens' log-probabilities) before its content.
+    With return_progress, a choice's prefill progress chunks (`progress`) come before its first token.
     """
     finished: dict[int, Finished] = {}
     async for index, event in rows.stream():
         shape = logprobs[index]
-        if isinstance(event, Delta):
+        if isinstance(event, Progress):
+            yield frame(progress(head, index, event))
+        elif isinstance(event, Delta):
             text, entries = event.text, event.logprobs
             if thinking:
                 thought, text = thinking[index].feed(text)

@@ -131,13 +131,14 @@ def test_the_web_uis_body_with_a_further_sampler_turned_on_is_served(default_ser
         "temperature": 0.8, "dynatemp_range": 0, "dynatemp_exponent": 1, "top_k": 40, "top_p": 0.95,
         "min_p": 0.05, "typical_p": 1, "xtc_probability": 0, "xtc_threshold": 0.1, "repeat_last_n": 64,
         "repeat_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0, "dry_multiplier": 0,
-        "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1, "samplers": "edkypmxt",
+        "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1, "samplers": "edkypmxt", "seed": 7,
     } | settings  # fmt: skip
     with default_server.client() as http, http.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200, response.read()
-        frames = [line for line in response.iter_lines() if line.startswith("data: ")]
-    assert frames[-1] == "data: [DONE]"
-    assert any('"content"' in frame for frame in frames[:-1])
+        frames = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert frames[-1] == "[DONE]"
+    chunks = [msgspec.json.decode(frame) for frame in frames[:-1]]
+    assert any(choice["delta"].get("content") for chunk in chunks for choice in chunk["choices"])  # text came
 
 
 def test_samplers_out_of_llama_servers_order_answers_400(default_server) -> None:
@@ -146,20 +147,37 @@ def test_samplers_out_of_llama_servers_order_answers_400(default_server) -> None
     assert response.status_code == 400
 
 
-def test_the_llama_cpp_web_uis_default_streamed_body_is_served(default_server) -> None:
+# llama.cpp's web UI's chat body with its default settings (it adds return_progress when it streams)
+WEB_UI_DEFAULTS = {
+    "messages": [{"role": "user", "content": "Hi"}], "reasoning_format": "auto", "backend_sampling": False,
+    "max_tokens": 8, "timings_per_token": True, "temperature": 0.8, "dynatemp_range": 0, "top_k": 40,
+    "top_p": 0.95, "min_p": 0.05, "typical_p": 1, "xtc_probability": 0, "xtc_threshold": 0.1,
+    "repeat_last_n": 64, "repeat_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0,
+    "dry_multiplier": 0, "samplers": "edkypmxt", "seed": 7,
+}  # fmt: skip
+
+
+def test_the_llama_cpp_web_uis_default_body_is_served_streamed_and_not(default_server) -> None:
     """llama.cpp's web UI streams with return_progress and reasoning_format "auto" (and may send
-    backend_sampling): a 400 there broke every message it sent."""
-    body = {
-        "messages": [{"role": "user", "content": "Hi"}], "stream": True, "return_progress": True,
-        "reasoning_format": "auto", "backend_sampling": False, "max_tokens": 4, "timings_per_token": True,
-        "temperature": 0.8, "dynatemp_range": 0, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1,
-        "xtc_probability": 0, "xtc_threshold": 0.1, "repeat_last_n": 64, "repeat_penalty": 1,
-        "presence_penalty": 0, "frequency_penalty": 0, "dry_multiplier": 0, "samplers": "edkypmxt",
-    }  # fmt: skip
-    with default_server.client() as http, http.stream("POST", "/v1/chat/completions", json=body) as response:
-        assert response.status_code == 200, response.read()
-        frames = [line for line in response.iter_lines() if line.startswith("data: ")]
-    assert frames[-1] == "data: [DONE]"
+    backend_sampling): a 400 there broke every message it sent. Unstreamed, the same body answers
+    a chat.completion whose message is what the stream's chunks add up to (the seed fixes both)."""
+    with default_server.client() as http:
+        answer = http.post("/v1/chat/completions", json=WEB_UI_DEFAULTS)
+        streamed = WEB_UI_DEFAULTS | {"stream": True, "return_progress": True}
+        with http.stream("POST", "/v1/chat/completions", json=streamed) as response:
+            assert response.status_code == 200, response.read()
+            frames = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert frames[-1] == "[DONE]"
+    chunks = [msgspec.json.decode(frame) for frame in frames[:-1]]
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["object"] == "chat.completion" and len(body["choices"]) == 1
+    (choice,) = body["choices"]
+    assert choice["message"]["role"] == "assistant" and choice["message"]["content"] == content != ""
+    assert choice["finish_reason"] in ("stop", "length")
+    assert body["usage"]["completion_tokens"] == body["timings"]["predicted_n"] > 0
+    assert "prompt_progress" not in body  # progress frames are a stream's only
 
 
 def test_reasoning_effort_reaches_the_chat_template(default_server) -> None:

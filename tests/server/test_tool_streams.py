@@ -152,3 +152,33 @@ def test_include_usage_sends_a_last_chunk_with_empty_choices(default_server) -> 
         )
     )
     assert text[-1].choices == [] and text[-1].usage.completion_tokens == 4
+
+
+def test_langchain_streams_a_tool_call_and_reassembles_it(default_server) -> None:
+    """LangChain's ChatOpenAI with bound tools: `.stream()` yields message chunks whose
+    tool-call pieces add up (by LangChain's own chunk merging) to the call the unstreamed answer makes."""
+    from langchain_openai import ChatOpenAI
+
+    question = "What is the weather in Paris?"
+    whole = _sdk(default_server).chat.completions.create(
+        model="target",
+        messages=[{"role": "user", "content": question}],
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=100,
+        temperature=0,
+    )
+    (expected,) = whole.choices[0].message.tool_calls
+    chat = ChatOpenAI(
+        base_url=f"{default_server.url}/v1", api_key="unused", model="target", temperature=0, max_tokens=100
+    )
+    chunks = list(chat.bind_tools(TOOLS, tool_choice="required").stream(question))
+    assert sum(bool(chunk.tool_call_chunks) for chunk in chunks) > 1  # streamed in pieces, not whole
+    merged = chunks[0]
+    for chunk in chunks[1:]:
+        merged += chunk
+    (call,) = merged.tool_calls
+    assert call["name"] == expected.function.name
+    assert call["args"] == json.loads(expected.function.arguments)
+    assert call["id"].startswith("call_")
+    assert merged.response_metadata["finish_reason"] == "tool_calls"

@@ -73,6 +73,7 @@ async def chat_frames(
         data.timings_per_token,
         head,
         shaping.chat_chunk,
+        shaping.chat_progress_chunk,
         data.n,
         shapes,
         usage_chunk=include_usage(data.stream_options),

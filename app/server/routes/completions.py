@@ -71,7 +71,14 @@ async def echoed_frames(
     shapes = [shaper.text if shaper is not None else None for shaper in logprobs]
     usage_chunk = include_usage(data.stream_options)
     frames = openai_frames(
-        rows, data.timings_per_token, head, shaping.text_completion, data.n, shapes, usage_chunk=usage_chunk
+        rows,
+        data.timings_per_token,
+        head,
+        shaping.text_completion,
+        shaping.text_progress_chunk,
+        data.n,
+        shapes,
+        usage_chunk=usage_chunk,
     )
     async for chunk in frames:
         yield chunk
