@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import httpx
 import msgspec
@@ -14,7 +15,7 @@ from app.profiles import resolve
 from app.server.app import create_app
 from tests.support import ROOT
 from tests.support.compat import MANIFEST, RouteEntry, Speculative, claimed, concrete, load, routes
-from tests.support.server import API_KEY
+from tests.support.server import API_KEY, serve
 
 
 def test_manifest_files_are_valid_and_canonical() -> None:
@@ -30,6 +31,7 @@ def test_manifest_files_are_valid_and_canonical() -> None:
         assert (entry.test is None) == (entry.state == "deferred"), entry.id
         assert (entry.served_as is not None) == (entry.state == "aliased"), entry.id
         assert entry.state != "not_applicable" or entry.error is not None, entry.id
+        assert entry.requires is None or (entry.state == "supported" and entry.error is not None), entry.id
     spec = msgspec.convert(load("speculative.json"), Speculative).entries
     assert [(e.kind, e.id) for e in spec] == sorted((e.kind, e.id) for e in spec)
     counted = pin["counted"]
@@ -81,15 +83,32 @@ def request_for(entry: RouteEntry) -> dict:
         "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "hi"}]},
         "/v1/responses": {"input": "hi", "max_output_tokens": 2},
         "/responses": {"input": "hi", "max_output_tokens": 2},
+        "/v1/embeddings": {"input": "hi"},
+        "/embeddings": {"input": "hi"},
+        "/embedding": {"content": "hi"},
     }
     return {"json": bodies.get(entry.path, {"prompt": "x", "n_predict": 2})} if entry.method == "POST" else {}
 
 
-@pytest.mark.parametrize("entry", claimed({"supported", "aliased"}), ids=lambda e: e.id)
+@pytest.mark.parametrize(
+    "entry", [e for e in claimed({"supported", "aliased"}) if e.requires is None], ids=lambda e: e.id
+)
 def test_supported_and_aliased_routes_resolve(default_server, entry: RouteEntry) -> None:
     with default_server.client() as http:
         response = http.request(entry.method, concrete(entry.path), **request_for(entry))
     assert response.status_code < 400, response.text
+
+
+@pytest.mark.slow
+def test_routes_a_profile_key_turns_on_resolve_with_it(tmp_path: Path) -> None:
+    """Supported routes that need a profile key (`requires`: embeddings) answer on a server that has it."""
+    needing = [e for e in claimed({"supported"}) if e.requires is not None]
+    assert needing
+    for requires in {tuple(sorted(e.requires.items())) for e in needing}:
+        with serve(tmp_path, "--profile", "default", env=dict(requires)) as server, server.client() as http:
+            for entry in (e for e in needing if tuple(sorted(e.requires.items())) == requires):
+                response = http.request(entry.method, concrete(entry.path), **request_for(entry))
+                assert response.status_code < 400, (entry.id, response.text)
 
 
 @pytest.mark.parametrize("entry", [e for e in routes() if e.error], ids=lambda e: e.id)

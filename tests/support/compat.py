@@ -29,6 +29,9 @@ class RouteEntry(msgspec.Struct, forbid_unknown_fields=True):
     test: str | None = None
     error: ErrorShape | None = None
     served_as: str | None = None
+    # the environment (profile keys) under which a route is served, as llama-server's --embeddings;
+    # without it the default server answers `error`
+    requires: dict[str, str] | None = None
 
 
 class SpeculativeEntry(msgspec.Struct, forbid_unknown_fields=True):
