@@ -186,28 +186,35 @@ class Generation:
             if len(self.emitted) + len(kept) >= self._limit:
                 self.stop_type = StopType.LIMIT
                 break
-        logprobs = self.state.reported[len(self.emitted) : len(self.emitted) + len(kept)]
-        self.emitted.extend(kept)
         if self.finished:
             self._detokenizer.finalize()
         self._text = self._detokenizer.text
-        self._match_stop_strings()
+        stop_end = self._match_stop_strings()
+        if stop_end is not None:  # a round's tokens after the one that completed the stop string are not emitted
+            ends.append(len(self._detokenizer.text))  # the EOS or limit token, if one ended the loop above
+            kept = kept[: next((i + 1 for i, end in enumerate(ends[: len(kept)]) if end >= stop_end), len(kept))]
+        logprobs = self.state.reported[len(self.emitted) : len(self.emitted) + len(kept)]
+        self.emitted.extend(kept)
         start = self._streamed
         chunk = self._release()
         return Delta(kept, chunk, logprobs=logprobs, pieces=_cut(chunk, start, ends, len(kept)))
 
-    def _match_stop_strings(self) -> None:
+    def _match_stop_strings(self) -> int | None:
         """The earliest stop string in the text; only text new since the last step (plus the
-        longest stop string's length - 1 before it) can hold one that was not there before."""
+        longest stop string's length - 1 before it) can hold one that was not there before. Where
+        one is found, the text offset it ends at (the tokens up to there are the row's last)."""
         if not self.stop:
-            return
+            return None
         start = max(0, self._scanned - self._longest_stop + 1)
         hits = [(at, s) for s in self.stop if (at := self._text.find(s, start)) >= 0]
+        found = None
         if hits:
             at, word = min(hits)
+            found = at + len(word)
             self._text = self._text[:at]
             self.stop_type, self.stopping_word = StopType.WORD, word
         self._scanned = len(self._text)
+        return found
 
     def _release(self) -> str:
         """Text not streamed yet, minus any tail that may be the start of a stop string."""
