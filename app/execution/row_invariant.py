@@ -185,27 +185,9 @@ __device__ __forceinline__ void mlxcel_widen(const uint4& pack, float (&out)[8])
     }
 }
 """
-_MATMUL_SOURCE = """
-    const int rows = x_shape[0];
-    const int chunks = x_shape[1] / 8;
-    const int columns = w_shape[0];
-    const int lane = threadIdx.x % 32;
-    const int n = blockIdx.x * COLUMNS_PER_BLOCK + threadIdx.x / 32;
-    if (n >= columns) {
-        return;
-    }
-    const uint4* wn = reinterpret_cast<const uint4*>(w) + (size_t)n * chunks;
-    const uint4* xs = reinterpret_cast<const uint4*>(x);
-    float acc[MAX_ROWS];
-    #pragma unroll
-    for (int m = 0; m < MAX_ROWS; ++m) {
-        acc[m] = 0.0f;
-    }
-    #pragma unroll 4
-    for (int c = lane; c < chunks; c += 32) {
-        float wf[8];
-        mlxcel_widen<BF16>(wn[c], wf);
-        #pragma unroll
+# Both products' second half: every input row m accumulates the chunk's 8 widened weights `wf`
+# against its own 8 values in a fixed order, then the warp reduces each row by butterfly.
+_ROWS_TIMES_WEIGHTS = """        #pragma unroll
         for (int m = 0; m < MAX_ROWS; ++m) {
             if (m < rows) {
                 float xf[8];
@@ -232,6 +214,27 @@ _MATMUL_SOURCE = """
         }
     }
 """
+_MATMUL_SOURCE = """
+    const int rows = x_shape[0];
+    const int chunks = x_shape[1] / 8;
+    const int columns = w_shape[0];
+    const int lane = threadIdx.x % 32;
+    const int n = blockIdx.x * COLUMNS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= columns) {
+        return;
+    }
+    const uint4* wn = reinterpret_cast<const uint4*>(w) + (size_t)n * chunks;
+    const uint4* xs = reinterpret_cast<const uint4*>(x);
+    float acc[MAX_ROWS];
+    #pragma unroll
+    for (int m = 0; m < MAX_ROWS; ++m) {
+        acc[m] = 0.0f;
+    }
+    #pragma unroll 4
+    for (int c = lane; c < chunks; c += 32) {
+        float wf[8];
+        mlxcel_widen<BF16>(wn[c], wf);
+""" + _ROWS_TIMES_WEIGHTS
 # The same walk over mlx-lm's affine-quantized weights (`QuantizedLinear`, 4 or 8 bits): a chunk of
 # 8 values is one 32-bit word at 4 bits and two at 8, widened as `scale * q + bias` of its group,
 # then reduced exactly as above, so a quantized model's rows are as row-invariant as a bf16 one's.
@@ -271,33 +274,7 @@ _QUANTIZED_MATMUL_SOURCE = """
                 wf[word * (8 / WORDS) + e] = fmaf(q, scale, bias);
             }
         }
-        #pragma unroll
-        for (int m = 0; m < MAX_ROWS; ++m) {
-            if (m < rows) {
-                float xf[8];
-                mlxcel_widen<BF16>(xs[(size_t)m * chunks + c], xf);
-                float sum = acc[m];
-                #pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    sum = fmaf(wf[e], xf[e], sum);
-                }
-                acc[m] = sum;
-            }
-        }
-    }
-    #pragma unroll
-    for (int m = 0; m < MAX_ROWS; ++m) {
-        if (m < rows) {
-            float sum = acc[m];
-            for (int offset = 16; offset > 0; offset /= 2) {
-                sum += __shfl_xor_sync(0xffffffff, sum, offset);
-            }
-            if (lane == 0) {
-{store}
-            }
-        }
-    }
-"""
+""" + _ROWS_TIMES_WEIGHTS
 COLUMNS_PER_BLOCK = 8
 HALF_TYPES = (mx.bfloat16, mx.float16)
 QUANTIZED_BITS = (4, 8)  # packings whose chunks of 8 values are whole 32-bit words

@@ -9,27 +9,16 @@ import re
 from collections.abc import Iterator
 
 import pytest
-import structlog
 
 from app.decoding.builder import RowRequest
 from app.engine.engine import Engine, EngineState, UnavailableError
 from app.engine.row import Event, Failed, Finished, Job
 from app.profiles import resolve
-from app.runtime.logging import configure_logging
 from app.sampling import SamplingParams
 from app.sampling.rng import KEY_RANGE
 
 ERROR_ID = re.compile(r"internal error ([0-9a-f]{12}) \(\w+\); .*")
 GREEDY = SamplingParams(temperature=0.0)
-
-
-@pytest.fixture
-def log() -> Iterator[io.StringIO]:
-    """The engine's JSON log lines, as the server would write them."""
-    stream = io.StringIO()
-    configure_logging("info", stream=stream)
-    yield stream
-    structlog.reset_defaults()
 
 
 @pytest.fixture

@@ -10,26 +10,16 @@ import queue
 from collections.abc import Iterator
 
 import pytest
-import structlog
 
 from app.decoding.builder import RowRequest
 from app.engine.engine import Engine
 from app.engine.row import Finished, Job
 from app.execution.cost import ForwardCost
 from app.profiles import resolve
-from app.runtime.logging import configure_logging
 from app.sampling import SamplingParams
 
 PROMPTS = ["def rolling_mean(values, window):\n", "class Stack:\n", "import os\n", "def area(radius):\n"]
 GREEDY = SamplingParams(temperature=0.0)
-
-
-@pytest.fixture
-def log() -> Iterator[io.StringIO]:
-    stream = io.StringIO()
-    configure_logging("info", stream=stream)
-    yield stream
-    structlog.reset_defaults()
 
 
 @pytest.fixture

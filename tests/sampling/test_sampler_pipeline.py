@@ -8,18 +8,8 @@ import pytest
 
 from app.sampling import Distribution, RowRng, SamplerPipeline, SamplingParams
 from app.sampling.streams import drafter_stream, position_keys, xtc_coins
+from tests.support.pipelines import VOCAB, pipeline, rows
 from tests.support.reference_sampler import final_distribution, penalise
-
-VOCAB = 64
-
-
-def rows(seed: int, n: int = 4, scale: float = 3.0) -> np.ndarray:
-    return np.random.default_rng(seed).normal(0.0, scale, size=(n, VOCAB)).astype(np.float32)
-
-
-def pipeline(**kw: object) -> SamplerPipeline:
-    base = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}
-    return SamplerPipeline(SamplingParams(**{**base, **kw}), VOCAB)
 
 
 def p_of(sampler: SamplerPipeline, logits: np.ndarray, rng: RowRng | None = None) -> np.ndarray:

@@ -11,17 +11,7 @@ from app.sampling import RowRng, SamplerPipeline, SamplingParams
 from app.sampling.dry import dry_penalties, sequence_breakers
 from app.sampling.mirostat import MirostatState
 from tests.support import reference_sampler as ref
-
-VOCAB = 64
-
-
-def rows(seed: int, n: int = 4, scale: float = 3.0) -> np.ndarray:
-    return np.random.default_rng(seed).normal(0.0, scale, size=(n, VOCAB)).astype(np.float32)
-
-
-def pipeline(**kw: object) -> SamplerPipeline:
-    base = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}
-    return SamplerPipeline(SamplingParams(**{**base, **kw}), VOCAB)
+from tests.support.pipelines import VOCAB, pipeline, rows
 
 
 def p_of(sampler: SamplerPipeline, logits: np.ndarray, contexts=None) -> np.ndarray:
