@@ -214,7 +214,8 @@ _ROWS_TIMES_WEIGHTS = """        #pragma unroll
         }
     }
 """
-_MATMUL_SOURCE = """
+_MATMUL_SOURCE = (
+    """
     const int rows = x_shape[0];
     const int chunks = x_shape[1] / 8;
     const int columns = w_shape[0];
@@ -234,11 +235,14 @@ _MATMUL_SOURCE = """
     for (int c = lane; c < chunks; c += 32) {
         float wf[8];
         mlxcel_widen<BF16>(wn[c], wf);
-""" + _ROWS_TIMES_WEIGHTS
+"""
+    + _ROWS_TIMES_WEIGHTS
+)
 # The same walk over mlx-lm's affine-quantized weights (`QuantizedLinear`, 4 or 8 bits): a chunk of
 # 8 values is one 32-bit word at 4 bits and two at 8, widened as `scale * q + bias` of its group,
 # then reduced exactly as above, so a quantized model's rows are as row-invariant as a bf16 one's.
-_QUANTIZED_MATMUL_SOURCE = """
+_QUANTIZED_MATMUL_SOURCE = (
+    """
     constexpr int WORDS = BITS / 4;  // 32-bit words per chunk of 8 values
     constexpr unsigned int MASK = (1u << BITS) - 1u;
     const int rows = x_shape[0];
@@ -274,7 +278,9 @@ _QUANTIZED_MATMUL_SOURCE = """
                 wf[word * (8 / WORDS) + e] = fmaf(q, scale, bias);
             }
         }
-""" + _ROWS_TIMES_WEIGHTS
+"""
+    + _ROWS_TIMES_WEIGHTS
+)
 COLUMNS_PER_BLOCK = 8
 HALF_TYPES = (mx.bfloat16, mx.float16)
 QUANTIZED_BITS = (4, 8)  # packings whose chunks of 8 values are whole 32-bit words
