@@ -23,6 +23,7 @@ from app.execution.forward import batching
 from app.execution.lockstep import Lockstep
 from app.execution.model import LoadedModel, load_model
 from app.execution.prompt_cache import CacheCounters, PromptCache
+from app.loading import chat_template
 from app.profiles.schema import Settings
 
 
@@ -35,6 +36,7 @@ class ModelInfo:
     vocab_size: int
     tokenizer: TokenizerWrapper  # HTTP tokenizes and renders templates with it, off the event loop
     batching: str  # whether the target's rows share forwards: "rows" or "per-row (why)" (app/execution/forward.py)
+    writes_thinking: bool  # the chat template in use has thinking tags (reasoning_format parses them)
 
 
 class ModelHost:
@@ -69,6 +71,9 @@ class ModelHost:
             vocab_size=target.vocab_size,
             tokenizer=target.tokenizer,
             batching=batching(target.model),
+            writes_thinking=chat_template.writes_thinking(
+                chat_template.chosen_source(target.tokenizer, server.chat_template_file)
+            ),
         )
         return self.info
 

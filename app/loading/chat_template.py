@@ -189,19 +189,39 @@ def compile_template(source: str) -> jinja2.Template:
 
 
 @functools.lru_cache(maxsize=4)
+def read_template_file(path: str) -> str:
+    """The operator's template file, read once (OSError)."""
+    return Path(path).read_text(encoding="utf-8")
+
+
 def load_template_file(path: str) -> jinja2.Template:
-    """The operator's template, read and compiled once (OSError, TemplateSyntaxError)."""
-    return compile_template(Path(path).read_text(encoding="utf-8"))
+    """The operator's template, compiled (OSError, TemplateSyntaxError); both steps are cached."""
+    return compile_template(read_template_file(path))
 
 
-def chosen(tokenizer: Any, operator_file: str | None) -> jinja2.Template | None:
-    """The operator's template when the profile names one, else the model's own (None: it has none)."""
+def chosen_source(tokenizer: Any, operator_file: str | None) -> str | None:
+    """The source of the template in use: the operator's when the profile names one, else the
+    model's own (None: it has none)."""
     if operator_file:
-        return load_template_file(operator_file)
+        return read_template_file(operator_file)
     source = getattr(tokenizer, "chat_template", None)
     if isinstance(source, dict):  # named templates; "default" is the chat one
         source = source.get("default")
+    return source if isinstance(source, str) and source else None
+
+
+def chosen(tokenizer: Any, operator_file: str | None) -> jinja2.Template | None:
+    """The template in use, compiled (None: the model has none)."""
+    source = chosen_source(tokenizer, operator_file)
     return compile_template(source) if source else None
+
+
+THINKING_TAGS = ("<think>", "</think>")  # what llama-server's reasoning_format parses
+
+
+def writes_thinking(source: str | None) -> bool:
+    """Whether a template writes thinking blocks (both tags appear in it)."""
+    return source is not None and all(tag in source for tag in THINKING_TAGS)
 
 
 def render(template: jinja2.Template, limits: Limits, variables: dict[str, Any]) -> str:

@@ -91,6 +91,11 @@ class EngineView:
         return self.model.tokenizer
 
     @property
+    def writes_thinking(self) -> bool:
+        """The chat template in use has thinking tags (decided once, at load)."""
+        return self.model.writes_thinking
+
+    @property
     def vocab_size(self) -> int:
         return self.model.vocab_size
 

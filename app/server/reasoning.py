@@ -10,21 +10,12 @@ that never closes the block is all reasoning, as llama-server reports it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
+from app.loading.chat_template import THINKING_TAGS
 from app.server.errors import ApiError
 
-OPEN, CLOSE = "<think>", "</think>"
+OPEN, CLOSE = THINKING_TAGS
 FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
-
-
-def template_has_tags(tokenizer: Any, operator_file: str | None) -> bool:
-    """Whether the chat template in use writes thinking blocks (blocking: it may read the file)."""
-    source = Path(operator_file).read_text(encoding="utf-8") if operator_file else tokenizer.chat_template
-    if isinstance(source, dict):
-        source = source.get("default")
-    return isinstance(source, str) and OPEN in source and CLOSE in source
 
 
 @dataclass(frozen=True)

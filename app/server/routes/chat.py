@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from litestar import Controller, Request, Response, post
@@ -35,10 +34,8 @@ class ChatController(Controller):
     ) -> Response | Stream:
         """Chat through the model's chat template; `timings` rides on the body or the finish chunk."""
         tokens, plan = await conversation.prompt_tokens(engine, data)
-        has_tags = await asyncio.to_thread(
-            reasoning.template_has_tags, engine.tokenizer, engine.settings.server.chat_template_file
-        )
-        thinking = reasoning.reasoning_for(data.reasoning_format, has_tags, engine.tokenizer.decode(tokens[-8:]))
+        prompt_tail = engine.tokenizer.decode(tokens[-8:])
+        thinking = reasoning.reasoning_for(data.reasoning_format, engine.writes_thinking, prompt_tail)
         rows = await start_rows(request, engine, data, [tokens], data.n, request.url.path)
         head = shaping.openai_head("chatcmpl", rows.request_id, rows.settings[0].model)
         logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)
