@@ -17,6 +17,9 @@ import numpy as np
 DEFAULT_BREAKERS = ("\n", ":", '"', "*")
 MAX_BREAKER_CHARS = 40  # llama-server truncates longer breakers, and their tails to MAX_TAIL_TOKENS
 MAX_TAIL_TOKENS = 20
+# Each breaker is matched against every token's text (Python over the vocabulary, and a tokenizer
+# call per partial match): a request may name this many, as it may name server.max_stop_strings stops.
+MAX_BREAKERS = 16
 FLOAT_MAX_LOG = 88.7228391  # log(float32 max): the exponent is capped so the penalty stays finite
 
 # head token -> the token tails that must follow it to complete a breaker (an empty tail: the head is one)

@@ -15,7 +15,7 @@ from app.loading import chat_template
 from app.loading.chat_template import Limits, TemplateLimitError
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
-from app.sampling.dry import Breakers, sequence_breakers
+from app.sampling.dry import MAX_BREAKERS, Breakers, sequence_breakers
 from app.sampling.grammar import Grammar
 from app.sampling.logprobs import MAX_TOP, ProbsRequest
 from app.sampling.rng import resolve_seed
@@ -125,6 +125,8 @@ def sampling(request: SamplingFields, settings: Settings, tokenizer: TokenizerWr
     if params.has_dry:
         given = request.dry_sequence_breakers
         breakers = tuple(defaults["dry_sequence_breakers"] if given is None else given)
+        if len(breakers) > MAX_BREAKERS:
+            raise ApiError(400, f"dry_sequence_breakers: at most {MAX_BREAKERS} entries, got {len(breakers)}")
         params = msgspec.structs.replace(
             params, dry_sequence_breakers=breakers, dry_breakers=dry_breakers(tokenizer, breakers)
         )

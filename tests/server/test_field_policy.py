@@ -101,6 +101,16 @@ def test_best_of_equal_to_n_is_served(default_server) -> None:
     assert response.status_code == 200 and len(response.json()["choices"]) == 2
 
 
+def test_dry_breakers_are_bounded(default_server) -> None:
+    """Each breaker is matched against the whole vocabulary: a request may name 16, as llama-server's
+    defaults name 4; 17 answer 400 before any matching."""
+    body = {"prompt": "def f():", "n_predict": 1, "dry_multiplier": 0.8}
+    with default_server.client() as http:
+        assert http.post("/completion", json=body | {"dry_sequence_breakers": ["x"] * 16}).status_code == 200
+        refused = http.post("/completion", json=body | {"dry_sequence_breakers": [str(i) for i in range(17)]})
+    assert refused.status_code == 400 and "dry_sequence_breakers: at most 16" in refused.json()["error"]["message"]
+
+
 def test_a_number_switch_refuses_a_boolean(default_server) -> None:
     """`mirostat: false` is no spelling of 0: it answers 400 rather than guess."""
     response = default_server.client().post(
