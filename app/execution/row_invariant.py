@@ -45,6 +45,14 @@ HEAD_DIMS = (64, 96, 128, 256)  # multiples of 32: a lane takes HEAD_DIM / 32 va
 # One thread block per (query, head): the query's visible keys are walked in a fixed order (key j
 # to warp j mod WARPS, an online softmax per warp, warps merged in index order). The walk is one
 # text for both kernels below, so a query's output has the same bits whichever kernel ran it.
+# What each thread of both attention kernels knows first: its lane and warp, the scale's bits.
+_ATTENTION_LANES = """
+    constexpr int PER_LANE = HEAD_DIM / 32;
+    const float scale = __int_as_float(SCALE_BITS);
+    const float minus_inf = __int_as_float(0xff800000);
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+"""
 _ATTENTION_WALK = """    float qv[PER_LANE];
     float acc[PER_LANE];
     for (int e = 0; e < PER_LANE; ++e) {
@@ -101,13 +109,8 @@ _ATTENTION_WALK = """    float qv[PER_LANE];
     }
 """
 _ATTENTION_SOURCE = (
-    """
-    constexpr int PER_LANE = HEAD_DIM / 32;
-    const float scale = __int_as_float(SCALE_BITS);
-    const float minus_inf = __int_as_float(0xff800000);
-    const int lane = threadIdx.x % 32;
-    const int warp = threadIdx.x / 32;
-    const int queries = q_shape[2];
+    _ATTENTION_LANES
+    + """    const int queries = q_shape[2];
     const int heads = q_shape[1];
     const int kv_heads = k_shape[1];
     const int keys = k_shape[2];
@@ -131,13 +134,9 @@ _ATTENTION_SOURCE = (
 # values its own cache's `k{r}`, `v{r}` `[1, Hk, S_r, D]`; token t belongs to row `token_rows[t]`
 # and has `token_tails[t]` later tokens of its row in the batch, so it sees keys `[0, S_r - tail)`,
 # as its row's causal call would. `{cases}` picks row r's arrays (the kernel is made per row count).
-_ROWS_ATTENTION_SOURCE = """
-    constexpr int PER_LANE = HEAD_DIM / 32;
-    const float scale = __int_as_float(SCALE_BITS);
-    const float minus_inf = __int_as_float(0xff800000);
-    const int lane = threadIdx.x % 32;
-    const int warp = threadIdx.x / 32;
-    const int heads = q_shape[1];
+_ROWS_ATTENTION_SOURCE = (
+    _ATTENTION_LANES
+    + """    const int heads = q_shape[1];
     const int t = blockIdx.x / heads;
     const int h = blockIdx.x % heads;
     const T* kp = nullptr;
@@ -153,6 +152,7 @@ _ROWS_ATTENTION_SOURCE = """
     kp += lane * PER_LANE;
     vp += lane * PER_LANE;
 """
+)
 _ROWS_ATTENTION_CASE = """        case {r}: {{
             const int hk = h / (heads / k{r}_shape[1]);
             kp = k{r} + hk * k{r}_strides[1];
