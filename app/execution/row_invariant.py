@@ -42,9 +42,6 @@ ATTENTION_ROWS = 32  # queries per attention call
 MATMUL_ROWS = 16  # rows per kernel call (a slice of a wider product): the widest verify forward
 HEAD_DIMS = (64, 96, 128, 256)  # multiples of 32: a lane takes HEAD_DIM / 32 values
 
-# One thread block per (query, head): the query's visible keys are walked in a fixed order (key j
-# to warp j mod WARPS, an online softmax per warp, warps merged in index order). The walk is one
-# text for both kernels below, so a query's output has the same bits whichever kernel ran it.
 # What each thread of both attention kernels knows first: its lane and warp, the scale's bits.
 _ATTENTION_LANES = """
     constexpr int PER_LANE = HEAD_DIM / 32;
@@ -53,6 +50,9 @@ _ATTENTION_LANES = """
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
 """
+# One thread block per (query, head): the query's visible keys are walked in a fixed order (key j
+# to warp j mod WARPS, an online softmax per warp, warps merged in index order). The walk is one
+# text for both kernels below, so a query's output has the same bits whichever kernel ran it.
 _ATTENTION_WALK = """    float qv[PER_LANE];
     float acc[PER_LANE];
     for (int e = 0; e < PER_LANE; ++e) {
