@@ -6,6 +6,7 @@ from app.acceptance.rules import (
     greedy_argmax,
     modified_rejection,
     sampler_match,
+    sum_coupled,
     sum_min,
     sum_prod,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "modified_rejection",
     "sampler_match",
     "select_rule",
+    "sum_coupled",
     "sum_min",
     "sum_prod",
     "summary_line",

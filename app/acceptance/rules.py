@@ -108,3 +108,27 @@ def sum_min(p: mx.array, q: mx.array) -> mx.array:
 def sum_prod(p: mx.array, q: mx.array) -> mx.array:
     """sum_x p * q per row: how often an independent draw from p equals one from q."""
     return mx.sum(p * q, axis=-1)
+
+
+RACE_TERMS = 64  # the closed form's tokens per row: q's most likely, enough for any top_k up to it
+
+
+def sum_coupled(p: mx.array, q: mx.array, candidates: mx.array) -> mx.array:
+    """How often a coupled draft equals the target's draw, per row: with one key's Gumbel noise
+    over token ids (an exponential race), both draws are token i with probability
+    1 / sum_x max(p(x) / p(i), q(x) / q(i)), summed here over the tokens both keep.
+
+    `p`, `q` are dense rows `[R, V]`; `candidates` `[R, C]` the tokens i to sum over, q's most
+    likely first. Each term is at most min(p(i), q(i)), so summing only the first RACE_TERMS
+    undercounts by at most the q mass past them (none with top_k <= RACE_TERMS). At least
+    (1 - TV) / (1 + TV), against the ceiling 1 - TV and sum_prod for independent drafts.
+    """
+    candidates = candidates[:, :RACE_TERMS]
+    rows = []
+    for r in range(p.shape[0]):  # [C, V] per row: the terms never hold more than one row's
+        p_i, q_i = p[r][candidates[r]], q[r][candidates[r]]
+        both = (p_i > 0) & (q_i > 0)
+        scale_p, scale_q = mx.where(both, 1 / p_i, 0.0), mx.where(both, 1 / q_i, 0.0)
+        race = mx.sum(mx.maximum(p[r][None, :] * scale_p[:, None], q[r][None, :] * scale_q[:, None]), axis=-1)
+        rows.append(mx.sum(mx.where(both, 1 / mx.maximum(race, 1.0), 0.0)))
+    return mx.stack(rows)

@@ -24,6 +24,7 @@ class AcceptanceStats:
     accepted_lengths: list[int] = field(default_factory=list)  # [k]: rounds that accepted k drafts
     sum_min_total: float = 0.0
     sum_prod_total: float = 0.0
+    coupled_total: float = 0.0
     diagnosed_positions: int = 0
     _last_accepted: int = 0
 
@@ -44,10 +45,11 @@ class AcceptanceStats:
             self.accepted_lengths.extend([0] * (accepted + 1 - len(self.accepted_lengths)))
         self.accepted_lengths[accepted] += rounds
 
-    def observe_closed_forms(self, sum_min: list[float], sum_prod: list[float]) -> None:
-        """Add sum_x min(p, q) and sum_x p q of the positions a round actually tested."""
+    def observe_closed_forms(self, sum_min: list[float], sum_prod: list[float], coupled: list[float]) -> None:
+        """Add sum_x min(p, q), sum_x p q and the coupled agreement of the positions a round tested."""
         self.sum_min_total += sum(sum_min)
         self.sum_prod_total += sum(sum_prod)
+        self.coupled_total += sum(coupled)
         self.diagnosed_positions += len(sum_min)
 
     def clamp_last_round(self, emitted: int) -> None:
@@ -81,6 +83,10 @@ class AcceptanceStats:
     def closed_form_sum_prod(self) -> float:
         return self.sum_prod_total / self.diagnosed_positions if self.diagnosed_positions else 0.0
 
+    @property
+    def closed_form_coupled(self) -> float:
+        return self.coupled_total / self.diagnosed_positions if self.diagnosed_positions else 0.0
+
 
 def summary_line(rule: str, stats: AcceptanceStats, description: str) -> str:
     return (
@@ -96,6 +102,7 @@ def diagnostic_line(stats: AcceptanceStats) -> str:
     return (
         f"[Speculative acceptance diagnostic] closed_form_sum_min={stats.closed_form_sum_min:.4f} "
         f"closed_form_sum_prod={stats.closed_form_sum_prod:.4f} (the measured per-position acceptance sits "
-        "at sum_prod under the default sampler-match rule and at sum_min under the opt-in "
-        "acceptance-optimal rule; sum_min >= sum_prod always)"
+        f"at closed_form_coupled={stats.closed_form_coupled:.4f} under the default sampler-match rule with "
+        "coupled drafts, at sum_prod with speculative.coupled = false, and at sum_min under the opt-in "
+        "acceptance-optimal rule; sum_min >= coupled and sum_min >= sum_prod always)"
     )

@@ -111,6 +111,6 @@ class BlockLoops:
             notes.append(Note("block_loop_declined", {"reason": reason, "width": failed.width,
                                                       "position": failed.position}, warning=True))  # fmt: skip
             return Choice(None, notes, time.perf_counter() - started)
-        proposer = block_proposer(self.bound, lossless=self.plan.block_lossless)
+        proposer = block_proposer(self.bound, lossless=self.plan.block_lossless, coupled=self.plan.couples(sampling))
         drafting = Drafting(proposer, WidthPolicy(ControlledWidth(self.controller), n_max, n_min, load_free))
         return Choice(drafting, notes, time.perf_counter() - started)

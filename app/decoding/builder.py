@@ -106,7 +106,9 @@ class LoopBuilder:
         if self.block is not None:
             return self.block.choose(request.sampling, n_max, request.n_min, load_free)
         if plan.drafter_kind is DrafterKind.DRAFT_MODEL:
-            proposer = DraftModelDrafter(self.drafter, self.target.vocab_size, p_min=request.p_min)
+            proposer = DraftModelDrafter(
+                self.drafter, self.target.vocab_size, p_min=request.p_min, coupled=plan.couples(request.sampling)
+            )
             widths = WidthPolicy(FixedWidth(n_max), n_max, request.n_min, load_free)
             return Choice(Drafting(proposer, widths))
         if plan.drafter_kind is DrafterKind.PROMPT_LOOKUP:
@@ -139,6 +141,7 @@ class LoopBuilder:
                 draft_kind=proposer.kind,
                 one_hot_proposals=proposer.one_hot_proposals,
                 diagnose=self.plan.switches.accept_diag,
+                coupled=self.plan.couples(request.sampling),
             )
             loop = SpeculativeLoop(target, choice.drafting, speculation)
         return Generation(

@@ -28,10 +28,12 @@ class Note:
 
 @dataclass(frozen=True)
 class ClosedForms:
-    """sum_x min(p, q) and sum_x p q of each position a round tested (MLXCEL_SPECULATIVE_ACCEPT_DIAG)."""
+    """sum_x min(p, q), sum_x p q and the coupled drafts' agreement (app/acceptance/rules.py
+    sum_coupled) of each position a round tested (MLXCEL_SPECULATIVE_ACCEPT_DIAG)."""
 
     sum_min: tuple[float, ...]
     sum_prod: tuple[float, ...]
+    coupled: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ class RowStats:
         self.widths[outcome.width] = self.widths.get(outcome.width, 0) + 1
         self.acceptance.observe(outcome.proposed, outcome.verdict)
         if (forms := outcome.closed_forms) is not None:
-            self.acceptance.observe_closed_forms(list(forms.sum_min), list(forms.sum_prod))
+            self.acceptance.observe_closed_forms(list(forms.sum_min), list(forms.sum_prod), list(forms.coupled))
         if kept < len(outcome.tokens):  # the round's tokens follow the forced ones
             self.acceptance.clamp_last_round(max(0, kept - outcome.jumped))
 
@@ -100,6 +102,7 @@ class RowStats:
             rule=str(speculation.rule),
             identity=speculation.rule.identity,
             biased=speculation.biased(greedy),
+            coupled=speculation.coupled,
             rounds=stats.rounds,
             proposed=stats.proposed,
             positions_tested=stats.positions_tested,
@@ -109,4 +112,5 @@ class RowStats:
             accepted_lengths=list(stats.accepted_lengths),
             closed_form_sum_min=stats.closed_form_sum_min if speculation.diagnose else None,
             closed_form_sum_prod=stats.closed_form_sum_prod if speculation.diagnose else None,
+            closed_form_coupled=stats.closed_form_coupled if speculation.diagnose else None,
         )

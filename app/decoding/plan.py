@@ -1,9 +1,9 @@
 """The loop plan: what every request of this server runs, decided once at startup.
 
 Built from `Settings` and the drafter checkpoint's config.json (read, not loaded), before any
-model loads. It fixes the drafter kind, the widths, the rule for each sampler class, the
-governor, and the contract's environment switches (read once here: the profile's `[env]` table
-wins over the process environment, and nothing is written back). The loop builder, /props,
+model loads. It fixes the drafter kind, the widths, the rule for each sampler class and whether
+its drafts are coupled, the governor, and the contract's environment switches (read once here:
+the profile's `[env]` table wins over the process environment, and nothing is written back). The loop builder, /props,
 /slots, the startup event and each response's `generation_settings` read this one object.
 """
 
@@ -81,7 +81,9 @@ class LoopPlan:
     governor_floor: float = DEFAULT_FLOOR
     max_kv_size: int | None = None
     switches: Switches = Switches()
+    coupled: bool = True  # speculative.coupled: sampler-match drafts draw with the target's keys
     rules: Mapping[SamplerClass, Rule | None] = field(init=False)
+    couplings: Mapping[SamplerClass, bool] = field(init=False)
 
     def __post_init__(self) -> None:
         kind = DrafterKind(self.drafter_kind)
@@ -89,6 +91,7 @@ class LoopPlan:
         if kind.is_block_loop and self.block_widths is None:
             raise ValueError(f"a {kind} plan needs its block widths (use plan_from_settings)")
         object.__setattr__(self, "rules", {c: self._decide(c) for c in SamplerClass})
+        object.__setattr__(self, "couplings", {c: self._couples(c) for c in SamplerClass})
 
     def _decide(self, sampler: SamplerClass) -> Rule | None:
         """The one place the rule is chosen (None: no drafter runs for this sampler class)."""
@@ -99,8 +102,7 @@ class LoopPlan:
             return None
         if kind.is_block_loop and not self.block_lossless:
             return Rule.ARGMAX_AGAINST_ARGMAX
-        # Block drafters draw sampled proposals from their rows q and report them (app/drafters/block.py).
-        drafter = BlockProposer if kind.is_block_loop else CLASSIC_DRAFTERS[kind]
+        drafter = self._drafter
         return select_rule(
             sampler is SamplerClass.ARGMAX,
             stochastic=self.switches.stochastic_accept,
@@ -108,8 +110,27 @@ class LoopPlan:
             one_hot_proposals=drafter.one_hot_proposals,
         )
 
+    @property
+    def _drafter(self) -> type:
+        """The proposer class of a drafting plan; block drafters draw sampled proposals from their
+        rows q and report them (app/drafters/block.py)."""
+        kind = self.drafter_kind
+        return BlockProposer if kind.is_block_loop else CLASSIC_DRAFTERS[kind]
+
+    def _couples(self, sampler: SamplerClass) -> bool:
+        """The one place coupling is decided: whether this class's drafts draw with the target's
+        keys of their positions (app/sampling/streams.py). Only under sampler-match, where the
+        target's own draw decides every emitted token: the stochastic rule needs drafts independent
+        of its uniforms, argmax rules draw nothing on the target's side, and prompt lookup draws
+        nothing at all."""
+        sampler_match = self.rules[sampler] in (Rule.SAMPLER_MATCH, Rule.SAMPLER_MATCH_NO_Q)
+        return self.coupled and sampler_match and not self._drafter.one_hot_proposals
+
     def rule(self, sampling: SamplingParams) -> Rule | None:
         return self.rules[SamplerClass.of(sampling)]
+
+    def couples(self, sampling: SamplingParams) -> bool:
+        return self.couplings[SamplerClass.of(sampling)]
 
     @property
     def width(self) -> int:
@@ -160,4 +181,5 @@ def plan_from_settings(settings: Settings, environ: Mapping[str, str] | None = N
         governor_adaptive=settings.governor.adaptive,
         governor_floor=settings.governor.floor,
         switches=Switches.read(settings.env, environ),
+        coupled=settings.speculative.coupled,
     )

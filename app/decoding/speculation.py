@@ -1,4 +1,4 @@
-"""What speculation does for one row: the rule, the drafter kind, and whether to diagnose.
+"""What speculation does for one row: the rule, the drafter kind, coupling, and whether to diagnose.
 
 Fixed when the row is built and shared, read-only, by its round loop (which judges with the
 rule) and its generation (which reports it); what the rounds did is in the row's `RowStats`
@@ -19,6 +19,7 @@ class Speculation:
     draft_kind: DrafterKind | None = None
     one_hot_proposals: bool = False
     diagnose: bool = False  # collect the closed forms (MLXCEL_SPECULATIVE_ACCEPT_DIAG)
+    coupled: bool = False  # the drafts draw with the target's keys of their positions (LoopPlan.couples)
 
     @property
     def drafting(self) -> bool:

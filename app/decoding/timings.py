@@ -13,11 +13,14 @@ class SpeculativeDiagnostics(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     The counters are AcceptanceStats' (app/acceptance/stats.py); the closed forms appear only
     while MLXCEL_SPECULATIVE_ACCEPT_DIAG is on, the switch that makes the loop compute them.
+    Sampler-match's acceptance sits at closed_form_coupled with coupled drafts and at
+    closed_form_sum_prod without; the stochastic rule's at closed_form_sum_min.
     """
 
     rule: str
     identity: str  # what a seeded run equals: "token" (target-only's tokens), "distribution", "greedy"
     biased: bool  # the stream followed the target's argmax although the request sampled
+    coupled: bool  # the drafts drew with the target's keys of their positions (speculative.coupled)
     rounds: int
     proposed: int
     positions_tested: int
@@ -27,6 +30,7 @@ class SpeculativeDiagnostics(msgspec.Struct, kw_only=True, omit_defaults=True):
     accepted_lengths: list[int]  # [k]: rounds that accepted k drafts
     closed_form_sum_min: float | None = None
     closed_form_sum_prod: float | None = None
+    closed_form_coupled: float | None = None  # where per_position_acceptance sits with coupled drafts
 
 
 class Timings(msgspec.Struct, kw_only=True, omit_defaults=True):

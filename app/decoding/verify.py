@@ -127,8 +127,12 @@ def _closed_forms(proposal: Proposal, p: Distribution | None, verdict: Verdict, 
     tested = verdict.tested
     # Greedy p is one-hot on the argmax, which is the emitted token at every tested row.
     p = _one_hot(mx.array(verdict.tokens[:tested]), vocab) if p is None else p[:tested].dense()
-    q = proposal.q[:tested].dense() if proposal.q is not None else _one_hot(proposal.tokens[:tested], vocab)
-    return ClosedForms(tuple(rules.sum_min(p, q).tolist()), tuple(rules.sum_prod(p, q).tolist()))
+    if proposal.q is not None:
+        q, candidates = proposal.q[:tested].dense(), proposal.q.ids[:tested]
+    else:
+        q, candidates = _one_hot(proposal.tokens[:tested], vocab), proposal.tokens[:tested, None]
+    sum_min, sum_prod, coupled = rules.sum_min(p, q), rules.sum_prod(p, q), rules.sum_coupled(p, q, candidates)
+    return ClosedForms(tuple(sum_min.tolist()), tuple(sum_prod.tolist()), tuple(coupled.tolist()))
 
 
 def _one_hot(tokens: mx.array, vocab: int) -> mx.array:

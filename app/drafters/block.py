@@ -26,6 +26,7 @@ from app.execution.target_taps import FINAL, FeatureHook, TargetTaps, taps_for
 from app.loading import CheckpointKind, ModelLoadError, read_checkpoint
 from app.loading.pairing import require_pairing
 from app.sampling import Distribution
+from app.sampling.streams import DraftKeys, draft_keys
 
 if TYPE_CHECKING:
     from app.acceptance import Verdict
@@ -147,27 +148,44 @@ class BlockProposer(ProposesAtOnce):
     A `sampled` drafter draws a sampling request's proposals from its rows under the request's
     sampler and reports those rows as q, so a lossless rule can judge them (`drafter.block_rule =
     "lossless"`; the Muse assistant samples under either rule, as the contract says). q is the
-    sampler on the drafter's row without penalty windows or XTC: the rules need q to be what the
-    draft was drawn from, not equal to p. Otherwise, and for greedy requests, a draft is its row's
-    argmax and no q is reported.
+    sampler on the drafter's row without penalty windows, with its position's XTC coin: the rules
+    need q to be what the draft was drawn from, not equal to p. Otherwise, and for greedy requests,
+    a draft is its row's argmax and no q is reported. `coupled`: each draft draws with its
+    position's keys of the target's stream (app/sampling/streams.py).
     """
 
     reports_distribution = True
     one_hot_proposals = False
     draws_within_grammar = False  # the loop renormalises q over the grammar's masks
 
-    def __init__(self, bound: BlockDrafterModel, sampled: bool = False) -> None:
+    def __init__(self, bound: BlockDrafterModel, sampled: bool = False, coupled: bool = False) -> None:
         self.bound = bound
         self.kind = bound.draft_kind
         self.hook = bound.hook
         self.sampled = sampled
+        self.coupled = coupled
 
-    def pick(self, logits: mx.array, state: RowState) -> tuple[mx.array, Distribution | None]:
-        """One draft per row of `logits` `[R, V]` (lazy), and the rows q they were drawn from."""
+    def keys(self, state: RowState, width: int) -> DraftKeys:
+        """The keys of a proposal's `width` positions.
+
+        A block drafter draws its whole proposal before the grammar walks it, so it cannot tell
+        which positions the grammar will force: it takes every position as sampled. On a
+        constrained row that is the target's layout up to the first forced position; past it each
+        draft gets the keys of the target's next sampled position rather than its own, so it is
+        not coupled (its noise is independent of its own position's target draw, as a drafter
+        stream draw's is). Acceptance is all it costs: the target draws with its own keys.
+        """
+        return draft_keys(state.rng, state.drafter_rng, width, state.sampler.uses_coin, self.coupled)
+
+    def pick(self, logits: mx.array, state: RowState, keys: DraftKeys) -> tuple[mx.array, Distribution | None]:
+        """One draft per row of `logits` `[R, V]` (lazy), each with its position's keys, and the
+        rows q they were drawn from."""
         if not self.sampled or state.sampler.is_greedy:
             return mx.argmax(logits, axis=-1), None
-        q = state.sampler.distribution(logits)
-        return q.draw(state.drafter_rng.next_key()), q  # one drafter key per forward; its rows draw independently
+        taken = [keys.take() for _ in range(logits.shape[0])]
+        coins = mx.concatenate([coin for coin, _ in taken]) if state.sampler.uses_coin else None
+        q = state.sampler.distribution(logits, None, coins)
+        return mx.concatenate([q[i].draw(key) for i, (_, key) in enumerate(taken)]), q
 
 
 def proposal_of(drafts: list[mx.array], rows: list[Distribution | None]) -> Proposal:
@@ -184,8 +202,8 @@ class DFlashDrafter(BlockProposer):
     row corrected by the previous draft.
     """
 
-    def __init__(self, bound: BlockDrafterModel, sampled: bool = False) -> None:
-        super().__init__(bound, sampled)
+    def __init__(self, bound: BlockDrafterModel, sampled: bool = False, coupled: bool = False) -> None:
+        super().__init__(bound, sampled, coupled)
         self.model: DFlashModel = bound.module
         self.caches = [KVCache() for _ in self.model.layers]
         self.context = ContextRows(self.caches, lookahead=0)
@@ -210,12 +228,13 @@ class DFlashDrafter(BlockProposer):
         block = mx.array([[anchor] + [shape.mask_token_id] * (rows - 1)])
         hidden = self.model(bound.taps.embed_tokens(block), self.caches, position)
         logits = bound.taps.lm_head(hidden)[0]
+        keys = self.keys(state, width)
         if not dspark:
-            drafts, q = self.pick(logits[1:], state)
+            drafts, q = self.pick(logits[1:], state, keys)
             return proposal_of([drafts], [q])
         drafts, qs, previous = [], [], mx.array([anchor])
         for j in range(width):
-            previous, q = self.pick(logits[j : j + 1] + self.model.markov_bias(previous), state)
+            previous, q = self.pick(logits[j : j + 1] + self.model.markov_bias(previous), state, keys)
             drafts.append(previous)
             qs.append(q)
         return proposal_of(drafts, qs)
@@ -231,8 +250,8 @@ class MtpDrafter(BlockProposer):
     """One row of an MTP head: its KV cache holds one entry per decided position; drafting
     chains the head on its own output and the embedding of its last proposal."""
 
-    def __init__(self, bound: BlockDrafterModel, sampled: bool = False) -> None:
-        super().__init__(bound, sampled)
+    def __init__(self, bound: BlockDrafterModel, sampled: bool = False, coupled: bool = False) -> None:
+        super().__init__(bound, sampled, coupled)
         self.head: MtpHead = bound.module
         self.cache = KVCache()
         self.context = ContextRows([self.cache], lookahead=1)
@@ -262,10 +281,11 @@ class MtpDrafter(BlockProposer):
         on the embedding of the draft before it."""
         out = self.last
         drafts, qs = [], []
+        keys = self.keys(state, width)
         for step in range(width):
             if step:
                 out = self.head(out, self.bound.taps.embed_tokens(drafts[-1][None]), self.cache)
-            draft, q = self.pick(self._logits(out), state)
+            draft, q = self.pick(self._logits(out), state, keys)
             drafts.append(draft)
             qs.append(q)
         self.chained = width - 1
@@ -281,8 +301,12 @@ class MtpDrafter(BlockProposer):
         self.add_context(features, state.tokens[base:])
 
 
-def block_proposer(bound: BlockDrafterModel, lossless: bool = False) -> DFlashDrafter | MtpDrafter:
+def block_proposer(
+    bound: BlockDrafterModel, lossless: bool = False, coupled: bool = False
+) -> DFlashDrafter | MtpDrafter:
     """One row's proposer over a loaded block drafter; `lossless`: the plan runs the lossless
-    rules, so sampled requests draw their proposals from q (the Muse assistant always does)."""
+    rules, so sampled requests draw their proposals from q (the Muse assistant always does);
+    `coupled`: with the target's keys of their positions."""
     sampled = lossless or bound.kind is CheckpointKind.MUSE
-    return MtpDrafter(bound, sampled) if bound.kind is CheckpointKind.MTP else DFlashDrafter(bound, sampled)
+    proposer = MtpDrafter if bound.kind is CheckpointKind.MTP else DFlashDrafter
+    return proposer(bound, sampled, coupled)

@@ -11,7 +11,7 @@ from app.drafters.kinds import DrafterKind
 from app.execution.runner import ModelRunner
 from app.sampling import Distribution
 from app.sampling.grammar import masked
-from app.sampling.streams import xtc_coins
+from app.sampling.streams import draft_keys
 
 if TYPE_CHECKING:
     from app.acceptance import Verdict
@@ -33,11 +33,12 @@ class DraftModelDrafter:
     one_hot_proposals = False
     draws_within_grammar = True
 
-    def __init__(self, drafter: LoadedModel, target_vocab_size: int, p_min: float = 0.0) -> None:
+    def __init__(self, drafter: LoadedModel, target_vocab_size: int, p_min: float = 0.0, coupled: bool = False) -> None:
         self.runner = ModelRunner(drafter.model)
         self.runner.require_rewindable("drafter")
         self.target_vocab_size = target_vocab_size
         self.p_min = p_min
+        self.coupled = coupled  # draws with the target's keys of its positions (app/sampling/streams.py)
 
     def owed(self, state: RowState) -> list[int]:
         """Decided tokens not yet in the drafter's cache, excluding the last one."""
@@ -64,8 +65,8 @@ class DraftModelDrafter:
 
     def proposing(self, state: RowState, width: int) -> Steps[Proposal]:
         """Draft step by step, each step's forward asked for (a batch serves every row's step j
-        together); keys are drawn from the row's drafter stream, in the same order whoever serves
-        the forwards."""
+        together); each step's keys are its position's (`draft_keys`: the target's, peeked, when
+        coupled; else the row's drafter stream's), the same whoever serves the forwards."""
         sampler, constraint = state.sampler, state.constraint
         # Host values are only needed for penalty windows, the p_min cut or the grammar's next
         # mask; otherwise the whole chain stays lazy and is evaluated with the verify forward.
@@ -75,17 +76,22 @@ class DraftModelDrafter:
         drafts: list[mx.array] = []
         rows: list[Distribution] = []
         followed, ended = 0, False  # drafts the grammar's matcher follows, rolled back at the end
+        keys = draft_keys(state.rng, state.drafter_rng, width, sampler.uses_coin, self.coupled)
         for i in range(width):
             contexts = state.contexts([base + i])
+            sampled = True  # the position draws (the grammar does not force it)
             if constraint is not None:  # q is the masked drafter row, as p is the masked target's
-                logits = masked(logits, mx.array(constraint.allowed())[None, :])
+                allowed = constraint.allowed()
+                sampled = int(allowed.sum()) != 1  # the verify row's mask here is this one
+                logits = masked(logits, mx.array(allowed)[None, :])
             if sampler.is_greedy:
                 adjusted = sampler.adjust(logits, contexts)
                 draft = mx.argmax(adjusted, axis=-1).astype(mx.int32)
                 q = Distribution.from_dense(mx.softmax(adjusted, axis=-1)) if self.p_min > 0.0 else None
             else:
-                q = sampler.distribution(logits, contexts, xtc_coins(state.drafter_rng, 1, sampler.uses_coin))
-                draft = q.draw(state.drafter_rng.next_key()).astype(mx.int32)
+                coin, key = keys.take(sampled)
+                q = sampler.distribution(logits, contexts, coin)
+                draft = q.draw(key).astype(mx.int32)
             if needs_host:
                 token = int(draft.item())
                 if q is not None and self.p_min > 0.0 and q.prob_of(draft).item() < self.p_min:

@@ -78,6 +78,7 @@ class Reporter:
             stats=stats.acceptance,
             predicted_n=len(generation.emitted),
             biased=speculation.biased(generation.state.sampler.is_greedy),
+            coupled=speculation.coupled,
             n_max=result.n_max,
             widths=stats.widths,
             governor_pauses=stats.governor_pauses,

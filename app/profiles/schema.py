@@ -49,6 +49,12 @@ class DrafterSettings(Group):
     block_rule: BlockRuleName = "argmax-against-argmax"  # mtp, dflash: the acceptance rule at T > 0
 
 
+class SpeculativeSettings(Group):
+    # sampler-match drafts draw with the target's own keys of their positions (docs/acceptance-rules.md,
+    # "Coupled drafts"); false: from the drafter's stream, for comparison. The output is the same either way.
+    coupled: bool = True
+
+
 class AdaptiveSettings(Group):
     enabled: bool = True  # adaptive verify width of the block loops
     under_load: bool = True  # the tick's goodput choice may narrow T = 0 rows (app/decoding/width.py)
@@ -192,6 +198,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     target: TargetSettings = msgspec.field(default_factory=TargetSettings)
     drafter: DrafterSettings = msgspec.field(default_factory=DrafterSettings)
+    speculative: SpeculativeSettings = msgspec.field(default_factory=SpeculativeSettings)
     adaptive: AdaptiveSettings = msgspec.field(default_factory=AdaptiveSettings)
     governor: GovernorSettings = msgspec.field(default_factory=GovernorSettings)
     sampling: SamplingDefaults = msgspec.field(default_factory=SamplingDefaults)

@@ -1,8 +1,8 @@
 """Probability rows kept on their candidate set: the tokens that survived top-k.
 
-With top_k = 40 a row has 40 non-zero entries out of thousands; drawing from and looking up in
-the candidates costs a fraction of the dense row's work (a Gumbel draw touches every entry).
-Rows become dense only where a rule needs p and q aligned (the residual, the closed forms).
+With top_k = 40 a row has 40 non-zero entries out of thousands; looking up in the candidates
+costs a fraction of the dense row's work. A draw's noise covers the whole vocabulary (`draw`);
+rows become dense only where a rule needs p and q aligned (the residual, the closed forms).
 """
 
 from __future__ import annotations
@@ -52,9 +52,18 @@ class Distribution:
         return Distribution(self.ids, kept / mx.sum(kept, axis=-1, keepdims=True), self.vocab)
 
     def draw(self, key: mx.array) -> mx.array:
-        """One token per row `[R]` (lazy)."""
-        choice = mx.random.categorical(mx.log(self.probs), key=key)
-        return mx.take_along_axis(self.ids, choice[:, None], axis=-1)[:, 0]
+        """One token per row `[R]` (lazy): Gumbel-max over token ids, the argmax of log p(x) + G[x]
+        over the candidates, G the key's Gumbel noise over the whole vocabulary `[R, V]`.
+
+        The noise is indexed by token id, not by a candidate's rank, so two rows drawn with one key
+        share the noise of every token both keep, whatever their candidate sets: a coupled draft
+        agrees with the target's draw wherever their distributions are close (app/sampling/streams.py).
+        A tie goes to the lowest id, so the token does not depend on the candidates' order either.
+        """
+        noise = mx.take_along_axis(mx.random.gumbel(shape=(self.rows, self.vocab), key=key), self.ids, axis=-1)
+        scores = mx.log(self.probs) + noise
+        best = mx.max(scores, axis=-1, keepdims=True)
+        return mx.min(mx.where(scores == best, self.ids, self.vocab), axis=-1)
 
     @classmethod
     def stack(cls, parts: list[Distribution]) -> Distribution:

@@ -43,15 +43,17 @@ class RowRng:
         return keys[1]
 
     def peek(self, n: int) -> list[mx.array]:
-        """The next n draw keys, without consuming them (lazy)."""
-        draw_keys, state = [], self._key
-        self._peeked = []
-        for _ in range(n):
-            pair = mx.random.split(state)
-            state = pair[0]
-            draw_keys.append(pair[1])
+        """The next n draw keys, without consuming them (lazy); `advance` consumes a prefix."""
+        draw_keys, self._peeked = [], []
+        for state, key in _splits(self._key, n):
+            draw_keys.append(key)
             self._peeked.append(state)
         return draw_keys
+
+    def ahead(self, n: int) -> list[mx.array]:
+        """The next n draw keys, lazily, touching nothing: not even a pending `peek` (a coupled
+        drafter reads the keys the target will draw with, app/sampling/streams.py)."""
+        return [key for _, key in _splits(self._key, n)]
 
     def advance(self, n: int) -> None:
         """Consume the first n keys of the last `peek`."""
@@ -61,3 +63,13 @@ class RowRng:
 
     def uniform(self) -> float:
         return mx.random.uniform(key=self.next_key()).item()
+
+
+def _splits(key: mx.array, n: int) -> list[tuple[mx.array, mx.array]]:
+    """(the stream's key after each of n draws, that draw's key), as `next_key` would make them."""
+    out = []
+    for _ in range(n):
+        pair = mx.random.split(key)
+        key = pair[0]
+        out.append((key, pair[1]))
+    return out

@@ -1,12 +1,19 @@
-"""A row's two key streams: the target sampler's and the drafter's.
+"""A row's two key streams, the target sampler's and the drafter's, and the keys drafts draw with.
 
 Target-only decoding consumes the row's stream (`RowRng`, the sequence `mx.random.seed(seed)`
 starts) in one pattern: at every position it samples, the XTC coin's key when XTC is on, then the
 categorical draw's key; at a position the grammar forces (one allowed token) nothing, whether the
 token is jumped or decoded. A speculative row keeps that stream for the target's draws alone and
 takes the keys of the very positions it emits (`position_keys`), so under sampler-match it emits
-target-only's tokens at every width, in any batch. Every draw a drafter makes comes from a second
-stream derived from the seed (`drafter_stream`), which target-only decoding never touches.
+target-only's tokens at every width, in any batch.
+
+A drafter never consumes the target stream. Coupled (`speculative.coupled`, sampler-match only),
+its draft at position i draws with the keys the target's draw at position i will take, peeked
+(`draft_keys`): both draws are Gumbel-max over token ids with the same noise
+(`Distribution.draw`), so they agree wherever p and q are close, and the target's draw, hence every
+emitted token, is unchanged. Uncoupled, and wherever a draft position is not that position of the
+target's stream, it draws from a second stream derived from the seed (`drafter_stream`), which
+target-only decoding never touches.
 """
 
 from __future__ import annotations
@@ -70,3 +77,40 @@ def sampled_rows(masks: mx.array | None, rows: int) -> list[bool]:
     if masks is None:
         return [True] * rows
     return (mx.sum(masks[:rows], axis=-1) != 1).tolist()
+
+
+@dataclass
+class DraftKeys:
+    """The keys a row's drafts draw with, one draft position at a time (`take`).
+
+    Coupled: `ahead` holds the target stream's next keys (peeked, never consumed), taken in
+    target-only's layout, so draft position i gets exactly the coin and draw keys the target's
+    verify draw at position i takes. Uncoupled (`ahead` None): the drafter stream's next keys.
+    """
+
+    drafter: RowRng
+    coin: bool  # XTC is on: each sampled position takes a coin's key first
+    ahead: list[mx.array] | None = None
+    taken: int = 0  # keys of `ahead` the positions so far have taken
+
+    def take(self, sampled: bool = True) -> tuple[mx.array | None, mx.array]:
+        """(the XTC coin `[1]`, None with XTC off; the draw key) of the next draft position.
+
+        `sampled` False: the grammar forces this position, where the target takes no key, so there
+        is no key of the target's to share and the draft falls back to the drafter stream.
+        """
+        span = 1 + self.coin
+        if self.ahead is None or not sampled:
+            coin = xtc_coins(self.drafter, 1, self.coin)
+            return coin, self.drafter.next_key()
+        keys = self.ahead[self.taken : self.taken + span]
+        self.taken += span
+        coin = mx.random.uniform(key=keys[0])[None] if self.coin else None
+        return coin, keys[-1]
+
+
+def draft_keys(rng: RowRng, drafter: RowRng, width: int, coin: bool, coupled: bool) -> DraftKeys:
+    """The keys of up to `width` draft positions: coupled, the target stream `rng`'s (peeked for
+    `width` sampled positions); otherwise the drafter stream's. `coin`: XTC is on."""
+    ahead = rng.ahead(width * (1 + coin)) if coupled else None
+    return DraftKeys(drafter, coin, ahead)

@@ -166,6 +166,7 @@ class DrafterInfo(msgspec.Struct, kw_only=True):
     drafter: DrafterSummary
     rule_at_temperature_0: str | None
     rule_at_temperature_above_0: str | None
+    coupled_at_temperature_above_0: bool  # sampled requests' drafts draw with the target's keys
     adaptive: AdaptiveSettings
     block_widths: list[int] | None
     governor: GovernorSettings | None  # prompt lookup only

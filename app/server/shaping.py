@@ -122,6 +122,7 @@ def drafter_info(settings: Settings, plan: LoopPlan) -> DrafterInfo:
         ),
         rule_at_temperature_0=plan.rules[SamplerClass.ARGMAX],
         rule_at_temperature_above_0=plan.rules[SamplerClass.SAMPLED],
+        coupled_at_temperature_above_0=plan.couplings[SamplerClass.SAMPLED],
         adaptive=settings.adaptive,
         block_widths=list(plan.block_widths) if plan.block_widths else None,
         governor=settings.governor if plan.drafter_kind is DrafterKind.PROMPT_LOOKUP else None,

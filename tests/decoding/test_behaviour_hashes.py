@@ -6,7 +6,12 @@ argmax-against-argmax their whole stream is now the target's greedy stream, wher
 used to be sampled. Issue 27 moved the seeded T = 0.7 hashes of the drafting profiles once: a
 drafter now draws from a stream of its own, no longer from the target's, so `default`
 (sampler-match over the draft model) records target-only's hash, and `stochastic` a new one (its
-drafter's draws moved; the rule itself still draws on the target stream). Each profile's loop is
+drafter's draws moved; the rule itself still draws on the target stream). Issue 39 moved every
+seeded T = 0.7 hash once more, target-only's included: a draw is now Gumbel-max with its key's
+noise indexed by token id over the vocabulary (app/sampling/distribution.py), where it was
+`mx.random.categorical` over the candidates in rank order, so that a coupled draft shares the
+target's noise; the T = 0 hashes did not move, and `default`, `prompt-lookup` and `dspark` still
+record target-only's hash (`default` now with coupled drafts). Each profile's loop is
 built the way the server builds it (the engine's load, then the builder, in process, no HTTP)
 and run on a fixed prompt set at temperature 0 and at a seeded temperature 0.7. A profile
 that declines sampling (dspark: the DSpark drafter is greedy-only) serves T = 0.7 with classic
@@ -40,7 +45,7 @@ HOT = 0.7
 EXPECTED = {
     "default": (
         "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
-        "9005b86d0a524b2db95f05ba4e379bcb8ed63247fab24fbc4afa4842d9da6f25",
+        "9b3b32cbc730b45224fd7cf7f34cc9ee9a1dcc091bec775aa59d09aa030be7c5",
         [],
     ),
     "dflash": (
@@ -50,7 +55,7 @@ EXPECTED = {
     ),
     "dspark": (
         "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
-        "9005b86d0a524b2db95f05ba4e379bcb8ed63247fab24fbc4afa4842d9da6f25",
+        "9b3b32cbc730b45224fd7cf7f34cc9ee9a1dcc091bec775aa59d09aa030be7c5",
         ["block_loop_declined", "block_loop_declined", "block_loop_declined"],
     ),
     "mtp": (
@@ -65,17 +70,17 @@ EXPECTED = {
     ),
     "prompt-lookup": (
         "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
-        "9005b86d0a524b2db95f05ba4e379bcb8ed63247fab24fbc4afa4842d9da6f25",
+        "9b3b32cbc730b45224fd7cf7f34cc9ee9a1dcc091bec775aa59d09aa030be7c5",
         [],
     ),
     "stochastic": (
         "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
-        "8bfed83e460001dd4614efd57912126e6f74f2fbc4c686e190b4d6b926131278",
+        "0f61e100089ac274cf4e20e32ed708ff12e7865526cdb8447233a1b486efc6d4",
         [],
     ),
     "target-only": (
         "936a873548b228779292d8b898b1dc13b3b98e46df4d4c8350887bcdcf72840c",
-        "9005b86d0a524b2db95f05ba4e379bcb8ed63247fab24fbc4afa4842d9da6f25",
+        "9b3b32cbc730b45224fd7cf7f34cc9ee9a1dcc091bec775aa59d09aa030be7c5",
         [],
     ),
 }

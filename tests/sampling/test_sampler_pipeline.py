@@ -113,9 +113,10 @@ def test_greedy_is_argmax_of_adjusted_logits_and_draws_nothing(params: dict) -> 
 
 
 def test_row_stream_replays_mlx_default_stream() -> None:
+    """The keys are MLX's default sequence; a draw is Gumbel-max with the key's noise over the vocabulary."""
     p = mx.softmax(mx.array(rows(9, n=1)))
     mx.random.seed(123)
-    default = [mx.random.uniform().item(), mx.random.categorical(mx.log(p)).item()]
+    default = [mx.random.uniform().item(), mx.argmax(mx.log(p) + mx.random.gumbel(shape=p.shape)).item()]
     rng = RowRng(123)
     assert [rng.uniform(), Distribution.from_dense(p).draw(rng.next_key()).item()] == default
 
