@@ -85,6 +85,7 @@ def startup_fields(engine: Engine, address: tuple[str, int]) -> dict[str, object
         "drafter_model": drafter.model,
         "rule": plan.rules[SamplerClass.SAMPLED],
         "rule_at_temperature_0": plan.rules[SamplerClass.ARGMAX],
+        "coupled": plan.couplings[SamplerClass.SAMPLED],
         "width": (widths[0] if widths else plan.width) or None,
         "adaptive_max_width": widths[1] if widths and plan.adaptive else None,
         "governor_floor": plan.governor_floor if lookup else None,

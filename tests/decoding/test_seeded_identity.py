@@ -3,11 +3,13 @@
 Every emitted token of a sampler-match row is a draw from the target's p at that position, and p
 is bit-identical at every width and in every batch (the T = 0 guarantee rests on it). The target's
 draws have a key stream of their own, consumed once per emitted position exactly as target-only
-decoding consumes it, and every draw a drafter makes comes from a second stream
-(app/sampling/streams.py); so with any drafter the row's tokens are target-only's, token for token.
+decoding consumes it, and a drafter never consumes it: coupled (the default under sampler-match),
+its draws peek the target's keys of their positions; uncoupled, they come from a second stream
+(app/sampling/streams.py). So with any drafter the row's tokens are target-only's, token for token.
 
 Each drafter kind's engine is built the way the server builds it (its shipped profile, block
-drafters under `drafter.block_rule = "lossless"`) and run on the eight held-out prompts at
+drafters under `drafter.block_rule = "lossless"`; coupled, and for the draft model and MTP also
+with `speculative.coupled = false`) and run on the eight held-out prompts at
 T = 0.7 for 256 tokens, alone and then as a batch of eight stepping together (the engine's tick,
 tests/support/batched.py) with other traffic joining, leaving and sampling at T = 0. The batched
 rows cover the sampler's stages (XTC, top-k, top-p, min-p, penalties, logit_bias, a JSON schema whose
@@ -26,13 +28,13 @@ from app.decoding.generation import Generation
 from app.drafters.kinds import DrafterKind
 from app.engine.engine import Engine
 from app.profiles import resolve
-from app.profiles.schema import LOSSLESS_BLOCK_RULE
+from app.profiles.schema import LOSSLESS_BLOCK_RULE, SpeculativeSettings
 from app.sampling import SamplingParams
 from app.sampling.grammar import Grammar
 from ops.bench.prompts import HELD_OUT_CODE
 from tests.support.batched import Arrival, run_batched, run_rows
 
-pytestmark = pytest.mark.slow  # six engines, 16 rows of 256 tokens each
+pytestmark = pytest.mark.slow  # eight engines, 16 rows of 256 tokens each
 
 PROFILES = {  # drafter kind -> its shipped profile
     "draft-model": "default",
@@ -98,9 +100,10 @@ def run(generation: Generation) -> Generation:
     return generation
 
 
-def builder(profile: str) -> LoopBuilder:
+def builder(profile: str, coupled: bool = True) -> LoopBuilder:
     """The profile's loop builder as the server makes it; block drafters under the lossless rule."""
     settings = resolve(profile).settings
+    settings = msgspec.structs.replace(settings, speculative=SpeculativeSettings(coupled=coupled))
     if DrafterKind(settings.drafter.kind).is_block_loop:
         drafter = msgspec.structs.replace(settings.drafter, block_rule=LOSSLESS_BLOCK_RULE)
         settings = msgspec.structs.replace(settings, drafter=drafter)
@@ -135,14 +138,19 @@ def first_difference(got: list[int], want: list[int]) -> int | None:
     return next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
 
 
-@pytest.mark.parametrize("kind", sorted(PROFILES))
-def test_seeded_sampler_match_emits_target_only_tokens(kind: str, prompts, target_only) -> None:
-    loops = builder(PROFILES[kind])
+@pytest.mark.parametrize(
+    ("kind", "coupled"),
+    [(kind, True) for kind in sorted(PROFILES)] + [("draft-model", False), ("mtp", False)],
+    ids=[*sorted(PROFILES), "draft-model-uncoupled", "mtp-uncoupled"],
+)
+def test_seeded_sampler_match_emits_target_only_tokens(kind: str, coupled: bool, prompts, target_only) -> None:
+    loops = builder(PROFILES[kind], coupled)
     for i, tokens in enumerate(prompts):
         row = run(loops.build(alone_request(tokens, i)))
         speculation = row.speculation
         assert speculation.rule is Rule.SAMPLER_MATCH and row.stats.ran, (kind, i, [n.event for n in row.stats.notes])
         assert speculation.rule.identity == "token"
+        assert speculation.coupled is (coupled and kind != "prompt-lookup")  # prompt lookup draws nothing
         assert row.emitted == target_only["alone"][i], (kind, i, first_difference(row.emitted, target_only["alone"][i]))
 
     identity = [Arrival(loops.build(batched_request(tokens, i)), joins=i % 3) for i, tokens in enumerate(prompts)]

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from app.acceptance import AcceptanceStats, Rule
+from app.acceptance import AcceptanceStats, Rule, rules
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.loop import SpeculativeLoop
@@ -44,10 +44,15 @@ def run(generation: Generation) -> Generation:
 
 
 def speculative(
-    target: LoadedModel, drafter: LoadedModel, k: int = 4, stochastic: bool = False, diagnose: bool = False
+    target: LoadedModel,
+    drafter: LoadedModel,
+    k: int = 4,
+    stochastic: bool = False,
+    diagnose: bool = False,
+    coupled: bool = True,
 ) -> LoopBuilder:
     switches = Switches(stochastic_accept=stochastic, accept_diag=diagnose)
-    plan = LoopPlan(drafter_kind="draft-model", num_draft_tokens=k, switches=switches)
+    plan = LoopPlan(drafter_kind="draft-model", num_draft_tokens=k, switches=switches, coupled=coupled)
     return LoopBuilder(target, drafter, plan)
 
 
@@ -66,11 +71,16 @@ def emitted_stream(builder: LoopBuilder, n: int, rule: Rule | None = None) -> li
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stochastic", [False, True], ids=["sampler-match", "stochastic"])
-def test_speculative_stream_matches_the_target_distribution(constant_pair, stochastic: bool) -> None:
-    builder = speculative(*constant_pair, k=2, stochastic=stochastic)
+@pytest.mark.parametrize(
+    ("stochastic", "coupled"),
+    [(False, True), (False, False), (True, False)],
+    ids=["sampler-match", "sampler-match-uncoupled", "stochastic"],
+)
+def test_speculative_stream_matches_the_target_distribution(constant_pair, stochastic: bool, coupled: bool) -> None:
+    builder = speculative(*constant_pair, k=2, stochastic=stochastic, coupled=coupled)
     generation = builder.build(RowRequest(prompt=[1], sampling=SIX, max_tokens=1))
     assert generation.speculation.rule is (Rule.STOCHASTIC if stochastic else Rule.SAMPLER_MATCH)
+    assert generation.speculation.coupled is coupled  # the plan couples sampler-match only
     stat = chi_square(emitted_stream(builder, sample_count()), TOKENS, P)
     assert stat < CRITICAL_DOF5_ALPHA_1E4
 
@@ -138,6 +148,23 @@ def test_chi_square_rejects_argmax_against_argmax_in_the_loop(constant_pair) -> 
     """Power calibration at loop level: the biased block-loop rule, run at T > 0, is caught."""
     stream = emitted_stream(speculative(*constant_pair, k=2), sample_count() // 8, rule=Rule.ARGMAX_AGAINST_ARGMAX)
     assert chi_square(stream, TOKENS, P) > CRITICAL_DOF5_ALPHA_1E4
+
+
+@pytest.mark.slow
+def test_chi_square_rejects_emitting_the_coupled_drafts(constant_pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Power calibration for coupling: coupled drafts agree with the target's draws so often that
+    emitting them in its place is tempting, and biased (they follow q); the statistic catches a
+    loop that accepts every coupled draft, at an eighth of the guards' sample."""
+
+    def accept_every_draft(drafts, p, keys):
+        bonus = keys.draw(p).tolist()[len(drafts)]
+        keys.consume(len(drafts) + 1)
+        return rules.Verdict(accepted=len(drafts), tokens=[*drafts, bonus], tested=len(drafts))
+
+    monkeypatch.setattr(rules, "sampler_match", accept_every_draft)
+    builder = speculative(*constant_pair, k=2)
+    assert builder.build(RowRequest(prompt=[1], sampling=SIX, max_tokens=1)).speculation.coupled
+    assert chi_square(emitted_stream(builder, sample_count() // 8), TOKENS, P) > CRITICAL_DOF5_ALPHA_1E4
 
 
 @pytest.mark.parametrize("stochastic", [False, True], ids=["sampler-match", "stochastic"])
@@ -257,10 +284,13 @@ def seeded_stats(builder: LoopBuilder, sampling: SamplingParams) -> Iterator[Acc
 
 @pytest.mark.slow
 def test_measured_acceptance_sits_on_the_closed_form_of_the_rule_that_ran(embedded_target, embedded_drafter) -> None:
-    """T = 0.7, >= 2,000 tested positions: sampler-match at sum_prod, stochastic at sum_min (3 SE)."""
+    """T = 0.7, >= 2,000 tested positions each (3 SE): sampler-match at the coupled closed form
+    with coupled drafts and at sum_prod without, stochastic at sum_min."""
     sampling = SamplingParams(temperature=0.7)
-    for stochastic, closed_form in [(False, "closed_form_sum_prod"), (True, "closed_form_sum_min")]:
-        builder = speculative(embedded_target, embedded_drafter, stochastic=stochastic, diagnose=True)
+    arms = [(False, True, "closed_form_coupled"), (False, False, "closed_form_sum_prod"),
+            (True, False, "closed_form_sum_min")]  # fmt: skip
+    for stochastic, coupled, closed_form in arms:
+        builder = speculative(embedded_target, embedded_drafter, stochastic=stochastic, diagnose=True, coupled=coupled)
         tested = accepted = 0
         forms: list[tuple[float, int]] = []
         for stats in seeded_stats(builder, sampling):  # seeds 0, 1, ... until 2,000 positions
@@ -272,4 +302,4 @@ def test_measured_acceptance_sits_on_the_closed_form_of_the_rule_that_ran(embedd
         measured = accepted / tested
         predicted = sum(f * n for f, n in forms) / sum(n for _, n in forms)
         se = np.sqrt(predicted * (1 - predicted) / tested)
-        assert abs(measured - predicted) <= 3 * se, (stochastic, measured, predicted, se)
+        assert abs(measured - predicted) <= 3 * se, (closed_form, measured, predicted, se)
