@@ -13,7 +13,14 @@ tokens it carries (a speculative round of 3 tokens after 30 ms counts as three 1
 
     python -m ops.bench.concurrency [--clients 1,2,4,8,16] [--tokens 64] [--repeats 2]
         [--profiles target-only,default,prompt-lookup,mtp] [--target DIR | --target random-1.2b]
-        [--no-fixed] [--no-mlx-lm] [--note TEXT] [--write] [--json FILE]
+        [--temperature 0.7] [--no-fixed] [--no-mlx-lm] [--note TEXT] [--write] [--json FILE]
+
+A profile may carry variants after `+`, each a few settings in the server's environment
+(`VARIANTS`): `mtp+lossless` (drafter.block_rule = "lossless"), `default+uncoupled`
+(speculative.coupled = false), `default+stochastic` (the stochastic rule), combined as in
+`mtp+lossless+stochastic`. `--temperature` above 0 sends sampled requests, each seeded by its
+prompt, and reports each arm's per-position acceptance (from `timings.speculative`); with both
+`PROFILE` and `PROFILE+stochastic` present it states issue 39's goals at 8 clients.
 
 Every profile with a drafter also runs as a fixed-width arm, `PROFILE@fixed`: the same profile
 with its widths held (no block-loop width trials, no governor, no goodput choice under load:
@@ -56,6 +63,14 @@ FIXED = "@fixed"  # an arm's suffix: its profile with the widths held
 FIXED_WIDTH = {"MLXCEL_ADAPTIVE__ENABLED": "false", "MLXCEL_ADAPTIVE__UNDER_LOAD": "false",
                "MLXCEL_GOVERNOR__ADAPTIVE": "false"}  # fmt: skip
 GOODPUT_GOAL = 0.95
+VARIANT = "+"  # PROFILE+VARIANT: the profile with VARIANTS[VARIANT] in its server's environment
+VARIANTS = {
+    "lossless": {"MLXCEL_DRAFTER__BLOCK_RULE": "lossless"},
+    "uncoupled": {"MLXCEL_SPECULATIVE__COUPLED": "false"},
+    "stochastic": {"MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT": "1"},
+}
+STOCHASTIC = "+stochastic"
+ACCEPTANCE_GOAL, SPEED_GOAL, GOAL_CLIENTS = 0.9, 0.95, 8  # issue 39: coupled sampler-match against stochastic
 MLX_LM = "mlx_lm.server"
 RANDOM_1_2B = "random-1.2b"
 EMBEDDED_TARGET = REPO_ROOT / "models" / "target"
@@ -80,18 +95,37 @@ class Cell:
     seconds: float = 0.0
     first_token_s: list[float] = field(default_factory=list)
     inter_token_s: list[float] = field(default_factory=list)
+    tested: int = 0  # speculative positions tested and drafts accepted (timings.speculative)
+    accepted: int = 0
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
 
+    @property
+    def per_position_acceptance(self) -> float:
+        return self.accepted / self.tested if self.tested else 0.0
 
-def request_body(prompt: str, n: int, arm: str) -> bytes:
-    fields = {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
+
+def request_body(prompt: str, n: int, arm: str, temperature: float = 0.0) -> bytes:
+    """One streaming request; a sampled one is seeded by its prompt, so every arm draws the same."""
+    fields = {"prompt": prompt, "max_tokens": n, "temperature": temperature, "stream": True,
               "stream_options": {"include_usage": True}}  # fmt: skip
+    if temperature > 0:
+        fields["seed"] = HELD_OUT_CODE.index(prompt)
     if arm != MLX_LM:  # mlx_lm.server ignores EOS through its wrapper; its frames carry one token each
-        fields |= {"ignore_eos": True, "timings_per_token": True}
+        fields |= {"ignore_eos": True, "timings_per_token": True, "speculative_diagnostics": True}
     return json.dumps(fields).encode()
+
+
+def arm_settings(arm: str) -> tuple[str, dict[str, str]]:
+    """An arm's profile and the environment its server runs with (its variants, its fixed widths)."""
+    base = arm.removesuffix(FIXED)
+    profile, *variants = base.split(VARIANT)
+    env = FIXED_WIDTH if arm.endswith(FIXED) else {}
+    for variant in variants:
+        env = env | VARIANTS[variant]
+    return profile, env
 
 
 def wave(url: str, bodies: list[bytes]) -> tuple[list[Stream], float]:
@@ -128,6 +162,9 @@ def record(cell: Cell, stream: Stream, n: int) -> None:
         payload = json.loads(match.group(1))
         at = times[bisect_left(ends, match.end())]
         usage = payload.get("usage") or usage
+        if speculative := payload.get("timings", {}).get("speculative"):  # the final frame's, once
+            cell.tested += speculative["positions_tested"]
+            cell.accepted += speculative["accepted"]
         if "timings" in payload:
             delivered = payload["timings"]["predicted_n"] - counted
         else:
@@ -158,10 +195,12 @@ def mlx_lm_command(max_clients: int, target: Path) -> list[str]:
             "--log-level", "WARNING"]  # fmt: skip
 
 
-def measure(urls: dict[str, str], clients: list[int], n: int, repeats: int) -> dict[tuple[str, int], Cell]:
+def measure(
+    urls: dict[str, str], clients: list[int], n: int, repeats: int, temperature: float = 0.0
+) -> dict[tuple[str, int], Cell]:
     arms = list(urls)
     for arm in arms:  # load, compile and size the caches before timing anything
-        wave(urls[arm], [request_body(p, WARMUP_TOKENS, arm) for p in waves_of(max(clients), 0)[0]])
+        wave(urls[arm], [request_body(p, WARMUP_TOKENS, arm, temperature) for p in waves_of(max(clients), 0)[0]])
     cells = {(arm, c): Cell() for arm in arms for c in clients}
     turn = 0
     waves = sum(len(waves_of(c, repeat)) for repeat in range(repeats) for c in clients) * len(arms)
@@ -171,7 +210,7 @@ def measure(urls: dict[str, str], clients: list[int], n: int, repeats: int) -> d
                 for prompts in waves_of(c, repeat):
                     turn += 1
                     for arm in arms[turn % len(arms) :] + arms[: turn % len(arms)]:
-                        streams, seconds = wave(urls[arm], [request_body(p, n, arm) for p in prompts])
+                        streams, seconds = wave(urls[arm], [request_body(p, n, arm, temperature) for p in prompts])
                         cells[arm, c].seconds += seconds
                         for stream in streams:
                             record(cells[arm, c], stream, n)
@@ -218,11 +257,30 @@ def goodput_goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
     return lines
 
 
+def coupling_goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
+    """Issue 39, at 8 clients: each profile's coupled sampler-match against its stochastic variant."""
+    lines = []
+    for arm in dict.fromkeys(arm for arm, _ in cells):
+        rival = cells.get((arm + STOCHASTIC, GOAL_CLIENTS))
+        cell = cells.get((arm, GOAL_CLIENTS))
+        if rival is None or cell is None or not (rival.tested and rival.tokens_per_second):
+            continue
+        acceptance = cell.per_position_acceptance / rival.per_position_acceptance
+        speed = cell.tokens_per_second / rival.tokens_per_second
+        lines.append(
+            f"- `{arm}` against `{arm}{STOCHASTIC}` at {GOAL_CLIENTS} clients: per-position acceptance "
+            f"{cell.per_position_acceptance:.3f} against {rival.per_position_acceptance:.3f}, {acceptance:.2f}x "
+            f"(goal ≥ {ACCEPTANCE_GOAL}x: {'met' if acceptance >= ACCEPTANCE_GOAL else 'missed'}); aggregate "
+            f"tokens/s {speed:.2f}x (goal ≥ {SPEED_GOAL}x: {'met' if speed >= SPEED_GOAL else 'missed'})."
+        )
+    return lines
+
+
 def goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
     """Issue 12's goals for the default profile at 8 clients, and issue 26's, where this run measured them."""
     one, eight, theirs = cells.get(("default", 1)), cells.get(("default", 8)), cells.get((MLX_LM, 8))
     if not (one and eight):
-        return goodput_goals(cells)
+        return goodput_goals(cells) + coupling_goals(cells)
     spread = percentile(eight.inter_token_s, 0.95) / percentile(one.inter_token_s, 0.95)
     lines = [
         f"- default profile, 8 clients against 1: {ratio(eight, one)} aggregate (goal ≥ 3x); "
@@ -230,10 +288,10 @@ def goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
     ]
     if theirs:
         lines.append(f"- default profile against `mlx_lm.server` at 8 clients: {ratio(eight, theirs)} (goal ≥ 1.5x).")
-    return lines + goodput_goals(cells)
+    return lines + goodput_goals(cells) + coupling_goals(cells)
 
 
-def render(cells: dict[tuple[str, int], Cell], n: int, repeats: int, note: str = "") -> str:
+def render(cells: dict[tuple[str, int], Cell], n: int, repeats: int, note: str = "", temperature: float = 0.0) -> str:
     arms = list(dict.fromkeys(arm for arm, _ in cells))
     clients = sorted({c for _, c in cells})
     rows = []
@@ -242,12 +300,14 @@ def render(cells: dict[tuple[str, int], Cell], n: int, repeats: int, note: str =
             cell = cells[arm, c]
             rows.append([arm if arm == MLX_LM else f"`{arm}` profile", str(c), f"{cell.tokens_per_second:.1f}",
                          ratio(cell, cells.get((arm, 1))), ratio(cell, cells.get((MLX_LM, c))),
-                         spread(cell.inter_token_s, ".1f"), spread(cell.first_token_s, ".0f")])  # fmt: skip
+                         spread(cell.inter_token_s, ".1f"), spread(cell.first_token_s, ".0f"),
+                         f"{cell.per_position_acceptance:.3f}" if cell.tested else ""])  # fmt: skip
     header = ["arm", "clients", "aggregate tokens/s", "vs own 1 client", f"vs {MLX_LM}",
-              "inter-token ms p50 / p95", "first token ms p50 / p95"]  # fmt: skip
+              "inter-token ms p50 / p95", "first token ms p50 / p95", "per-position acceptance"]  # fmt: skip
+    sampled = f"T={temperature:g} (seeded by prompt)" if temperature > 0 else "T=0"
     intro = (
         f"{machine()}. Waves of concurrent streaming `/v1/completions` clients over the "
-        f"{len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, T=0, EOS ignored, {repeats} repeats, "
+        f"{len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, {sampled}, EOS ignored, {repeats} repeats, "
         f"arms interleaved wave by wave. `{MLX_LM}` 0.32.2 runs the same target as float32 on the same "
         "BLAS, batching up to the largest client count (`--decode-concurrency`, `--prompt-concurrency`), "
         "prompt cache off. Inter-token latency spreads each frame's gap over the tokens it carries."
@@ -266,7 +326,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=numbers, default=[1, 2, 4, 8, 16], help="client counts, e.g. 1,2,4,8")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per request")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--profiles", type=lambda text: text.split(","), default=PROFILES)
+    parser.add_argument(
+        "--profiles",
+        type=lambda text: text.split(","),
+        default=PROFILES,
+        help=f"profiles, each with optional variants: PROFILE{VARIANT}VARIANT ({', '.join(VARIANTS)})",
+    )
+    parser.add_argument("--temperature", type=float, default=0.0, help="above 0: seeded sampled requests")
     parser.add_argument("--target", help=f"a model directory, or {RANDOM_1_2B} (built first); default: the embedded")
     parser.add_argument("--no-fixed", action="store_true", help=f"leave the fixed-width arms (PROFILE{FIXED}) out")
     parser.add_argument("--no-mlx-lm", action="store_true", help=f"leave {MLX_LM} out")
@@ -290,22 +356,22 @@ def main(argv: list[str] | None = None) -> None:
         target = target_dir(args.target, Path(servers.enter_context(tempfile.TemporaryDirectory())))
         # as many rows as the widest wave, as mlx_lm.server batches up to it (server.max_rows is 8 by default)
         flags = ["--parallel", str(max(args.clients)), *([] if args.target is None else ["-m", str(target)])]
-        urls = {profile: servers.enter_context(spawned_server(profile, args=flags))[0] for profile in args.profiles}
-        for arm in [] if args.no_fixed else fixed_arms(args.profiles):
-            served = spawned_server(arm.removesuffix(FIXED), args=flags, env=FIXED_WIDTH)
-            urls[arm] = servers.enter_context(served)[0]
+        urls = {}
+        for arm in args.profiles + ([] if args.no_fixed else fixed_arms(args.profiles)):
+            profile, env = arm_settings(arm)
+            urls[arm] = servers.enter_context(spawned_server(profile, args=flags, env=env))[0]
         if not args.no_mlx_lm:
             # mlx_lm.server initialises mx.distributed, which needs more of the environment than PATH
             command = mlx_lm_command(max(args.clients), target)
             urls[MLX_LM] = servers.enter_context(spawned(command, dict(os.environ)))[0]
-        cells = measure(urls, args.clients, args.tokens, args.repeats)
-    body = render(cells, args.tokens, args.repeats, args.note)
+        cells = measure(urls, args.clients, args.tokens, args.repeats, args.temperature)
+    body = render(cells, args.tokens, args.repeats, args.note, args.temperature)
     print(body)
     if args.json:
         aggregate = {arm: {c: cells[arm, c].tokens_per_second for a, c in cells if a == arm} for arm, _ in cells}
         args.json.write_text(json.dumps({"machine": machine(), "tokens_per_second": aggregate}, indent=1))
     if args.write:
-        write_section("concurrency", body)
+        write_section("concurrency" if args.temperature == 0 else "concurrency-sampled", body)
 
 
 if __name__ == "__main__":

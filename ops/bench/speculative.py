@@ -4,10 +4,14 @@ Arms run interleaved prompt by prompt (the machine is shared and noisy), each fo
 number of tokens with EOS ignored, timed wall-clock including prefill. mlx-lm's loops run on the
 same loaded model objects, so the comparison isolates the round loop.
 
-    python -m ops.bench.speculative [--tokens 128] [--repeats 2] [--k 4] [--sets all|block] [--write]
+    python -m ops.bench.speculative [--tokens 128] [--repeats 2] [--k 4] [--sets all|block|coupling]
+        [--temperatures 0.7,1.0,0.3] [--write]
 
 `--sets block` runs only the block drafters (T = 0 under the profiles' rule, and T = 0.7 under
 the lossless rules, sampler-match and stochastic), each set against target-only in the same run.
+`--sets coupling` runs issue 39's arms at each of `--temperatures`: the classic draft model and
+MTP (`lossless`) under sampler-match with coupled drafts (`speculative.coupled`, the default),
+with uncoupled ones, and under the stochastic rule, against target-only, then its goals.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from app.decoding.plan import LoopPlan, Switches, plan_from_settings
 from app.execution.device import backend
 from app.execution.model import LoadedModel, load_model
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
-from app.profiles.schema import STOCHASTIC_ACCEPT_ENV, DrafterSettings, Settings
+from app.profiles.schema import STOCHASTIC_ACCEPT_ENV, DrafterSettings, Settings, SpeculativeSettings
 from app.sampling import SamplingParams
 from ops.bench.prompts import COPY_HEAVY, HELD_OUT_CODE, PROSE
 
@@ -124,12 +128,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--sets", choices=("all", "block"), default="all", help="block: the block drafters only")
+    parser.add_argument(
+        "--sets",
+        choices=("all", "block", "coupling"),
+        default="all",
+        help="block: the block drafters only; coupling: coupled against uncoupled and stochastic drafts",
+    )
+    parser.add_argument(
+        "--temperatures",
+        type=lambda text: [float(t) for t in text.split(",")],
+        default=COUPLING_TEMPERATURES,
+        help="--sets coupling: one row set per temperature",
+    )
     parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     args = parser.parse_args(argv)
     n, k = args.tokens, args.k
 
     target = load_model(EMBEDDED_TARGET)
+    if args.sets == "coupling":
+        run_coupling_sets(target, n, k, args.repeats, args.temperatures, args.write)
+        return
     if args.sets == "all":
         run_classic_sets(target, n, k, args.repeats, args.write)
     run_block_sets(target, n, args.repeats, args.write)
@@ -140,12 +158,7 @@ def run_classic_sets(target: LoadedModel, n: int, k: int, repeats: int, write: b
     drafter = load_model(EMBEDDED_DRAFTER, role="drafter")
     encode = target.tokenizer.encode
     plain = LoopBuilder(target, None, LoopPlan())
-    classic = LoopBuilder(target, drafter, LoopPlan(drafter_kind="draft-model", num_draft_tokens=k))
-    stochastic = LoopBuilder(
-        target,
-        drafter,
-        LoopPlan(drafter_kind="draft-model", num_draft_tokens=k, switches=Switches(stochastic_accept=True)),
-    )
+    classic, uncoupled, stochastic = (classic_builder(target, drafter, k, rule) for rule in CLASSIC_RULES)
     lookup_cli = LoopBuilder(target, None, LoopPlan(drafter_kind="prompt-lookup", num_draft_tokens=7))
     lookup_server = LoopBuilder(
         target, None, LoopPlan(drafter_kind="prompt-lookup", num_draft_tokens=7, governor_policy="break-even")
@@ -166,6 +179,7 @@ def run_classic_sets(target: LoadedModel, n: int, k: int, repeats: int, write: b
         {
             "target-only": lambda p, s: ours(plain, p, WARM, n, s),
             f"classic k={k} sampler-match": lambda p, s: ours(classic, p, WARM, n, s),
+            f"classic k={k} sampler-match uncoupled": lambda p, s: ours(uncoupled, p, WARM, n, s),
             f"classic k={k} stochastic": lambda p, s: ours(stochastic, p, WARM, n, s),
             f"mlx-lm speculative k={k}": lambda p, s: mlx_lm(target, drafter, p, 0.7, n, k, s),
         },
@@ -218,14 +232,35 @@ def run_classic_sets(target: LoadedModel, n: int, k: int, repeats: int, write: b
         write_section("speculative-gpu" if backend().gpu else "speculative", body)
 
 
-def block_builder(target: LoadedModel, name: str, block_rule: str, stochastic: bool = False) -> LoopBuilder:
-    """A block drafter's loop as its profile builds it, under `block_rule` (and the stochastic switch)."""
+CLASSIC_RULES = ("sampler-match", "sampler-match uncoupled", "stochastic")  # the arms of each lossless set
+COUPLING_TEMPERATURES = [0.7, 1.0, 0.3]
+ACCEPTANCE_GOAL, SPEED_GOAL = 0.9, 0.95  # issue 39: coupled sampler-match against the stochastic rule
+
+
+def classic_builder(target: LoadedModel, drafter: LoadedModel, k: int, rule: str) -> LoopBuilder:
+    """The draft model's loop under one of CLASSIC_RULES."""
+    switches = Switches(stochastic_accept=rule == "stochastic")
+    plan = LoopPlan(drafter_kind="draft-model", num_draft_tokens=k, switches=switches, coupled=rule == "sampler-match")
+    return LoopBuilder(target, drafter, plan)
+
+
+def block_builder(
+    target: LoadedModel, name: str, block_rule: str, stochastic: bool = False, coupled: bool = True
+) -> LoopBuilder:
+    """A block drafter's loop as its profile builds it, under `block_rule` (and the stochastic
+    switch; `coupled`: speculative.coupled)."""
     kind = "mtp" if name == "mtp" else "dflash"
     settings = Settings(
-        drafter=DrafterSettings(kind=kind, model=str(REPO_ROOT / "models" / name), block_rule=block_rule)
+        drafter=DrafterSettings(kind=kind, model=str(REPO_ROOT / "models" / name), block_rule=block_rule),
+        speculative=SpeculativeSettings(coupled=coupled),
     )
     environ = {STOCHASTIC_ACCEPT_ENV: "1" if stochastic else "0"}
     return LoopBuilder(target, None, plan_from_settings(settings, environ=environ))
+
+
+def lossless_block_builder(target: LoadedModel, name: str, rule: str) -> LoopBuilder:
+    """A block drafter under `drafter.block_rule = "lossless"` and one of CLASSIC_RULES."""
+    return block_builder(target, name, "lossless", stochastic=rule == "stochastic", coupled=rule == "sampler-match")
 
 
 def block_rows(results: dict[str, Arm], builders: dict[str, LoopBuilder]) -> list[list[str]]:
@@ -261,9 +296,7 @@ def run_block_sets(target: LoadedModel, n: int, repeats: int, write: bool) -> No
         repeats,
     )
     warm_builders = {
-        f"{name} {rule}": block_builder(target, name, "lossless", stochastic=rule == "stochastic")
-        for name in names
-        for rule in ("sampler-match", "stochastic")
+        f"{name} {rule}": lossless_block_builder(target, name, rule) for name in names for rule in CLASSIC_RULES
     }
     warm = run_set(
         {"target-only": lambda p, s: ours(plain, p, WARM, n, s)}
@@ -287,8 +320,8 @@ def run_block_sets(target: LoadedModel, n: int, repeats: int, write: bool) -> No
             "",
             f"T=0 block-loop outputs identical to target-only: {'yes' if identical else 'NO'}.",
             "",
-            '### T=0.7, `drafter.block_rule = "lossless"` (sampler-match; stochastic with '
-            f"`{STOCHASTIC_ACCEPT_ENV}=1`)",
+            '### T=0.7, `drafter.block_rule = "lossless"` (sampler-match with coupled drafts, and with '
+            f"`speculative.coupled = false`; stochastic with `{STOCHASTIC_ACCEPT_ENV}=1`)",
             "",
             table(BLOCK_HEADER, block_rows(warm, warm_builders)),
         ]
@@ -296,6 +329,82 @@ def run_block_sets(target: LoadedModel, n: int, repeats: int, write: bool) -> No
     print(body)
     if write:
         write_section("speculative-block-gpu" if backend().gpu else "speculative-block", body)
+
+
+def coupling_rows(results: dict[str, Arm], temperature: float) -> list[list[str]]:
+    base = results["target-only"].tokens_per_second
+    return [
+        [
+            arm.name,
+            f"{temperature:g}",
+            f"{arm.tokens_per_second:.1f}",
+            f"{arm.tokens_per_second / base:.2f}x",
+            f"{arm.mean_accepted_len:.2f}" if arm.rounds else "",
+            f"{arm.per_position_acceptance:.3f}" if arm.rounds else "",
+        ]
+        for arm in results.values()
+    ]
+
+
+def coupling_goals(results: dict[str, Arm], temperature: float, drafter: str) -> str:
+    """Issue 39's goals for one drafter at one temperature: coupled sampler-match's per-position
+    acceptance and speed-up against the stochastic rule's."""
+    base = results["target-only"].tokens_per_second
+    coupled, stochastic = results[f"{drafter} sampler-match"], results[f"{drafter} stochastic"]
+    acceptance = coupled.per_position_acceptance / stochastic.per_position_acceptance
+    speed = coupled.tokens_per_second / stochastic.tokens_per_second
+    return (
+        f"- {drafter}, T={temperature:g}: per-position acceptance {coupled.per_position_acceptance:.3f} against "
+        f"{stochastic.per_position_acceptance:.3f}, {acceptance:.2f}x (goal ≥ {ACCEPTANCE_GOAL}x: "
+        f"{'met' if acceptance >= ACCEPTANCE_GOAL else 'missed'}); speed-up {coupled.tokens_per_second / base:.2f}x "
+        f"against {stochastic.tokens_per_second / base:.2f}x, {speed:.2f}x (goal ≥ {SPEED_GOAL}x: "
+        f"{'met' if speed >= SPEED_GOAL else 'missed'})."
+    )
+
+
+def run_coupling_sets(
+    target: LoadedModel, n: int, k: int, repeats: int, temperatures: list[float], write: bool
+) -> None:
+    """Issue 39: the classic draft model and MTP (lossless), coupled and uncoupled sampler-match
+    and the stochastic rule, against target-only, at each temperature; each set in one run."""
+    drafter = load_model(EMBEDDED_DRAFTER, role="drafter")
+    code = [target.tokenizer.encode(p) for p in HELD_OUT_CODE]
+    plain = LoopBuilder(target, None, LoopPlan())
+    classic, mtp = f"classic k={k}", "mtp"
+    builders = {f"{classic} {rule}": classic_builder(target, drafter, k, rule) for rule in CLASSIC_RULES}
+    builders |= {f"{mtp} {rule}": lossless_block_builder(target, "mtp", rule) for rule in CLASSIC_RULES}
+    rows, goals = [], []
+    for temperature in temperatures:
+        sampling = SamplingParams(temperature=temperature)
+        arms = {"target-only": lambda p, s, t=sampling: ours(plain, p, t, n, s)}
+        arms |= {name: (lambda p, s, b=b, t=sampling: ours(b, p, t, n, s)) for name, b in builders.items()}
+        results = run_set(arms, code, repeats)
+        rows += coupling_rows(results, temperature)
+        goals += [coupling_goals(results, temperature, name) for name in (classic, mtp)]
+        identical = all(
+            results[name].outputs == results["target-only"].outputs for name in builders if "sampler" in name
+        )
+        goals.append(
+            f"- T={temperature:g}: sampler-match outputs identical to target-only: {'yes' if identical else 'NO'}."
+        )
+    header = ["arm", "T", "tokens/s", "vs target-only", "mean accepted len", "per-position acceptance"]
+    body = "\n".join(
+        [
+            "## Coupled drafts (`ops/bench/speculative.py --sets coupling`)" + (", GPU" if backend().gpu else ""),
+            "",
+            f"{machine()}. {len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, EOS ignored, {repeats} "
+            "interleaved repeats, seeded; wall time includes prefill. Sampler-match with coupled drafts "
+            "(`speculative.coupled`, the default), with `speculative.coupled = false`, and the stochastic rule "
+            f'(`{STOCHASTIC_ACCEPT_ENV}=1`); MTP under `drafter.block_rule = "lossless"`.',
+            "",
+            table(header, rows),
+            "",
+            *goals,
+        ]
+    )
+    print(body)
+    if write:
+        write_section("speculative-coupling-gpu" if backend().gpu else "speculative-coupling", body)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,28 @@ def test_the_plan_states_the_rule_each_request_runs(name: str, monkeypatch: pyte
             generation.step()
         ran = generation.speculation.rule
         assert ran == engine.plan.rule(request.sampling) == engine.plan.rules[sampler], sampler
+        assert generation.speculation.coupled is engine.plan.couplings[sampler], sampler
+    assert info.coupled_at_temperature_above_0 is engine.plan.couplings[SamplerClass.SAMPLED]
+
+
+def test_the_plan_couples_the_drafts_of_sampler_match_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Coupled drafts where the target's own draw decides every token (sampler-match); not under the
+    stochastic rule (its uniforms must not see the drafts), argmax rules or prompt lookup (which
+    draws nothing); and nowhere with speculative.coupled = false."""
+    monkeypatch.delenv(STOCHASTIC_ACCEPT_ENV, raising=False)
+
+    def coupled(name: str, **drafter: str) -> bool:
+        settings = resolve(name).settings
+        settings = msgspec.structs.replace(settings, drafter=msgspec.structs.replace(settings.drafter, **drafter))
+        plan = plan_from_settings(settings, environ={})
+        assert plan.couplings[SamplerClass.ARGMAX] is False
+        return plan.couplings[SamplerClass.SAMPLED]
+
+    assert coupled("default") and coupled("mtp", block_rule="lossless") and coupled("muse", block_rule="lossless")
+    assert not any(coupled(name) for name in ("target-only", "stochastic", "prompt-lookup", "mtp", "muse"))
+    monkeypatch.setenv("MLXCEL_SPECULATIVE__COUPLED", "false")
+    resolved = resolve("default")
+    assert resolved.sources["speculative.coupled"] == "env" and not coupled("default")
 
 
 def test_block_profiles_serve_argmax_against_argmax_at_temperature_0() -> None:
@@ -59,9 +81,11 @@ def test_props_and_the_request_event_agree(default_server, temperature: float) -
     event = default_server.wait_for_event("speculative_request", response.headers["x-request-id"])
     key = "rule_at_temperature_0" if temperature == 0 else "rule_at_temperature_above_0"
     assert event["rule"] == props[key]
+    assert event["coupled"] is (temperature > 0 and props["coupled_at_temperature_above_0"])
     started = default_server.events("acceptance_rule_active")[0]
     assert started["rule_at_temperature_0"] == props["rule_at_temperature_0"]
     assert started["rule"] == props["rule_at_temperature_above_0"]
+    assert started["coupled"] is props["coupled_at_temperature_above_0"] is True
 
 
 def test_no_code_writes_the_process_environment() -> None:

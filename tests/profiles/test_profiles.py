@@ -105,6 +105,7 @@ FAILURES = [
     ('target = "@TARGET@"\n[server]\nport = "eighty"\n', "server.port: expected `int`, got `str`"),
     ('target = "@TARGET@"\n[server]\nport = 70000\n', "server.port: expected `int` <= 65535"),
     ('target = "@TARGET@"\n[governor]\nfloor = 0.5\n', "governor.floor: expected `float` > 1.0"),
+    ('target = "@TARGET@"\n[speculative]\ncoupled = "yes"\n', "speculative.coupled: expected `bool`, got `str`"),
     (
         'target = "@TARGET@"\n[drafter]\nkind = "eagle"\n',
         "drafter.kind: invalid enum value 'eagle' (allowed: none, draft-model, prompt-lookup, mtp, dflash)",

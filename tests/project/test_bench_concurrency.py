@@ -6,7 +6,18 @@ import json
 
 import pytest
 
-from ops.bench.concurrency import MLX_LM, Cell, Stream, fixed_arms, parse_args, record, render, waves_of
+from ops.bench.concurrency import (
+    MLX_LM,
+    Cell,
+    Stream,
+    arm_settings,
+    fixed_arms,
+    parse_args,
+    record,
+    render,
+    request_body,
+    waves_of,
+)
 from ops.bench.prompts import HELD_OUT_CODE
 
 
@@ -85,3 +96,31 @@ def test_fixed_width_arms_and_the_goodput_goal() -> None:
     assert "(goal ≥ 0.95x at every count: met)" in text
     cells["mtp", 8] = Cell(tokens=379, seconds=1.0)
     assert "8: 0.95x (goal ≥ 0.95x at every count: missed)" in render(cells, n=64, repeats=1)
+
+
+def test_variants_sampled_requests_and_the_coupling_goal() -> None:
+    """Issue 39's arms: a profile's variants are settings in its server's environment; sampled
+    requests are seeded by their prompt and ask for timings.speculative, whose counters the cell
+    sums; coupled sampler-match is held against its stochastic variant at 8 clients."""
+    assert arm_settings("mtp+lossless+uncoupled") == (
+        "mtp",
+        {"MLXCEL_DRAFTER__BLOCK_RULE": "lossless", "MLXCEL_SPECULATIVE__COUPLED": "false"},
+    )
+    assert arm_settings("default+stochastic@fixed")[1]["MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT"] == "1"
+    body = json.loads(request_body(HELD_OUT_CODE[3], 16, "default", temperature=0.7))
+    assert (body["temperature"], body["seed"], body["speculative_diagnostics"]) == (0.7, 3, True)
+    assert "seed" not in json.loads(request_body(HELD_OUT_CODE[3], 16, "default"))
+    speculative = {"positions_tested": 10, "accepted": 8}
+    final = frame({"choices": [{"text": "ab"}], "usage": {"completion_tokens": 2},
+                   "timings": {"predicted_n": 2, "speculative": speculative}})  # fmt: skip
+    stream = Stream(sent=0.0, received=bytearray(final), arrivals=[(0.5, len(final))])
+    cell = Cell()
+    record(cell, stream, 2)
+    assert (cell.tested, cell.accepted, cell.per_position_acceptance) == (10, 8, 0.8)
+    cells = {
+        ("default", 8): Cell(tokens=950, seconds=1.0, tested=100, accepted=85),
+        ("default+stochastic", 8): Cell(tokens=1000, seconds=1.0, tested=100, accepted=90),
+    }
+    text = render(cells, n=64, repeats=1, temperature=0.7)
+    assert "T=0.7 (seeded by prompt)" in text and "| 0.850 |" in text
+    assert "0.850 against 0.900, 0.94x (goal ≥ 0.9x: met); aggregate tokens/s 0.95x (goal ≥ 0.95x: met)" in text

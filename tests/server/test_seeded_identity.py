@@ -1,7 +1,7 @@
 """Over HTTP: a seeded sampled reply of a drafting profile is the target-only profile's reply.
 
 The request the issue was filed with (`seed` 42, T = 1.0) on the embedded default profile (the
-classic draft model, sampler-match) and on `target-only`; `n > 1` choices are seeded seed + j on
+classic draft model, sampler-match, coupled drafts) and on `target-only`; `n > 1` choices are seeded seed + j on
 both, so each equals its own target-only reply. The full matrix of drafter kinds, widths, batches
 and sampler stages is tests/decoding/test_seeded_identity.py.
 """
@@ -20,7 +20,7 @@ def test_a_seeded_reply_is_the_target_only_reply(default_server: RunningServer, 
     assert drafted["content"] == reference["content"]
     assert drafted["generation_settings"]["seed"] == reference["generation_settings"]["seed"] == 42
     speculative = drafted["timings"]["speculative"]
-    assert (speculative["rule"], speculative["identity"]) == ("sampler-match", "token")
+    assert (speculative["rule"], speculative["identity"], speculative["coupled"]) == ("sampler-match", "token", True)
     assert (
         speculative["rounds"] > 0 and speculative["positions_tested"] > speculative["accepted"]
     )  # it drafted, and missed
