@@ -263,6 +263,18 @@ def lossless_block_builder(target: LoadedModel, name: str, rule: str) -> LoopBui
     return block_builder(target, name, "lossless", stochastic=rule == "stochastic", coupled=rule == "sampler-match")
 
 
+def heading(title: str, sets: str) -> str:
+    return f"## {title} (`ops/bench/speculative.py --sets {sets}`)" + (", GPU" if backend().gpu else "")
+
+
+def held_out(n: int, repeats: int) -> str:
+    """The opening of a held-out-code section: the machine and the runs."""
+    return (
+        f"{machine()}. {len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, EOS ignored, {repeats} "
+        "interleaved repeats, seeded; wall time includes prefill. "
+    )
+
+
 def block_rows(results: dict[str, Arm], builders: dict[str, LoopBuilder]) -> list[list[str]]:
     base = results["target-only"].tokens_per_second
     rows = []
@@ -307,12 +319,10 @@ def run_block_sets(target: LoadedModel, n: int, repeats: int, write: bool) -> No
     identical = all(cold[name].outputs == cold["target-only"].outputs for name in cold_builders)
     body = "\n".join(
         [
-            "## Block drafters (`ops/bench/speculative.py --sets block`)" + (", GPU" if backend().gpu else ""),
+            heading("Block drafters", "block"),
             "",
-            f"{machine()}. {len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, EOS ignored, {repeats} "
-            "interleaved repeats; wall time includes prefill. Each drafter's width controller is shared by all "
-            "its requests, as in the server; the width is where it stands after the run (settled, or still "
-            "measuring).",
+            held_out(n, repeats) + "Each drafter's width controller is shared by all its requests, as in the "
+            "server; the width is where it stands after the run (settled, or still measuring).",
             "",
             "### T=0 (`argmax-against-argmax`, exact here)",
             "",
@@ -390,12 +400,11 @@ def run_coupling_sets(
     header = ["arm", "T", "tokens/s", "vs target-only", "mean accepted len", "per-position acceptance"]
     body = "\n".join(
         [
-            "## Coupled drafts (`ops/bench/speculative.py --sets coupling`)" + (", GPU" if backend().gpu else ""),
+            heading("Coupled drafts", "coupling"),
             "",
-            f"{machine()}. {len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, EOS ignored, {repeats} "
-            "interleaved repeats, seeded; wall time includes prefill. Sampler-match with coupled drafts "
-            "(`speculative.coupled`, the default), with `speculative.coupled = false`, and the stochastic rule "
-            f'(`{STOCHASTIC_ACCEPT_ENV}=1`); MTP under `drafter.block_rule = "lossless"`.',
+            held_out(n, repeats) + "Sampler-match with coupled drafts (`speculative.coupled`, the default), with "
+            f"`speculative.coupled = false`, and the stochastic rule (`{STOCHASTIC_ACCEPT_ENV}=1`); MTP under "
+            '`drafter.block_rule = "lossless"`.',
             "",
             table(header, rows),
             "",
