@@ -3,8 +3,9 @@
 Built from `Settings` and the drafter checkpoint's config.json (read, not loaded), before any
 model loads. It fixes the drafter kind, the widths, the rule for each sampler class and whether
 its drafts are coupled, the governor, and the contract's environment switches (read once here:
-the profile's `[env]` table wins over the process environment, and nothing is written back). The loop builder, /props,
-/slots, the startup event and each response's `generation_settings` read this one object.
+the profile's `[env]` table wins over the process environment, and nothing is written back).
+The loop builder, /props, /slots, the startup event and each response's `generation_settings`
+read this one object.
 """
 
 from __future__ import annotations
