@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Literal
 
 import msgspec
@@ -13,6 +14,10 @@ ParallelName = Literal["none", "tensor"]
 # whose prompt-cache entries a request may find: its own tenant's, or every tenant's
 CacheScopeName = Literal["tenant", "global"]
 WarmupName = Literal["auto", "on", "off"]
+# the stages a chain may name, in llama-server's default order: app/sampling/chain.py DEFAULT (tested
+# equal; this module loads no MLX, which app.sampling does)
+SamplerName = Literal["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+DEFAULT_CHAIN: tuple[SamplerName, ...] = typing.get_args(SamplerName)
 PoolingName = Literal["mean", "last", "cls"]  # app/execution/embedding.py POOLINGS
 # The block loops' (MTP, DFlash family) rule: the contract's biased argmax-against-argmax, or the
 # classic loop's lossless rules over the drafters' proposal rows q.
@@ -88,6 +93,8 @@ class SamplingDefaults(Group):
     mirostat_eta: float = 0.1
     n_predict: Annotated[int, msgspec.Meta(ge=-1)] = -1
     seed: int = -1  # the seed of requests that send none (-1: each draws a random one), llama-server's --seed
+    # the sampler chain of requests that send no `samplers` (app/sampling/chain.py), llama-server's --samplers
+    samplers: list[SamplerName] = msgspec.field(default_factory=lambda: list(DEFAULT_CHAIN))
 
 
 class ServerSettings(Group):

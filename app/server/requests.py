@@ -14,12 +14,11 @@ from app.decoding.builder import RowRequest
 from app.loading import chat_template
 from app.loading.chat_template import Limits, TemplateLimitError
 from app.profiles.schema import Settings
-from app.sampling import SamplingParams
+from app.sampling import SamplingParams, chain
 from app.sampling.dry import MAX_BREAKERS, Breakers, sequence_breakers
 from app.sampling.grammar import Grammar
 from app.sampling.logprobs import MAX_TOP, ProbsRequest
 from app.sampling.rng import resolve_seed
-from app.server import field_policy
 from app.server.errors import ApiError
 from app.server.schemas import (
     ChatMessage,
@@ -121,7 +120,8 @@ def sampling(request: SamplingFields, settings: Settings, tokenizer: TokenizerWr
     bias = logit_bias(request.logit_bias, tokenizer)
     if request.ignore_eos:  # llama-server's: every end-of-generation token banned, after the request's own biases
         bias |= dict.fromkeys(sorted(t for t in tokenizer.eos_token_ids if t < vocab), float("-inf"))
-    params = SamplingParams(**{f: defaults[f] for f in SAMPLING_FIELDS} | chosen | {"logit_bias": bias})
+    stages = {"logit_bias": bias, "samplers": sampler_chain(request.samplers, settings)}
+    params = SamplingParams(**{f: defaults[f] for f in SAMPLING_FIELDS} | chosen | stages)
     if params.has_dry:
         given = request.dry_sequence_breakers
         breakers = tuple(defaults["dry_sequence_breakers"] if given is None else given)
@@ -133,8 +133,16 @@ def sampling(request: SamplingFields, settings: Settings, tokenizer: TokenizerWr
     problems = params.problems(vocab)
     if problems:
         raise ApiError(400, "; ".join(problems))
-    field_policy.refuse_skipped_stages(request.samplers, params)
     return params
+
+
+def sampler_chain(value: Any, settings: Settings) -> tuple[str, ...]:
+    """The stages a request's `samplers` names, in its order; the profile's chain when it names none."""
+    try:
+        named = chain.parse(value)
+    except chain.ChainError as exc:
+        raise ApiError(400, f"samplers: not supported: {exc}") from exc
+    return tuple(settings.sampling.samplers) if named is None else named
 
 
 def check_token_ids(tokens: list[int], vocab: int) -> None:
@@ -279,8 +287,9 @@ def grammar(request: SamplingFields) -> tuple[str, Any] | None:
 
 
 def requested_grammar(request: SamplingFields) -> tuple[str, Any] | None:
-    """("grammar", GBNF text) or ("json_schema", schema or None for any JSON object), or None."""
-    chosen = [("grammar", request.grammar)] if request.grammar is not None else []
+    """("grammar", GBNF text) or ("json_schema", schema or None for any JSON object), or None.
+    An empty grammar is none, as llama-server reads it (SillyTavern sends `"grammar": ""`)."""
+    chosen = [("grammar", request.grammar)] if request.grammar else []
     if request.json_schema is not None:
         chosen.append(("json_schema", request.json_schema))
     response_format: ResponseFormat | None = getattr(request, "response_format", None)

@@ -98,6 +98,7 @@ class SamplerSettings(msgspec.Struct, kw_only=True):
     mirostat: int
     mirostat_tau: float
     mirostat_eta: float
+    samplers: list[str]  # the chain that runs, in order (llama-server's names)
 
 
 class LogitBiasEntry(msgspec.Struct, kw_only=True):

@@ -111,6 +111,9 @@ class SamplingFields(_unhonoured("LlamaServerFields", field_policy.LLAMA_SERVER,
     seed: int | None = None
     ignore_eos: bool = False
     logit_bias: LogitBias | None = None
+    # llama-server's sampler chain: stage names or letters (app/sampling/chain.py); any other value
+    # keeps the default chain, as llama-server keeps it
+    samplers: Any = None
     n_probs: int = 0  # llama-server: the top candidates per token (completion_probabilities)
     post_sampling_probs: bool = False  # llama-server: probabilities after the sampler chain
     cache_prompt: bool = True
