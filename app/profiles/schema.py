@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import typing
 from typing import Annotated, Literal
 
 import msgspec
 
 from app.loading.paths import EMBEDDED_DRAFTER, EMBEDDED_TARGET
+from app.sampling import chain
 
 DrafterKindName = Literal["none", "draft-model", "prompt-lookup", "mtp", "dflash"]
 ParallelName = Literal["none", "tensor"]
 # whose prompt-cache entries a request may find: its own tenant's, or every tenant's
 CacheScopeName = Literal["tenant", "global"]
 WarmupName = Literal["auto", "on", "off"]
-# the stages a chain may name, in llama-server's default order: app/sampling/chain.py DEFAULT (tested
-# equal; this module loads no MLX, which app.sampling does)
-SamplerName = Literal["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
-DEFAULT_CHAIN: tuple[SamplerName, ...] = typing.get_args(SamplerName)
+# the stages a chain may name (app/sampling/chain.py: pure Python, no MLX)
+SamplerName = Literal[chain.DEFAULT]  # type: ignore[valid-type]
 PoolingName = Literal["mean", "last", "cls"]  # app/execution/embedding.py POOLINGS
 # The block loops' (MTP, DFlash family) rule: the contract's biased argmax-against-argmax, or the
 # classic loop's lossless rules over the drafters' proposal rows q.
@@ -49,6 +47,8 @@ class DrafterSettings(Group):
     kind: DrafterKindName = "none"
     model: str | None = None  # drafter directory (draft-model, mtp, dflash)
     num_draft_tokens: Annotated[int, msgspec.Meta(ge=1, le=32)] = 4  # draft width k
+    # proposals shorter than this are retracted unverified: the default of a request's speculative.n_min
+    min_draft_tokens: Annotated[int, msgspec.Meta(ge=0, le=32)] = 0
     block_size: Annotated[int, msgspec.Meta(ge=2, le=33)] | None = None  # DFlash verify width (bonus row included)
     p_min: Probability = 0.0  # draft-model: stop drafting below this drafter probability
     block_rule: BlockRuleName = "argmax-against-argmax"  # mtp, dflash: the acceptance rule at T > 0
@@ -94,7 +94,7 @@ class SamplingDefaults(Group):
     n_predict: Annotated[int, msgspec.Meta(ge=-1)] = -1
     seed: int = -1  # the seed of requests that send none (-1: each draws a random one), llama-server's --seed
     # the sampler chain of requests that send no `samplers` (app/sampling/chain.py), llama-server's --samplers
-    samplers: list[SamplerName] = msgspec.field(default_factory=lambda: list(DEFAULT_CHAIN))
+    samplers: list[SamplerName] = msgspec.field(default_factory=lambda: list(chain.DEFAULT))
 
 
 class ServerSettings(Group):

@@ -24,6 +24,10 @@ UNSUPPORTED = {"infill": "the infill stage needs a model trained for fill-in-the
 NAMES = frozenset(DEFAULT) | NEUTRAL | frozenset(UNSUPPORTED)
 LETTERS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p"}
 LETTERS |= {"m": "min_p", "x": "xtc", "t": "temperature", "i": "infill", "a": "adaptive_p"}
+# The other spellings llama-server's command line (`--samplers`, not a request's list) reads
+ALIASES = {"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "top-n-sigma": "top_n_sigma", "min-p": "min_p"}
+ALIASES |= {"typical-p": "typ_p", "typical": "typ_p", "typ-p": "typ_p", "typ": "typ_p", "temp": "temperature"}
+ALIASES |= {"adaptive-p": "adaptive_p"}
 
 
 class ChainError(ValueError):
@@ -43,3 +47,19 @@ def parse(value: Any) -> tuple[str, ...] | None:
     if unsupported:
         raise ChainError(f"{unsupported[0]}: {UNSUPPORTED[unsupported[0]]}")
     return tuple(name for name in names if name not in NEUTRAL)
+
+
+def from_flag(value: str, letters: bool = False) -> list[str]:
+    """The chain of llama-server's `--samplers a;b;c` (its aliases read too) or `--sampling-seq abc`,
+    for the profile key `sampling.samplers`; a name or letter it does not know is an error here,
+    where a typo would otherwise leave a stage out of every request."""
+    parts = list(value) if letters else [part for part in value.split(";") if part]
+    table = LETTERS if letters else {name: name for name in NAMES} | ALIASES
+    unknown = [part for part in parts if part not in table]
+    if unknown:
+        known = "".join(LETTERS) if letters else ", ".join(sorted(NAMES))
+        raise ChainError(f"unknown sampler {unknown[0]!r} (known: {known})")
+    names = [table[part] for part in parts]
+    if unsupported := [name for name in names if name in UNSUPPORTED]:
+        raise ChainError(f"{unsupported[0]}: {UNSUPPORTED[unsupported[0]]}")
+    return [name for name in names if name not in NEUTRAL]

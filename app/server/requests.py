@@ -422,7 +422,9 @@ def row_request(
         stop=stop_strings(request.stop, settings),
         ignore_eos=request.ignore_eos,
         n_max=n_max,
-        n_min=max(0, request.speculative_n_min or 0),
+        n_min=max(
+            0, settings.drafter.min_draft_tokens if request.speculative_n_min is None else request.speculative_n_min
+        ),
         p_min=p_min,
         probs=probs_request(request, settings, rows),
         grammar=grammar,

@@ -138,7 +138,7 @@ def props(engine: EngineView) -> Props:
     ready = engine.unavailable is None
     speculative = {
         "speculative_n_max": row_n_max(engine.plan.n_max, None),  # a request that sets no n_max
-        "speculative_n_min": 0,
+        "speculative_n_min": settings.drafter.min_draft_tokens,
         "speculative_p_min": settings.drafter.p_min,
     }
     params = DefaultParams(
