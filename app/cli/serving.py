@@ -21,6 +21,7 @@ from app.engine.engine import Engine, EngineState
 from app.engine.reload import Reloader
 from app.engine.switch import EngineSwitch
 from app.loading import ModelLoadError
+from app.loading.chat_template import TemplateCaps
 from app.profiles import Resolved
 from app.profiles.schema import Settings
 from app.server.access import with_access_log
@@ -91,9 +92,15 @@ def startup_fields(engine: Engine, address: tuple[str, int]) -> dict[str, object
         "governor_policy": plan.governor_policy if lookup else None,
         "env_overrides": dict(settings.env),
         "batching": engine.model.batching if engine.model is not None else None,
+        # false: the chat template drops a request's tools, so `auto` never answers a call
+        "template_renders_tools": caps.supports_tools if (caps := template_caps(engine)) is not None else None,
         "host": address[0],
         "port": address[1],
     }
+
+
+def template_caps(engine: Engine) -> TemplateCaps | None:
+    return engine.model.template_caps if engine.model is not None else None
 
 
 def listen(config: uvicorn.Config) -> socket.socket:

@@ -178,6 +178,16 @@ class Modalities(msgspec.Struct, kw_only=True):
     audio: bool = False
 
 
+class TemplateCaps(msgspec.Struct, kw_only=True):
+    """What the chat template renders (llama-server's /props `chat_template_caps`); a template
+    without `supports_tools` never shows a request's tools to the model, so it never calls one."""
+
+    supports_system_role: bool
+    supports_tools: bool
+    supports_tool_calls: bool
+    supports_parallel_tool_calls: bool
+
+
 class Props(msgspec.Struct, kw_only=True):
     default_generation_settings: DefaultGenerationSettings
     total_slots: int
@@ -185,6 +195,7 @@ class Props(msgspec.Struct, kw_only=True):
     model_alias: str
     build_info: str
     chat_template: str | None
+    chat_template_caps: TemplateCaps | None  # null until the model is loaded, and for a model with no template
     modalities: Modalities = msgspec.field(default_factory=Modalities)
     is_sleeping: bool = False
     mlxcel: DrafterInfo

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from app.decoding.builder import RowRequest
 from app.decoding.plan import LoopPlan, SamplerClass
 from app.decoding.width import row_n_max
 from app.drafters.kinds import DrafterKind
+from app.loading import chat_template
 from app.loading.token_bytes import token_bytes, token_text
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
@@ -56,6 +58,7 @@ from app.server.responses import (
     Slot,
     SlotDraft,
     SlotParams,
+    TemplateCaps,
     TextChoice,
     TextCompletion,
     TextLogprobs,
@@ -162,8 +165,13 @@ def props(engine: EngineView) -> Props:
         model_alias=model_alias(settings),
         build_info=BUILD_INFO,
         chat_template=getattr(engine.tokenizer, "chat_template", None) if ready else None,
+        chat_template_caps=template_caps(engine.model.template_caps) if ready else None,
         mlxcel=drafter_info(settings, engine.plan),
     )
+
+
+def template_caps(caps: chat_template.TemplateCaps | None) -> TemplateCaps | None:
+    return None if caps is None else TemplateCaps(**dataclasses.asdict(caps))
 
 
 def slots(engine: EngineView, tenant: str) -> list[Slot]:
