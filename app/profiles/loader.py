@@ -180,6 +180,7 @@ NO_OP_FLAGS = {
     ("-ctk", "--cache-type-k"): ({"metavar": "TYPE"}, "the KV cache keeps the model's dtype"),
     ("-ctv", "--cache-type-v"): ({"metavar": "TYPE"}, "the KV cache keeps the model's dtype"),
     ("-dev", "--device"): ({"metavar": "LIST"}, "MLX runs on its default device (docs/gpu.md)"),
+    ("-devd", "--device-draft"): ({"metavar": "LIST"}, "the drafter runs on the target's device"),
     ("-sm", "--split-mode"): ({"metavar": "MODE"}, "one device per process; target.parallel shards a target"),
     ("-ts", "--tensor-split"): ({"metavar": "SPLIT"}, "one device per process; target.parallel shards a target"),
     ("-mg", "--main-gpu"): ({"type": int, "metavar": "N"}, "MLX runs on its default device"),

@@ -16,7 +16,7 @@ CacheScopeName = Literal["tenant", "global"]
 WarmupName = Literal["auto", "on", "off"]
 # the stages a chain may name (app/sampling/chain.py: pure Python, no MLX)
 SamplerName = Literal[chain.DEFAULT]  # type: ignore[valid-type]
-PoolingName = Literal["mean", "last", "cls"]  # app/execution/embedding.py POOLINGS
+PoolingName = Literal["mean", "last", "cls", "none"]  # app/execution/embedding.py POOLINGS
 # The block loops' (MTP, DFlash family) rule: the contract's biased argmax-against-argmax, or the
 # classic loop's lossless rules over the drafters' proposal rows q.
 BlockRuleName = Literal["argmax-against-argmax", "lossless"]

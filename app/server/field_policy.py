@@ -106,7 +106,6 @@ CHAT: dict[str, Unhonoured] = {
     "verbosity": Unhonoured(nothing, "no verbosity control"),
     "service_tier": Unhonoured(equal("auto", "default"), 'one service tier; send "auto" or "default"'),
     "store": Unhonoured(equal(False), "completions are not stored; send false"),
-    "add_generation_prompt": Unhonoured(equal(True), "the generation prompt is always added; send true"),
 }
 # OpenAI legacy completion fields
 OPENAI_COMPLETION: dict[str, Unhonoured] = {

@@ -183,8 +183,8 @@ def template_variables(extra: dict[str, Any] | None, tokenizer: TokenizerWrapper
     return variables
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    if not messages:
+def chat_messages(messages: list[ChatMessage], allow_empty: bool = False) -> list[dict[str, Any]]:
+    if not messages and not allow_empty:
         raise ApiError(400, "messages must not be empty")
     if len(messages) > 1 and messages[-1].role == messages[-2].role == "assistant":
         # llama-server's own check and words: one trailing assistant message at most
@@ -222,6 +222,17 @@ def history_call(call: dict[str, Any]) -> dict[str, Any]:
     return {**call, "type": "function", "function": {"name": function["name"], "arguments": arguments}}
 
 
+def continues_final_message(messages: list[ChatMessage], asked: bool | None = None) -> bool:
+    """Whether the answer continues the last message instead of starting a new turn: llama-server's
+    assistant prefill, on whenever the last message is the assistant's (Anthropic's Messages work
+    the same way). `continue_final_message` (vLLM's and transformers' name) asks for it (true:
+    the last message must then be the assistant's) or turns it off (false: a new turn after it)."""
+    last_is_assistant = bool(messages) and messages[-1].role == "assistant"
+    if asked and not last_is_assistant:
+        raise ApiError(400, "continue_final_message: the last message must be the assistant's, to be continued")
+    return last_is_assistant if asked is None else asked
+
+
 def chat_prompt(
     messages: list[ChatMessage],
     tokenizer: TokenizerWrapper,
@@ -230,15 +241,28 @@ def chat_prompt(
     *,
     tokenize: bool = True,
     tools: list[dict[str, Any]] | None = None,
+    prefill: bool = False,
+    generation_prompt: bool = True,
+    allow_empty: bool = False,
 ) -> Any:
     """The chat template applied to the messages: token ids, or the text when `tokenize` is false.
 
-    Blocking (a render may take up to server.template_timeout_s): call it off the event loop.
+    `prefill` (continues_final_message): as llama-server, the messages before the last are
+    rendered with the generation prompt and the last one's text follows it unclosed, so the answer
+    goes on from there. Blocking (a render may take up to server.template_timeout_s): call it off
+    the event loop.
     """
-    plain = chat_messages(messages)
-    variables = template_variables(extra, tokenizer) | {
+    plain = chat_messages(messages, allow_empty)
+    variables = template_variables(extra, tokenizer)
+    prefix = ""
+    if prefill:
+        prefix = plain.pop()["content"]
+        if (extra or {}).get("enable_thinking") is True:  # llama-server's check and words
+            raise ApiError(400, "Assistant response prefill is incompatible with enable_thinking.")
+        variables["enable_thinking"] = False  # the answer goes on in the message, not in a new thinking block
+    variables |= {
         "messages": plain,
-        "add_generation_prompt": True,
+        "add_generation_prompt": generation_prompt or prefill,
         "tools": tools,  # None as transformers passes it: templates test `tools is not none`
         "documents": None,
     }
@@ -253,6 +277,7 @@ def chat_prompt(
         raise ApiError(400, f"the chat template could not render these messages: {exc}") from exc
     if text is None:
         raise ApiError(400, "this model has no chat template; use /completion")
+    text += prefix
     return list(tokenizer.encode(text, add_special_tokens=False)) if tokenize else text
 
 

@@ -12,6 +12,7 @@ from typing import Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from app import __version__
 from app.profiles.schema import AdaptiveSettings, GovernorSettings
 from app.server.engine_view import Timings
 
@@ -178,6 +179,13 @@ class Modalities(msgspec.Struct, kw_only=True):
     audio: bool = False
 
 
+class InputTokens(msgspec.Struct, kw_only=True):
+    """POST .../input_tokens: the prompt's tokens as the request would render them (OpenAI's shape)."""
+
+    object: Literal["response.input_tokens"] = "response.input_tokens"
+    input_tokens: int
+
+
 class TemplateCaps(msgspec.Struct, kw_only=True):
     """What the chat template renders (llama-server's /props `chat_template_caps`); a template
     without `supports_tools` never shows a request's tools to the model, so it never calls one."""
@@ -331,6 +339,9 @@ class TextChoice(msgspec.Struct, kw_only=True):
     finish_reason: str | None
 
 
+SYSTEM_FINGERPRINT = f"mlxcel-{__version__}"
+
+
 class OpenAIObject(msgspec.Struct, kw_only=True):
     """What every OpenAI body and chunk starts with (subclasses fix `object`, keeping its place)."""
 
@@ -338,6 +349,8 @@ class OpenAIObject(msgspec.Struct, kw_only=True):
     object: str
     created: int
     model: str
+    # the server build that answered, as llama-server sends its build (OpenAI: the backend configuration)
+    system_fingerprint: str = SYSTEM_FINGERPRINT
 
 
 class TextCompletion(OpenAIObject, kw_only=True):

@@ -52,7 +52,6 @@ CASES = {
     "verbosity": ("low", None),
     "service_tier": ("flex", "auto"),
     "store": (True, False),
-    "add_generation_prompt": (False, True),
     "suffix": ("\n", ""),
     "best_of": (3, 1),
 }
