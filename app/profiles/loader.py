@@ -254,6 +254,8 @@ def profile_path(name_or_path: str) -> Path:
     if path.suffix != ".toml":
         raise ProfileError(f"{path}: not a .toml file; a profile is a TOML file named NAME.toml")
     if not path.is_file():
+        if is_path:  # a path was given: say where it was looked for, not how to name one
+            raise ProfileError(f"{name_or_path}: no such profile file ({path.resolve()})")
         known = ", ".join(shipped_profiles()) or "none"
         raise ProfileError(f"{path}: profile not found (shipped profiles: {known}); pass --profile NAME or a path")
     return path
@@ -555,14 +557,17 @@ def hub_models(settings: Settings, sources: dict[str, str], path: Path) -> Setti
     target, drafter, server = settings.target, settings.drafter, settings.server
     try:
         if is_repo_id(target.model):
-            key = "target.model"
+            key, value = "target.model", target.model
             server = msgspec.structs.replace(server, model_alias=server.model_alias or target.model)
             target = msgspec.structs.replace(target, model=str(cached_model(target.model, allow_download=allow)))
         if drafter.model is not None and is_repo_id(drafter.model):
-            key = "drafter.model"
+            key, value = "drafter.model", drafter.model
             drafter = msgspec.structs.replace(drafter, model=str(cached_model(drafter.model, allow_download=allow)))
     except ModelLoadError as exc:
-        raise ProfileError(f"{origin(key, sources, path)}: {exc}") from exc
+        # both places a relative `org/name` is looked for: a directory, then the cache
+        anchor, place = (path.parent, "next to the profile") if sources[key] == "file" else (Path.cwd(), "here")
+        directory = f"no directory {(anchor / value).resolve()} {place}, and "
+        raise ProfileError(f"{origin(key, sources, path)}: {directory}{exc}") from exc
     return msgspec.structs.replace(settings, target=target, drafter=drafter, server=server)
 
 
