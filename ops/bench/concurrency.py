@@ -28,15 +28,8 @@ count (issue 26: at least 0.95x).
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import (
-    WRITE_HELP,
-    arguments,
-    machine,
-    progress,
-    stage,
-    table,
-    write_section,
-)  # first: sets up MLX's BLAS
+from ops.bench.common import WRITE_HELP, arguments, machine, progress  # first: sets up MLX's BLAS
+from ops.bench.common import stage, table, write_section
 
 # isort: on
 import argparse

@@ -16,15 +16,8 @@ conversation and document is fresh (no earlier run's entries hit), and the arms 
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import (
-    WRITE_HELP,
-    arguments,
-    machine,
-    progress,
-    stage,
-    table,
-    write_section,
-)  # first: sets up MLX's BLAS
+from ops.bench.common import WRITE_HELP, arguments, machine, progress  # first: sets up MLX's BLAS
+from ops.bench.common import stage, table, write_section
 
 # isort: on
 import json

@@ -11,16 +11,8 @@ the last frame (prefill included), EOS ignored.
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import (
-    Arm,
-    WRITE_HELP,
-    arguments,
-    machine,
-    progress,
-    stage,
-    table,
-    write_section,
-)  # first: sets up MLX's BLAS
+from ops.bench.common import Arm, WRITE_HELP, arguments, machine  # first: sets up MLX's BLAS
+from ops.bench.common import progress, stage, table, write_section
 
 # isort: on
 import json

@@ -44,14 +44,7 @@ def final_distribution(
         keep = typical_keep(softmax(logits[kept]), typical_p)
         kept = [t for t, k in zip(kept, keep, strict=True) if k]
     if top_p < 1.0:
-        probs = softmax(logits[kept])
-        mass, cut = 0.0, []
-        for token, p in zip(kept, probs, strict=True):
-            if mass >= top_p:
-                break
-            cut.append(token)
-            mass += p
-        kept = cut
+        kept = top_p_cut(kept, softmax(logits[kept]), top_p)
     if min_p > 0.0:
         probs = softmax(logits[kept])
         kept = [t for t, p in zip(kept, probs, strict=True) if p >= min_p * probs.max()]
@@ -65,6 +58,17 @@ def final_distribution(
     out = np.zeros(len(logits))
     out[kept] = softmax(logits[kept] / temperature)
     return out
+
+
+def top_p_cut(kept: list[int], probs: np.ndarray, top_p: float) -> list[int]:
+    """The shortest prefix of `kept` (most likely first) whose mass reaches top_p."""
+    mass, cut = 0.0, []
+    for token, p in zip(kept, probs, strict=True):
+        if mass >= top_p:
+            break
+        cut.append(token)
+        mass += p
+    return cut
 
 
 def top_n_sigma(logits: np.ndarray, n: float) -> np.ndarray:
@@ -167,13 +171,7 @@ def chained(
         elif stage == "top_k" and 0 < top_k < len(kept):
             kept = kept[:top_k]
         elif stage == "top_p" and top_p < 1.0:
-            cut, mass = [], 0.0
-            for token, p in zip(kept, probs, strict=True):
-                if mass >= top_p:
-                    break
-                cut.append(token)
-                mass += p
-            kept = cut
+            kept = top_p_cut(kept, probs, top_p)
         elif stage == "min_p" and min_p > 0.0:
             kept = [t for t, p in zip(kept, probs, strict=True) if p >= min_p * probs.max()]
         elif stage == "typ_p" and typical_p < 1.0:
