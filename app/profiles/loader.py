@@ -25,7 +25,7 @@ import msgspec
 from app.loading.checkpoint import ModelLoadError
 from app.loading.hub import cached_model, is_repo_id
 from app.loading.paths import REPO_ROOT
-from app.profiles.schema import ENV_OVERRIDES, DrafterKindName, PoolingName, Settings
+from app.profiles.schema import ENV_OVERRIDES, DrafterKindName, PoolingName, ReasoningFormatName, Settings
 from app.profiles.tenants import read_key_file
 from app.runtime.logging import destination_problem
 from app.sampling import chain
@@ -142,6 +142,12 @@ SERVER_FLAGS = [
     ),
     Flag(("--chat-template-file",), "server.chat_template_file", "a Jinja chat template to use", {"metavar": "FILE"}),
     Flag(("--no-webui",), "server.web_ui", "no chat page at /", _set(False)),
+    Flag(
+        ("--reasoning-format",),
+        "server.reasoning_format",
+        "how chat answers' thinking blocks are parsed by default",
+        {"choices": get_args(ReasoningFormatName)},
+    ),
     Flag(("--no-warmup",), "server.warmup", "skip the warm-up before ready", _set("off")),
     Flag(
         ("--hf-download",),

@@ -16,6 +16,8 @@ CacheScopeName = Literal["tenant", "global"]
 WarmupName = Literal["auto", "on", "off"]
 # the stages a chain may name (app/sampling/chain.py: pure Python, no MLX)
 SamplerName = Literal[chain.DEFAULT]  # type: ignore[valid-type]
+# how a chat answer's thinking block is parsed (app/server/reasoning.py), llama-server's names
+ReasoningFormatName = Literal["auto", "deepseek", "deepseek-legacy", "none"]
 PoolingName = Literal["mean", "last", "cls", "none"]  # app/execution/embedding.py POOLINGS
 # The block loops' (MTP, DFlash family) rule: the contract's biased argmax-against-argmax, or the
 # classic loop's lossless rules over the drafters' proposal rows q.
@@ -145,6 +147,8 @@ class ServerSettings(Group):
     embeddings: bool = False
     embeddings_pooling: PoolingName = "mean"
     web_ui: bool = True  # the chat page at / (app/server/web/index.html)
+    # chat answers' thinking parsed as this when a request names no reasoning_format (--reasoning-format)
+    reasoning_format: ReasoningFormatName = "auto"
     # a model named org/name that is not in the Hugging Face cache may be downloaded (flag --hf-download)
     allow_model_download: bool = False
     props_show_paths: bool = False  # /props and /v1/models show filesystem paths, not just their last part

@@ -47,7 +47,7 @@ def test_flags_with_a_meaning_here_set_their_keys() -> None:
     line = (
         "-md models/drafter --draft-max 6 --draft-min 2 --draft-p-min 0.3 --embeddings --pooling last "
         "--top-k 20 --top-p 0.9 --min-p 0.1 --repeat-penalty 1.1 --chat-template-file t.jinja --no-webui -v "
-        "-s 5 -a m --samplers top_k;temp;min-p"
+        "-s 5 -a m --samplers top_k;temp;min-p --reasoning-format none"
     )
     settings = resolve("default", parsed(line)).settings
     assert settings.drafter.model == "models/drafter"
@@ -61,7 +61,7 @@ def test_flags_with_a_meaning_here_set_their_keys() -> None:
     assert (sampling.top_k, sampling.top_p, sampling.min_p, sampling.repeat_penalty) == (20, 0.9, 0.1, 1.1)
     assert sampling.samplers == ["top_k", "temperature", "min_p"]  # the command line reads the aliases
     assert (sampling.seed, settings.server.model_alias, settings.logging.level) == (5, "m", "debug")
-    assert settings.server.chat_template_file == "t.jinja"
+    assert (settings.server.chat_template_file, settings.server.reasoning_format) == ("t.jinja", "none")
 
 
 def test_every_no_op_flag_says_why_in_help(capsys) -> None:

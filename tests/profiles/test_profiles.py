@@ -112,6 +112,8 @@ FAILURES = [
     ('target = "/nowhere/model"\n', "target: model path does not exist: /nowhere/model"),
     ('target = "@TARGET@"\n[drafter]\nkind = "draft-model"\n', "drafter.model: required for drafter.kind"),
     ('target = "@TARGET@"\n[env]\nMLXCEL_STOCHASTIC = "1"\n', "env.MLXCEL_STOCHASTIC: not an acceptance-rule override"),
+    # a request's unknown stage is skipped, as llama-server skips it; a profile's is a typo to report
+    ('target = "@TARGET@"\n[sampling]\nsamplers = ["top_k", "tfs_z"]\n', "sampling.samplers[1]: invalid enum value"),
 ]
 
 

@@ -38,7 +38,8 @@ class ChatController(Controller):
         # a continued message is the answer's text as is: llama-server parses no thinking in it
         prefill = requests.continues_final_message(data.messages, data.continue_final_message)
         writes_thinking = engine.writes_thinking and not prefill
-        thinking = reasoning.reasoning_for(data.reasoning_format, writes_thinking, prompt_tail)
+        chosen = data.reasoning_format or engine.settings.server.reasoning_format
+        thinking = reasoning.reasoning_for(chosen, writes_thinking, prompt_tail)
         rows = await start_rows(request, engine, data, [tokens], data.n, request.url.path)
         head = shaping.openai_head("chatcmpl", rows.request_id, rows.settings[0].model)
         logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)
