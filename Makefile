@@ -23,8 +23,11 @@ $(STAMP): pyproject.toml
 $(SHIM): app/runtime/sgemm_rows.c $(STAMP)
 	MLXCEL_BLAS=reference $(BIN)/python -c "from app.runtime.blas import build; build()"
 
+# `make run PORT=9000 HOST=0.0.0.0 PROFILE=target-only`: any of them, each as its flag; unset ones
+# leave the profile's value. `exec`: the server is make's child itself, so a signal to make's
+# process group reaches it as one stop (app/cli/serving.py), and it drains.
 run: install
-	$(BIN)/mlxcel serve
+	exec $(BIN)/mlxcel serve $(if $(PROFILE),--profile $(PROFILE)) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
 # The replica test runs real nginx and the web page's test headless Chromium: .ci/ensure-nginx and
 # .ci/ensure-chromium install Debian's packages where they are missing.

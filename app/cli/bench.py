@@ -10,7 +10,7 @@ import sys
 
 from app.loading.paths import REPO_ROOT
 
-SUITES = ("speculative", "server", "concurrency", "prompt_cache")
+SUITES = ("speculative", "server", "concurrency", "prompt_cache", "quantized")
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

@@ -12,6 +12,7 @@ import errno
 import socket
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from app.cli.exit_codes import EXIT_CONFIG
 from app.profiles import add_profile_flags, origin, settled
@@ -25,8 +26,32 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def listen_problem(host: str, port: int) -> tuple[str, str] | None:
-    """Why the listener cannot bind, checked before any model loads: (the key at fault, why), or None."""
+def port_holder(port: int) -> str | None:
+    """The process listening on `port`, as `pid N (command)`, where this user may see it (None:
+    unknown, or no process of this user holds it)."""
+    import psutil  # only when a port is taken: psutil walks the process table
+
+    def listens(connections: list) -> bool:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in connections)
+
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if listens(process.net_connections(kind="inet")):
+                command = " ".join(process.info["cmdline"] or [])
+                return f"pid {process.pid} ({command[:120]})"
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return None
+
+
+class ListenProblem(NamedTuple):
+    key: str  # the settings key at fault: server.host or server.port
+    reason: str
+    taken: bool = False  # the port is in use: another process (perhaps this profile's own server) holds it
+
+
+def listen_problem(host: str, port: int) -> ListenProblem | None:
+    """Why the listener cannot bind, checked before any model loads, or None."""
     if port == 0:
         return None
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -35,13 +60,16 @@ def listen_problem(host: str, port: int) -> tuple[str, str] | None:
         try:
             probe.bind((host, port))
         except socket.gaierror as exc:
-            return "server.host", f"cannot listen on {host!r}: {exc.strerror}"
+            return ListenProblem("server.host", f"cannot listen on {host!r}: {exc.strerror}")
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                return "server.port", f"port {port} on {host} is already in use (another server or profile holds it)"
+                holder = port_holder(port) or "another server or profile"
+                return ListenProblem(
+                    "server.port", f"port {port} on {host} is already in use ({holder} holds it)", True
+                )
             if exc.errno == errno.EADDRNOTAVAIL:
-                return "server.host", f"{host} is not an address of this machine"
-            return "server.port", f"cannot listen on {host}:{port}: {exc.strerror}"
+                return ListenProblem("server.host", f"{host} is not an address of this machine")
+            return ListenProblem("server.port", f"cannot listen on {host}:{port}: {exc.strerror}")
     return None
 
 
@@ -64,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             return tensor_launch.follow_rank(settings)  # followers never open the port
     problem = listen_problem(settings.server.host, settings.server.port)
     if problem:
-        key, reason = problem
+        key, reason, _ = problem
         fix = "choose another address (--host)" if key == "server.host" else "choose another port (--port)"
         print(f"error: {origin(key, resolved.sources, Path(settings.source))}: {reason}; {fix}", file=sys.stderr)
         return EXIT_CONFIG

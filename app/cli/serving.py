@@ -21,6 +21,7 @@ from app.engine.engine import Engine, EngineState
 from app.engine.reload import Reloader
 from app.engine.switch import EngineSwitch
 from app.loading import ModelLoadError
+from app.loading.chat_template import TemplateCaps
 from app.profiles import Resolved
 from app.profiles.schema import Settings
 from app.server.access import with_access_log
@@ -28,6 +29,10 @@ from app.server.app import create_app
 from app.server.protocol import EnvelopeHttpToolsProtocol
 
 HANDLER_GRACE_S = 5.0  # after the drain: how long responses already decided get to reach their clients
+# A signal to a process group reaches the server from the sender and, within a millisecond, again
+# from a parent that forwards it (make does, under `make run`): the same signal this soon after the
+# first is that one stop, not a second signal asking to exit at once.
+REPEAT_WINDOW_S = 0.5
 
 
 class DrainingServer(uvicorn.Server):
@@ -36,23 +41,30 @@ class DrainingServer(uvicorn.Server):
     The first signal turns the engine DRAINING: the listener stays open so new requests get a
     503 envelope, and running rows may finish for `drain_timeout_s`; then the unfinished ones end
     with a 503 (an error frame on streams) and uvicorn shuts down as usual, exit status 0. A
-    second signal exits at once with 128 + its number, like a process the signal killed.
+    second signal exits at once with 128 + its number, like a process the signal killed; the same
+    signal again within REPEAT_WINDOW_S is the first one delivered twice, and is ignored.
     """
 
     def __init__(self, config: uvicorn.Config, engines: EngineSwitch) -> None:
         super().__init__(config)
         self.engines = engines  # the serving engine, and any a reload replaced that still finish requests
         self.drain_deadline: float | None = None
+        self._first: tuple[int, float] | None = None  # the signal that started the drain, and when
         self._log = structlog.get_logger("mlxcel.serve")
 
     def handle_exit(self, sig: int, frame: object) -> None:
+        now = time.monotonic()
         if self.drain_deadline is not None or self.should_exit:
+            if self._first is not None and self._first[0] == sig and now - self._first[1] < REPEAT_WINDOW_S:
+                self._log.info("signal_repeated", signal=signal.Signals(sig).name)
+                return
             self._log.warning("forced_exit", signal=signal.Signals(sig).name)
             os._exit(128 + sig)
         timeout = self.engines.current.settings.server.drain_timeout_s
         self._log.info("draining", signal=signal.Signals(sig).name, timeout_s=timeout)
+        self._first = sig, now
         self.engines.drain()
-        self.drain_deadline = time.monotonic() + timeout
+        self.drain_deadline = now + timeout
 
     async def on_tick(self, counter: int) -> bool:
         if self.drain_deadline is not None and not self.should_exit:
@@ -92,9 +104,15 @@ def startup_fields(engine: Engine, address: tuple[str, int]) -> dict[str, object
         "governor_policy": plan.governor_policy if lookup else None,
         "env_overrides": dict(settings.env),
         "batching": engine.model.batching if engine.model is not None else None,
+        # false: the chat template drops a request's tools, so `auto` never answers a call
+        "template_renders_tools": caps.supports_tools if (caps := template_caps(engine)) is not None else None,
         "host": address[0],
         "port": address[1],
     }
+
+
+def template_caps(engine: Engine) -> TemplateCaps | None:
+    return engine.model.template_caps if engine.model is not None else None
 
 
 def listen(config: uvicorn.Config) -> socket.socket:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -41,6 +42,7 @@ class Delta:
     # `text` cut at the tokens it came from, one piece per token (they join to `text`), so a
     # stream can send a round's tokens one frame each, as llama-server does
     pieces: list[str] = field(default_factory=list)
+    drafted: list[bool] = field(default_factory=list)  # per token: an accepted draft (else decided by the target)
 
 
 @dataclass
@@ -171,7 +173,7 @@ class Generation:
         self.last_token_at = time.perf_counter()
         delta = self._accept(list(outcome.tokens))
         self.stats.fold(outcome, len(delta.tokens))
-        return delta
+        return dataclasses.replace(delta, drafted=outcome.drafted(len(delta.tokens)))
 
     def _accept(self, tokens: list[int]) -> Delta:
         kept: list[int] = []

@@ -167,9 +167,8 @@ class TargetLoop:
     def _can_pipeline(self, state: RowState) -> bool:
         """Not with log-probabilities asked for (each token's row is read with the token), nor
         for a constrained row (its next mask needs this step's token on the host first)."""
-        params = state.sampler.params
         host_free = state.probs is None and state.constraint is None
-        return not state.sampler.needs_context and params.xtc_probability == 0.0 and host_free
+        return not state.sampler.needs_context and not state.sampler.uses_coin and host_free
 
     def _decide_lazily(self, state: RowState, inputs: mx.array | list[int]) -> mx.array:
         logits = forward([Forward(self.target, inputs)])[0][-1:]

@@ -54,6 +54,11 @@ class RoundOutcome:
     def verified(self) -> bool:
         return self.verdict is not None and self.proposed > 0
 
+    def drafted(self, kept: int) -> list[bool]:
+        """Which of the first `kept` tokens are accepted drafts (the round's, after the forced ones)."""
+        accepted = self.verdict.accepted if self.verified else 0
+        return [self.jumped <= i < self.jumped + accepted for i in range(kept)]
+
 
 @dataclass
 class RowStats:

@@ -57,11 +57,10 @@ class Timings(msgspec.Struct, kw_only=True, omit_defaults=True):
     draft_kind: str | None = None
     speculative: SpeculativeDiagnostics | None = None  # only for a request that asked
 
-    def base(self) -> Timings:
-        """The nine base keys only (per-token frames never carry the draft block)."""
-        return msgspec.structs.replace(
-            self, draft_n=None, draft_n_accepted=None, draft_rounds=None, draft_kind=None, speculative=None
-        )
+    def partial(self) -> Timings:
+        """So far, as a per-token frame carries them: the base keys and the draft block once the
+        row drafted (as llama-server's), not the request's speculative diagnostics."""
+        return msgspec.structs.replace(self, speculative=None)
 
 
 def _rate(n: int, ms: float) -> tuple[float, float]:

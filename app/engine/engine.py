@@ -84,7 +84,7 @@ class Engine:
         self.scheduler.submit(job)
 
     def embed(self, tokens: list[int], pooling: str) -> Future:
-        """The target's pooled, normalised embedding of `tokens`, computed on the engine thread."""
+        """The target's embedding of `tokens` (app/execution/embedding.py), computed on the engine thread."""
         return self.scheduler.call(partial(embedding, self.host.target, tokens, pooling))
 
     @property

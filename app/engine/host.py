@@ -37,6 +37,16 @@ class ModelInfo:
     tokenizer: TokenizerWrapper  # HTTP tokenizes and renders templates with it, off the event loop
     batching: str  # whether the target's rows share forwards: "rows" or "per-row (why)" (app/execution/forward.py)
     writes_thinking: bool  # the chat template in use has thinking tags (reasoning_format parses them)
+    template_caps: chat_template.TemplateCaps | None  # what the chat template in use renders (None: no template)
+
+
+def template_caps(tokenizer: TokenizerWrapper, settings: Settings) -> chat_template.TemplateCaps | None:
+    """What the chat template in use renders (None: the model has none), found once at load."""
+    template = chat_template.chosen(tokenizer, settings.server.chat_template_file)
+    if template is None:
+        return None
+    limits = chat_template.Limits(settings.server.template_timeout_s, settings.server.template_max_chars)
+    return chat_template.capabilities(template, limits, dict(getattr(tokenizer, "special_tokens_map", {})))
 
 
 class ModelHost:
@@ -74,7 +84,12 @@ class ModelHost:
             writes_thinking=chat_template.writes_thinking(
                 chat_template.chosen_source(target.tokenizer, server.chat_template_file)
             ),
+            template_caps=template_caps(target.tokenizer, settings),
         )
+        if self.info.template_caps is not None and not self.info.template_caps.supports_tools:
+            # the model never sees a request's tools, so `auto` answers text, never a call
+            template = server.chat_template_file or "the model's own"
+            self._log.warning("chat_template_ignores_tools", template=template)
         return self.info
 
     def prepare(self) -> list[Note]:

@@ -102,7 +102,7 @@ class Row:
     def _timed(self, delta: Delta) -> Delta:
         if not self.job.per_token_timings:
             return delta
-        return dataclasses.replace(delta, timings=self.timings().base())
+        return dataclasses.replace(delta, timings=self.timings().partial())
 
     def progress(self) -> Progress | None:
         """The prefill's progress if it moved since the last one reported (None: it did not)."""

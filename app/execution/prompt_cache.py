@@ -1,13 +1,25 @@
 """The prompt cache: the KV rows of prompt prefixes, kept between requests and reused exactly.
 
-Exactness. Prefill cuts every prompt at absolute multiples of PREFILL_CHUNK (runner.py), and a
-block drafter adds its context rows in the same cuts (app/drafters/block.py), so the rows of a
-prompt's first k whole chunks are the same bits in every prompt that starts with those tokens:
-each chunk was one forward of the same rows over the same cache. Entries hold such prefixes only,
-and a row restores k whole chunks into every model it runs (never its last token: the first
-token's logits come from a forward) and prefills the rest from there, so its caches, and so its
-output, are what a full prefill gives. Only prompt rows are kept: rows decided in decode steps or
-verify rounds came from forwards of other widths.
+Exactness. A restored prefix must be the bits a full prefill of the new prompt computes, so its
+length is a multiple of the cache's grain (`exact_grain`):
+
+- On the CPU, every product of up to the BLAS shim's row-stable limit gives each row the same
+  bits whatever the other rows of the forward (app/runtime/sgemm_rows.c), and attention reads
+  each query's visible keys the same way whatever follows them: a prompt's KV rows are the same
+  however its prefill is cut into forwards (prefill chunks are within that limit), which is also
+  what keeps a verify forward equal to single decode steps. The grain is one token: any shared
+  prefix is restored.
+- On a GPU, a prefill chunk runs MLX's own kernels, whose bits depend on the forward's width, so
+  only the cut places are exact: prefill cuts every prompt at absolute multiples of PREFILL_CHUNK
+  (runner.py), and a block drafter adds its context rows in the same cuts (app/drafters/block.py),
+  so the rows of a prompt's first k whole chunks are the same bits in every prompt that starts
+  with those tokens. The grain is PREFILL_CHUNK (128): a prompt of 128 tokens or fewer never hits.
+
+Entries hold such prefixes only, and a row restores one into every model it runs (never its last
+token: the first token's logits come from a forward) and prefills the rest from there (cut where
+a full prefill cuts it), so its caches, and so its output, are what a full prefill gives. Only
+prompt rows are kept: rows decided in decode steps or verify rounds came from forwards of other
+widths.
 
 A model's rows may depend on tokens past them (`lookahead`): an MTP head's row i pairs the
 target's hidden state at i with token i + 1. An entry's key is its rows' tokens plus those.
@@ -18,7 +30,7 @@ reach an entry.
 
 One entry is one prefix with the rows of every model its row ran (`role`: "target", "drafter"),
 so the budget counts them together and they are evicted together. Lookup is the longest shared
-prefix in whole chunks over a linear scan of a few entries; one entry serves every shorter prefix
+prefix in whole grains over a linear scan of a few entries; one entry serves every shorter prefix
 of itself, so an entry that another covers is not kept. Bytes and entries stay within the budget:
 the least recently used entries go first. Touched by the engine thread only.
 
@@ -39,6 +51,7 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
+from app.execution.device import backend
 from app.execution.runner import PREFILL_CHUNK
 
 Layers = list[tuple[mx.array, mx.array]]  # per layer: keys and values `[1, heads, rows, D]`
@@ -65,7 +78,7 @@ class PrefixRows(Protocol):
 
 @dataclass(frozen=True)
 class Entry:
-    tokens: tuple[int, ...]  # its rows' tokens (a whole number of chunks), then `lookahead` more
+    tokens: tuple[int, ...]  # its rows' tokens (a whole number of grains), then `lookahead` more
     rows: int
     models: dict[str, Layers]  # role: that model's rows
     nbytes: int
@@ -95,10 +108,18 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def shared_chunks(entry: Entry, tokens: Sequence[int], limit: int) -> int:
-    """Rows of `entry` that serve `tokens`, in whole chunks, at most `limit`."""
+def exact_grain() -> int:
+    """The prefix lengths the cache may keep and restore are multiples of this (the module's
+    docstring says why): 1 on the CPU, whose row-stable products cover every prefill chunk, else
+    PREFILL_CHUNK."""
+    device = backend()
+    return 1 if not device.gpu and device.row_stable_rows >= PREFILL_CHUNK else PREFILL_CHUNK
+
+
+def shared_rows(entry: Entry, tokens: Sequence[int], limit: int, grain: int) -> int:
+    """Rows of `entry` that serve `tokens`, in whole grains, at most `limit`."""
     usable = min(common_prefix(entry.tokens, tokens) - entry.lookahead, entry.rows, limit)
-    return max(0, usable) // PREFILL_CHUNK * PREFILL_CHUNK
+    return max(0, usable) // grain * grain
 
 
 EntryKey = tuple[str, int]  # (partition, serial number)
@@ -109,6 +130,7 @@ class PromptCache:
     budget_bytes: int
     max_entries: int
     per_tenant: bool = True  # False: every tenant's lookups find every tenant's entries
+    grain: int = field(default_factory=exact_grain)  # kept and restored prefixes are multiples of this
     counters: CacheCounters = field(default_factory=CacheCounters)
     _entries: OrderedDict[EntryKey, Entry] = field(default_factory=OrderedDict)  # least recently used first
     _ids: count = field(default_factory=count)
@@ -130,7 +152,7 @@ class PromptCache:
         tokens = tuple(tokens)
         best, best_n = None, 0
         for key, entry in self._visible(tenant):
-            if models.keys() <= entry.models.keys() and (n := shared_chunks(entry, tokens, len(tokens) - 1)) > best_n:
+            if models.keys() <= entry.models.keys() and (n := self._shared(entry, tokens)) > best_n:
                 best, best_n = key, n
         if best is None:
             return 0
@@ -139,10 +161,13 @@ class PromptCache:
             model.restore(self._entries[best].models[role], best_n)
         return best_n
 
+    def _shared(self, entry: Entry, tokens: tuple[int, ...]) -> int:
+        return shared_rows(entry, tokens, len(tokens) - 1, self.grain)
+
     def store(self, models: Mapping[str, PrefixRows], tokens: Sequence[int], *, tenant: str) -> None:
-        """Keep, for `tenant`, the whole chunks of a prompt the models have just prefilled."""
+        """Keep, for `tenant`, the whole grains of a prompt the models have just prefilled."""
         lookahead = max(m.lookahead for m in models.values())
-        n = min(len(tokens) - lookahead, *(m.length for m in models.values())) // PREFILL_CHUNK * PREFILL_CHUNK
+        n = min(len(tokens) - lookahead, *(m.length for m in models.values())) // self.grain * self.grain
         if n <= 0 or not all(m.can_restore for m in models.values()):
             return
         key = tuple(tokens[: n + lookahead])
@@ -178,7 +203,7 @@ def _copied(caches: Sequence[Any], n: int) -> Layers:
 @dataclass
 class RowCaching:
     """One row's use of the cache: one prefix restored into all its models when it is built, its
-    prompt's chunks stored once the prompt is in (every model's cache then holds the prompt)."""
+    prompt's grains stored once the prompt is in (every model's cache then holds the prompt)."""
 
     cache: PromptCache
     prompt: tuple[int, ...]

@@ -238,3 +238,47 @@ def render(template: jinja2.Template, limits: Limits, variables: dict[str, Any])
         return "".join(chunks)
     finally:
         _budget.reset(token)
+
+
+@dataclass(frozen=True)
+class TemplateCaps:
+    """What a chat template renders, as llama-server's /props `chat_template_caps` names it: found
+    by rendering probe conversations and looking for their marks in the text (a template that
+    raises on a probe does not support it)."""
+
+    supports_system_role: bool
+    supports_tools: bool  # the request's `tools` reach the prompt (else the model never sees them)
+    supports_tool_calls: bool  # an assistant's past calls reach the prompt
+    supports_parallel_tool_calls: bool  # ... two of them in one message
+
+
+PROBE = "mlxcel_probe"
+
+
+def _probe_call(index: int) -> dict[str, Any]:
+    function = {"name": f"{PROBE}_call_{index}", "arguments": {"arg": "value"}}
+    return {"id": f"call{index}", "type": "function", "function": function}
+
+
+def capabilities(template: jinja2.Template, limits: Limits, variables: dict[str, Any]) -> TemplateCaps:
+    """The template's capabilities; `variables` are the special tokens it may read."""
+
+    def renders(marks: tuple[str, ...], messages: list[dict[str, Any]], tools: list[Any] | None = None) -> bool:
+        probe = variables | {"messages": messages, "tools": tools, "documents": None, "add_generation_prompt": True}
+        try:
+            text = render(template, limits, probe)
+        except Exception:  # a template that cannot render the probe does not support it
+            return False
+        return all(mark in text for mark in marks)
+
+    user = {"role": "user", "content": "Hi"}
+    tool = {"type": "function", "function": {"name": f"{PROBE}_tool", "parameters": {"type": "object"}}}
+    calls = [_probe_call(1), _probe_call(2)]
+    history = [user, {"role": "assistant", "content": "", "tool_calls": calls}]
+    history += [{"role": "tool", "content": "Tool response", "tool_call_id": "call1"}, user]
+    return TemplateCaps(
+        supports_system_role=renders((f"{PROBE}_system",), [{"role": "system", "content": f"{PROBE}_system"}, user]),
+        supports_tools=renders((f"{PROBE}_tool",), [user], [tool]),
+        supports_tool_calls=renders((f"{PROBE}_call_1",), history, [tool]),
+        supports_parallel_tool_calls=renders((f"{PROBE}_call_1", f"{PROBE}_call_2"), history, [tool]),
+    )

@@ -25,9 +25,10 @@ import msgspec
 from app.loading.checkpoint import ModelLoadError
 from app.loading.hub import cached_model, is_repo_id
 from app.loading.paths import REPO_ROOT
-from app.profiles.schema import ENV_OVERRIDES, DrafterKindName, Settings
+from app.profiles.schema import ENV_OVERRIDES, DrafterKindName, PoolingName, ReasoningFormatName, Settings
 from app.profiles.tenants import read_key_file
 from app.runtime.logging import destination_problem
+from app.sampling import chain
 
 PROFILES_DIR = REPO_ROOT / "profiles"
 DEFAULT_PROFILE = "default"
@@ -39,33 +40,185 @@ PATH_KEYS = (
     "server.chat_template_file",
     "server.api_key_file",
 )
-FLAGS = {  # flag dest -> settings key (llama-server's spellings)
-    "model": "target.model",
-    "draft_model": "drafter.model",
-    "draft_kind": "drafter.kind",
-    "draft_max": "drafter.num_draft_tokens",
-    "host": "server.host",
-    "port": "server.port",
-    "api_key": "server.api_key",
-    "api_key_file": "server.api_key_file",
-    "seed": "sampling.seed",
-    "temp": "sampling.temperature",
-    "n_predict": "sampling.n_predict",
-    "parallel": "server.max_rows",
-    "alias": "server.model_alias",
-    "hf_download": "server.allow_model_download",
-}
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A flag that sets a settings key, in llama-server's spellings (the first is the one named)."""
+
+    names: tuple[str, ...]
+    key: str
+    help: str
+    options: dict[str, Any] = field(default_factory=dict)  # argparse's: a type and metavar, or a const
+
+    @property
+    def dest(self) -> str:
+        return next(n for n in self.names if n.startswith("--")).lstrip("-").replace("-", "_")
+
+
+def _samplers(letters: bool) -> Any:
+    """An argparse type reading a sampler chain (app/sampling/chain.py) into its list of names."""
+
+    def read(value: str) -> list[str]:
+        try:
+            return chain.from_flag(value, letters)
+        except chain.ChainError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return read
+
+
+def _number(kind: type, metavar: str = "N") -> dict[str, Any]:
+    return {"type": kind, "metavar": metavar}
+
+
+def _set(value: Any) -> dict[str, Any]:
+    return {"action": "store_const", "const": value}
+
+
+SAMPLING_FLAGS = [  # llama-server's sampler defaults: the [sampling] key each sets
+    Flag(("--temp",), "sampling.temperature", "default temperature", _number(float, "T")),
+    Flag(("--top-k",), "sampling.top_k", "default top_k; 0: off", _number(int)),
+    Flag(("--top-p",), "sampling.top_p", "default top_p; 1: off", _number(float, "P")),
+    Flag(("--min-p",), "sampling.min_p", "default min_p; 0: off", _number(float, "P")),
+    Flag(("--typical",), "sampling.typical_p", "default typical_p; 1: off", _number(float, "P")),
+    Flag(("--top-nsigma",), "sampling.top_n_sigma", "default top_n_sigma; <= 0: off", _number(float)),
+    Flag(("--repeat-penalty",), "sampling.repeat_penalty", "default repeat_penalty; 1: off", _number(float)),
+    Flag(("--repeat-last-n",), "sampling.repeat_last_n", "default repeat_last_n; -1: all", _number(int)),
+    Flag(("--presence-penalty",), "sampling.presence_penalty", "default presence_penalty", _number(float)),
+    Flag(("--frequency-penalty",), "sampling.frequency_penalty", "default frequency_penalty", _number(float)),
+    Flag(("--xtc-probability",), "sampling.xtc_probability", "default xtc_probability", _number(float, "P")),
+    Flag(("--xtc-threshold",), "sampling.xtc_threshold", "default xtc_threshold", _number(float, "P")),
+    Flag(("--dry-multiplier",), "sampling.dry_multiplier", "default dry_multiplier; 0: off", _number(float)),
+    Flag(("--dry-base",), "sampling.dry_base", "default dry_base", _number(float)),
+    Flag(("--dry-allowed-length",), "sampling.dry_allowed_length", "default dry_allowed_length", _number(int)),
+    Flag(("--dry-penalty-last-n",), "sampling.dry_penalty_last_n", "default dry_penalty_last_n", _number(int)),
+    Flag(("--dynatemp-range",), "sampling.dynatemp_range", "default dynatemp_range", _number(float)),
+    Flag(("--dynatemp-exp",), "sampling.dynatemp_exponent", "default dynatemp_exponent", _number(float)),
+    Flag(("--mirostat",), "sampling.mirostat", "default mirostat: 0, 1 or 2", _number(int)),
+    Flag(("--mirostat-lr",), "sampling.mirostat_eta", "default mirostat_eta", _number(float)),
+    Flag(("--mirostat-ent",), "sampling.mirostat_tau", "default mirostat_tau", _number(float)),
+    Flag(
+        ("--samplers",),
+        "sampling.samplers",
+        "the default sampler chain, names separated by ';' (penalties;dry;top_k;...)",
+        {"type": _samplers(letters=False), "metavar": "NAMES"},
+    ),
+    Flag(
+        ("--sampling-seq", "--sampler-seq"),
+        "sampling.samplers",
+        "the default sampler chain as letters (edskypmxt)",
+        {"type": _samplers(letters=True), "metavar": "LETTERS"},
+    ),
+    Flag(("-s", "--seed"), "sampling.seed", "seed of requests that send none; -1: random", _number(int)),
+    Flag(("-n", "--n-predict", "--predict"), "sampling.n_predict", "default token limit; -1: none", _number(int)),
+]
+SERVER_FLAGS = [
+    Flag(
+        ("--draft-max", "--draft", "--draft-n"),
+        "drafter.num_draft_tokens",
+        "draft width k",
+        _number(int),
+    ),
+    Flag(
+        ("--draft-min", "--draft-n-min"),
+        "drafter.min_draft_tokens",
+        "shortest proposal verified (a request's speculative.n_min)",
+        _number(int),
+    ),
+    Flag(("--draft-p-min",), "drafter.p_min", "draft model: stop drafting below this probability", _number(float, "P")),
+    Flag(("--host",), "server.host", "listen address", {}),
+    Flag(("--port",), "server.port", "listen port", _number(int)),
+    Flag(("--api-key",), "server.api_key", "require `Authorization: Bearer KEY`", {}),
+    Flag(("--api-key-file",), "server.api_key_file", "accept each key of FILE, one per line, each a tenant", {}),
+    Flag(("-np", "--parallel"), "server.max_rows", "rows decoded concurrently", _number(int)),
+    Flag(("-a", "--alias"), "server.model_alias", "the model id clients see", {"metavar": "NAME"}),
+    Flag(("--embeddings", "--embedding"), "server.embeddings", "serve /v1/embeddings and /embedding", _set(True)),
+    Flag(
+        ("--pooling",),
+        "server.embeddings_pooling",
+        "how an embedding pools the hidden states",
+        {"choices": get_args(PoolingName)},
+    ),
+    Flag(("--chat-template-file",), "server.chat_template_file", "a Jinja chat template to use", {"metavar": "FILE"}),
+    Flag(("--no-webui",), "server.web_ui", "no chat page at /", _set(False)),
+    Flag(
+        ("--reasoning-format",),
+        "server.reasoning_format",
+        "how chat answers' thinking blocks are parsed by default",
+        {"choices": get_args(ReasoningFormatName)},
+    ),
+    Flag(("--no-warmup",), "server.warmup", "skip the warm-up before ready", _set("off")),
+    Flag(
+        ("--hf-download",),
+        "server.allow_model_download",
+        "let a model named org/name that is not in the hub cache be downloaded",
+        _set(True),
+    ),
+    Flag(("-v", "--verbose", "--log-verbose"), "logging.level", "log at debug level", _set("debug")),
+    Flag(("--log-file",), "logging.destination", "append the log to FILE", {"metavar": "FILE"}),
+]
 # llama-server's flags that have no setting here, accepted so its launch lines work unchanged:
 # flag spellings -> (argparse options, why it changes nothing)
 NO_OP_FLAGS = {
     ("-c", "--ctx-size"): ({"type": int, "metavar": "N"}, "the context is the checkpoint's (llama-server's -c 0)"),
+    ("-cd", "--ctx-size-draft"): ({"type": int, "metavar": "N"}, "the drafter's context is its checkpoint's"),
+    ("-ngl", "--gpu-layers", "--n-gpu-layers"): (
+        {"metavar": "N"},
+        "MLX keeps every layer on its one device (unified memory on Apple silicon)",
+    ),
+    ("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft"): ({"metavar": "N"}, "the drafter runs on the same device"),
+    ("-fa", "--flash-attn"): (
+        {"nargs": "?", "metavar": "on|off|auto"},
+        "attention is MLX's fused kernel, or the row-invariant one on a GPU (docs/gpu.md)",
+    ),
+    ("--mlock",): ({"action": "store_true"}, "the weights live in MLX's own buffers, which it does not lock into RAM"),
+    ("--no-mmap",): ({"action": "store_true"}, "the weights are read into MLX's own buffers, as MLX decides"),
     ("-t", "--threads"): ({"type": int, "metavar": "N"}, "MLX schedules its own threads"),
-    ("--draft-min",): ({"type": int, "metavar": "N"}, "a request sets it: speculative.n_min"),
+    ("-tb", "--threads-batch"): ({"type": int, "metavar": "N"}, "MLX schedules its own threads"),
+    ("--threads-http",): ({"type": int, "metavar": "N"}, "HTTP runs on one asyncio loop; the engine has its thread"),
+    ("-b", "--batch-size"): (
+        {"type": int, "metavar": "N"},
+        "prefill goes in 128-token chunks (server.max_batch_tokens)",
+    ),
+    ("-ub", "--ubatch-size"): ({"type": int, "metavar": "N"}, "prefill goes in 128-token chunks"),
+    ("-cb", "--cont-batching"): ({"action": "store_true"}, "rows are always batched continuously"),
+    ("-ctk", "--cache-type-k"): ({"metavar": "TYPE"}, "the KV cache keeps the model's dtype"),
+    ("-ctv", "--cache-type-v"): ({"metavar": "TYPE"}, "the KV cache keeps the model's dtype"),
+    ("-dev", "--device"): ({"metavar": "LIST"}, "MLX runs on its default device (docs/gpu.md)"),
+    ("-devd", "--device-draft"): ({"metavar": "LIST"}, "the drafter runs on the target's device"),
+    ("-sm", "--split-mode"): ({"metavar": "MODE"}, "one device per process; target.parallel shards a target"),
+    ("-ts", "--tensor-split"): ({"metavar": "SPLIT"}, "one device per process; target.parallel shards a target"),
+    ("-mg", "--main-gpu"): ({"type": int, "metavar": "N"}, "MLX runs on its default device"),
+    ("--numa",): ({"metavar": "TYPE"}, "MLX places its own memory"),
+    ("-kvu", "--kv-unified"): ({"action": "store_true"}, "each row has its own KV cache"),
+    ("--swa-full",): ({"action": "store_true"}, "sliding-window layers keep their window as mlx-lm does"),
+    ("--cache-reuse",): ({"type": int, "metavar": "N"}, "the prompt cache reuses whole prefixes, never shifted chunks"),
+    ("--no-context-shift",): ({"action": "store_true"}, "there is no context shift: a row stops at its limit"),
+    ("--keep",): ({"type": int, "metavar": "N"}, "there is no context shift, so nothing to keep"),
+    ("-to", "--timeout"): ({"type": int, "metavar": "N"}, "the HTTP limits are the server's own (docs/reliability.md)"),
     ("--no-slots",): ({"action": "store_true"}, "/slots is always served (other tenants' rows shown only as busy)"),
+    ("--slots",): ({"action": "store_true"}, "/slots is always served"),
     ("--metrics",): ({"action": "store_true"}, "/metrics is always served"),
+    ("--props",): ({"action": "store_true"}, "settings change by profile reload (SIGHUP), not POST /props"),
     ("--jinja",): ({"action": "store_true"}, "chat templates are always rendered with Jinja"),
+    ("--no-perf",): ({"action": "store_true"}, "timings are always measured"),
+    ("--log-colors",): ({"nargs": "?", "metavar": "on|off|auto"}, "logging.format chooses json or console"),
+    ("--log-prefix",): ({"action": "store_true"}, "every log line is a structured event"),
+    ("--log-timestamps",): ({"action": "store_true"}, "every log event carries its timestamp"),
+    ("-lv", "--verbosity", "--log-verbosity"): ({"type": int, "metavar": "N"}, "logging.level (or -v) sets the level"),
+    ("--prio",): ({"type": int, "metavar": "N"}, "the process keeps the priority it was started with"),
+    ("--poll",): ({"type": int, "metavar": "N"}, "MLX waits on its device its own way"),
 }
-FLAG_NAMES = {key: "--" + dest.replace("_", "-") for dest, key in FLAGS.items()}
+FLAG_SPECS = SAMPLING_FLAGS + SERVER_FLAGS
+FLAGS = {flag.dest: flag.key for flag in FLAG_SPECS} | {  # flag dest -> settings key (llama-server's spellings)
+    "model": "target.model",
+    "draft_model": "drafter.model",
+    "draft_kind": "drafter.kind",
+}
+FLAG_NAMES = {"target.model": "--model", "drafter.model": "--draft-model", "drafter.kind": "--draft-kind"}
+for _flag in reversed(FLAG_SPECS):  # a key two flags set is named by the first of them
+    FLAG_NAMES[_flag.key] = next(n for n in _flag.names if n.startswith("--"))
 MODEL_KEYS = ("target.model", "drafter.model")  # paths, or Hugging Face repository ids
 # `target = "DIR"` is short for `[target] model = "DIR"`; messages name the model key the short way.
 SHORT_KEYS = {"target.model": "target"}
@@ -107,6 +260,8 @@ def profile_path(name_or_path: str) -> Path:
     if path.suffix != ".toml":
         raise ProfileError(f"{path}: not a .toml file; a profile is a TOML file named NAME.toml")
     if not path.is_file():
+        if is_path:  # a path was given: say where it was looked for, not how to name one
+            raise ProfileError(f"{name_or_path}: no such profile file ({path.resolve()})")
         known = ", ".join(shipped_profiles()) or "none"
         raise ProfileError(f"{path}: profile not found (shipped profiles: {known}); pass --profile NAME or a path")
     return path
@@ -408,14 +563,17 @@ def hub_models(settings: Settings, sources: dict[str, str], path: Path) -> Setti
     target, drafter, server = settings.target, settings.drafter, settings.server
     try:
         if is_repo_id(target.model):
-            key = "target.model"
+            key, value = "target.model", target.model
             server = msgspec.structs.replace(server, model_alias=server.model_alias or target.model)
             target = msgspec.structs.replace(target, model=str(cached_model(target.model, allow_download=allow)))
         if drafter.model is not None and is_repo_id(drafter.model):
-            key = "drafter.model"
+            key, value = "drafter.model", drafter.model
             drafter = msgspec.structs.replace(drafter, model=str(cached_model(drafter.model, allow_download=allow)))
     except ModelLoadError as exc:
-        raise ProfileError(f"{origin(key, sources, path)}: {exc}") from exc
+        # both places a relative `org/name` is looked for: a directory, then the cache
+        anchor, place = (path.parent, "next to the profile") if sources[key] == "file" else (Path.cwd(), "here")
+        directory = f"no directory {(anchor / value).resolve()} {place}, and "
+        raise ProfileError(f"{origin(key, sources, path)}: {directory}{exc}") from exc
     return msgspec.structs.replace(settings, target=target, drafter=drafter, server=server)
 
 
@@ -458,34 +616,23 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
         "(target; -hf/--hf-repo as llama-server's); without a drafter flag, served with no drafter",
     )
     parser.add_argument(
-        "--hf-download",
-        action="store_const",
-        const=True,
-        help="let a model named org/name that is not in the hub cache be downloaded (server.allow_model_download)",
-    )
-    parser.add_argument(
         "--draft-model",
-        help="drafter model directory or repository id org/name (drafter.model; its kind read from config.json)",
+        "-md",
+        "--model-draft",
+        "-hfd",
+        "--hf-repo-draft",
+        dest="draft_model",
+        help="drafter model directory or repository id org/name (drafter.model; its kind read from config.json; "
+        "-md/--model-draft and -hfd/--hf-repo-draft as llama-server's)",
     )
     parser.add_argument(
         "--draft-kind", choices=get_args(DrafterKindName), help="drafter kind (drafter.kind; none: no drafter)"
     )
-    parser.add_argument("--draft-max", type=int, help="draft width k (drafter.num_draft_tokens)")
-    parser.add_argument("--host", help="listen address (server.host)")
-    parser.add_argument("--port", type=int, help="listen port (server.port)")
-    parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` (server.api_key)")
-    parser.add_argument(
-        "--api-key-file", help="accept each key of FILE, one per line, each a tenant (server.api_key_file)"
-    )
-    parser.add_argument(
-        "--seed", type=int, metavar="N", help="seed of requests that send none; -1: random (sampling.seed)"
-    )
-    parser.add_argument("--temp", type=float, metavar="T", help="default temperature (sampling.temperature)")
-    parser.add_argument(
-        "-n", "--n-predict", type=int, metavar="N", help="default token limit; -1: none (sampling.n_predict)"
-    )
-    parser.add_argument("-np", "--parallel", type=int, metavar="N", help="rows decoded concurrently (server.max_rows)")
-    parser.add_argument("--alias", metavar="NAME", help="the model id clients see (server.model_alias)")
+    for flag in SERVER_FLAGS:
+        parser.add_argument(*flag.names, dest=flag.dest, help=f"{flag.help} ({flag.key})", **flag.options)
+    sampling = parser.add_argument_group("llama-server's sampler defaults ([sampling]; a request's fields win)")
+    for flag in SAMPLING_FLAGS:
+        sampling.add_argument(*flag.names, dest=flag.dest, help=f"{flag.help} ({flag.key})", **flag.options)
     no_ops = parser.add_argument_group("llama-server flags accepted without effect")
     for names, (options, why) in NO_OP_FLAGS.items():
         no_ops.add_argument(

@@ -7,13 +7,18 @@ from typing import Annotated, Literal
 import msgspec
 
 from app.loading.paths import EMBEDDED_DRAFTER, EMBEDDED_TARGET
+from app.sampling import chain
 
 DrafterKindName = Literal["none", "draft-model", "prompt-lookup", "mtp", "dflash"]
 ParallelName = Literal["none", "tensor"]
 # whose prompt-cache entries a request may find: its own tenant's, or every tenant's
 CacheScopeName = Literal["tenant", "global"]
 WarmupName = Literal["auto", "on", "off"]
-PoolingName = Literal["mean", "last", "cls"]  # app/execution/embedding.py POOLINGS
+# the stages a chain may name (app/sampling/chain.py: pure Python, no MLX)
+SamplerName = Literal[chain.DEFAULT]  # type: ignore[valid-type]
+# how a chat answer's thinking block is parsed (app/server/reasoning.py), llama-server's names
+ReasoningFormatName = Literal["auto", "deepseek", "deepseek-legacy", "none"]
+PoolingName = Literal["mean", "last", "cls", "none"]  # app/execution/embedding.py POOLINGS
 # The block loops' (MTP, DFlash family) rule: the contract's biased argmax-against-argmax, or the
 # classic loop's lossless rules over the drafters' proposal rows q.
 BlockRuleName = Literal["argmax-against-argmax", "lossless"]
@@ -44,6 +49,8 @@ class DrafterSettings(Group):
     kind: DrafterKindName = "none"
     model: str | None = None  # drafter directory (draft-model, mtp, dflash)
     num_draft_tokens: Annotated[int, msgspec.Meta(ge=1, le=32)] = 4  # draft width k
+    # proposals shorter than this are retracted unverified: the default of a request's speculative.n_min
+    min_draft_tokens: Annotated[int, msgspec.Meta(ge=0, le=32)] = 0
     block_size: Annotated[int, msgspec.Meta(ge=2, le=33)] | None = None  # DFlash verify width (bonus row included)
     p_min: Probability = 0.0  # draft-model: stop drafting below this drafter probability
     block_rule: BlockRuleName = "argmax-against-argmax"  # mtp, dflash: the acceptance rule at T > 0
@@ -94,6 +101,8 @@ class SamplingDefaults(Group):
     mirostat_eta: float = 0.1
     n_predict: Annotated[int, msgspec.Meta(ge=-1)] = -1
     seed: int = -1  # the seed of requests that send none (-1: each draws a random one), llama-server's --seed
+    # the sampler chain of requests that send no `samplers` (app/sampling/chain.py), llama-server's --samplers
+    samplers: list[SamplerName] = msgspec.field(default_factory=lambda: list(chain.DEFAULT))
 
 
 class ServerSettings(Group):
@@ -144,6 +153,8 @@ class ServerSettings(Group):
     embeddings: bool = False
     embeddings_pooling: PoolingName = "mean"
     web_ui: bool = True  # the chat page at / (app/server/web/index.html)
+    # chat answers' thinking parsed as this when a request names no reasoning_format (--reasoning-format)
+    reasoning_format: ReasoningFormatName = "auto"
     # a model named org/name that is not in the Hugging Face cache may be downloaded (flag --hf-download)
     allow_model_download: bool = False
     props_show_paths: bool = False  # /props and /v1/models show filesystem paths, not just their last part

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from app.sampling import chain
 from app.sampling.dry import DEFAULT_BREAKERS, Breakers
 
 
@@ -34,21 +35,32 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
     logit_bias: dict[int, float] = {}
+    samplers: tuple[str, ...] = chain.DEFAULT  # the stages that run, in order (app/sampling/chain.py)
 
     @property
     def is_greedy(self) -> bool:
-        """Temperature 0 (or below) or top_k 1: the sampler is argmax and draws nothing."""
-        return self.temperature <= 0 or self.top_k == 1
+        """Temperature 0 (or below) or top_k 1, that stage in the chain: the sampler is argmax and
+        draws nothing. Under mirostat, whose chain is temperature then mirostat, temperature 0 only."""
+        if self.mirostat:
+            return self.temperature <= 0
+        cold = self.temperature <= 0 and "temperature" in self.samplers
+        return cold or (self.top_k == 1 and "top_k" in self.samplers)
 
     @property
     def has_penalties(self) -> bool:
         active = self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-        return active and self.repeat_last_n != 0 and not self.mirostat
+        return active and self.repeat_last_n != 0 and not self.mirostat and "penalties" in self.samplers
 
     @property
     def has_dry(self) -> bool:
         active = self.dry_multiplier != 0.0 and self.dry_base >= 1.0 and self.dry_penalty_last_n != 0
-        return active and not self.mirostat
+        return active and not self.mirostat and "dry" in self.samplers
+
+    @property
+    def uses_coin(self) -> bool:
+        """Whether XTC can apply, so each sampled position also takes a coin."""
+        on = self.xtc_probability > 0.0 and self.xtc_threshold <= 0.5
+        return on and not self.mirostat and "xtc" in self.samplers
 
     @property
     def context_length(self) -> int:

@@ -1,18 +1,22 @@
 """The sampler pipeline: logits to the final probability row `p` that acceptance rules read.
 
-Order (llama-server's default chain, and the contract's): token bias, repetition penalty, frequency
-and presence penalties over the last `repeat_last_n` tokens, DRY over the last `dry_penalty_last_n`,
-top-n-sigma, then top-k, locally typical, top-p and min-p on the untempered distribution (each on
-the row the stage before it left, renormalised), XTC on the renormalised filtered row, and the
-temperature (dynamic, with `dynatemp_range`) last. With `mirostat`, as in llama-server, the chain is
-token bias, temperature and mirostat alone (app/sampling/mirostat.py).
+Token bias first, then the request's chain (app/sampling/chain.py), stage by stage in its order;
+llama-server's default chain, and the contract's, is: repetition penalty, frequency and presence
+penalties over the last `repeat_last_n` tokens, DRY over the last `dry_penalty_last_n`, top-n-sigma,
+top-k, locally typical, top-p and min-p, XTC, and the temperature (dynamic, with `dynatemp_range`).
+Each stage acts on the candidates the stages before it left, as llama-server's do: a filter measures
+the survivors renormalised, and a stage after the temperature sees the tempered row. A stage the
+chain leaves out does not run. With `mirostat`, as in llama-server, the chain is token bias,
+temperature and mirostat alone (app/sampling/mirostat.py).
 Every function takes rows `[R, V]`, so a verify forward's k+1 positions go through in one call;
 `contexts[r]` is row r's history window (`context_length` long), drafts before it included.
+The drafter's rows q and the target's rows p go through the same pipeline, so sampler-match stays
+lossless for any chain.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
@@ -24,10 +28,87 @@ from app.sampling.params import SamplingParams
 from app.sampling.rng import RowRng
 from app.sampling.streams import position_keys
 
+# Stages that read the candidates in descending order (top-p's and XTC's prefixes, and ties
+# broken the same way wherever the chain puts them); the others act on any order.
+ORDERED = frozenset({"typ_p", "top_p", "min_p", "xtc", "temperature"})
+# The stages that read no history, and the SamplerPipeline method that runs each
+STAGE_METHODS = {
+    "top_n_sigma": "_top_n_sigma",
+    "top_k": "_top_k",
+    "typ_p": "_typical",
+    "top_p": "_top_p",
+    "min_p": "_min_p",
+    "xtc": "_xtc",
+    "temperature": "_temperature",
+}
+
 
 def _tail(window: Sequence[int], last_n: int) -> Sequence[int]:
     """The last `last_n` tokens of a window (-1: all of it)."""
     return window if last_n < 0 else window[max(0, len(window) - last_n) :] if last_n else []
+
+
+class Candidates:
+    """One pass of the chain over rows `[R, C]`: the candidates' logits and which survive.
+
+    A filter narrows `keep` and leaves `values` alone, so every stage's probabilities come from
+    one softmax of the same values, renormalised over the survivors where a stage needs them.
+    """
+
+    def __init__(self, values: mx.array) -> None:
+        self.values = values  # [R, C] logits
+        self.ids: mx.array | None = None  # [R, C] token ids; None: column c is token c
+        self.keep: mx.array | None = None  # [R, C] survivors; None: every candidate
+        self.ordered = False  # values descend along each row
+        self._probs: mx.array | None = None
+        self.basis: mx.array | None = None  # the survivors' probabilities as last measured
+
+    def set_values(self, values: mx.array, *, keeps_order: bool = False) -> None:
+        self.values, self._probs, self.basis = values, None, None
+        self.ordered = self.ordered and keeps_order
+
+    def narrow(self, keep: mx.array) -> None:
+        self.keep = keep if self.keep is None else self.keep & keep
+
+    def masked(self) -> mx.array:
+        """The values with the dropped candidates at -inf."""
+        return self.values if self.keep is None else mx.where(self.keep, self.values, -mx.inf)
+
+    def probs(self) -> mx.array:
+        """softmax of the values over every candidate, dropped ones included."""
+        if self._probs is None:
+            self._probs = mx.softmax(self.values, axis=-1)
+        return self._probs
+
+    def survivors(self) -> mx.array:
+        """The survivors' probabilities renormalised (zero elsewhere)."""
+        probs = self.probs()
+        if self.keep is not None:
+            kept = mx.where(self.keep, probs, 0.0)
+            probs = kept / mx.sum(kept, axis=-1, keepdims=True)
+        self.basis = probs
+        return probs
+
+    def take(self, columns: mx.array) -> None:
+        """Keep only `columns` `[R, C']` of each row, in that order."""
+        self.ids = columns if self.ids is None else mx.take_along_axis(self.ids, columns, axis=-1)
+        self.values = mx.take_along_axis(self.values, columns, axis=-1)
+        self.keep = None if self.keep is None else mx.take_along_axis(self.keep, columns, axis=-1)
+        self._probs, self.basis = None, None
+
+    def order(self) -> None:
+        if not self.ordered:
+            self.take(mx.argsort(-self.values, axis=-1))
+            self.ordered = True
+
+    def on_vocabulary(self, vocab: int, change: Callable[[mx.array], mx.array]) -> None:
+        """Apply `change` to the rows laid out over the whole vocabulary `[R, V]`."""
+        if self.ids is None:
+            self.set_values(change(self.values))
+            return
+        full = mx.full((self.values.shape[0], vocab), -mx.inf, dtype=self.values.dtype)
+        full = mx.put_along_axis(full, self.ids, self.values, axis=-1)
+        self.set_values(mx.take_along_axis(change(full), self.ids, axis=-1))
 
 
 class SamplerPipeline:
@@ -56,7 +137,7 @@ class SamplerPipeline:
     @property
     def uses_coin(self) -> bool:
         """Whether XTC can apply, so each sampled position also takes a coin (`distribution`'s `coins`)."""
-        return self.params.xtc_probability > 0.0 and self.params.xtc_threshold <= 0.5
+        return self.params.uses_coin
 
     @property
     def needs_context(self) -> bool:
@@ -68,19 +149,32 @@ class SamplerPipeline:
         if self.mirostat is not None:
             self.mirostat.observe(rows, tokens)
 
-    def adjust(self, logits: mx.array, contexts: Sequence[Sequence[int]] | None = None) -> mx.array:
-        """Token bias, then penalties and DRY. `contexts[r]` is row r's history window."""
+    def _biased(self, logits: mx.array) -> mx.array:
         logits = logits.astype(mx.float32)
-        if self._bias is not None:
-            logits = logits + self._bias
-        if contexts is not None and self.params.has_penalties:
-            last_n = self.params.repeat_last_n
-            logits = mx.stack(
-                [self._penalise(row, _tail(ctx, last_n)) for row, ctx in zip(logits, contexts, strict=True)]
-            )
-        if contexts is not None and self.params.has_dry:
-            logits = mx.stack([self._dry(row, ctx) for row, ctx in zip(logits, contexts, strict=True)])
-        return logits
+        return logits if self._bias is None else logits + self._bias
+
+    def adjust(self, logits: mx.array, contexts: Sequence[Sequence[int]] | None = None) -> mx.array:
+        """Token bias, then the chain's penalties and DRY, in its order. `contexts[r]` is row r's
+        history window."""
+        rows = Candidates(self._biased(logits))
+        for stage in self.params.samplers:
+            if stage in ("penalties", "dry"):
+                self._history_stage(stage, rows, contexts)
+        return rows.values
+
+    def _history_stage(self, stage: str, rows: Candidates, contexts: Sequence[Sequence[int]] | None) -> None:
+        p = self.params
+        if contexts is None or not (p.has_penalties if stage == "penalties" else p.has_dry):
+            return
+        if stage == "penalties":
+            windows = [_tail(ctx, p.repeat_last_n) for ctx in contexts]
+            change = self._penalise
+        else:
+            windows = [_tail(ctx, p.dry_penalty_last_n) for ctx in contexts]
+            change = self._dry
+        rows.on_vocabulary(
+            self.vocab_size, lambda full: mx.stack([change(row, w) for row, w in zip(full, windows, strict=True)])
+        )
 
     def _penalise(self, row: mx.array, context: Sequence[int]) -> mx.array:
         if not context:
@@ -94,15 +188,15 @@ class SamplerPipeline:
 
     def _dry(self, row: mx.array, context: Sequence[int]) -> mx.array:
         p = self.params
-        window = list(_tail(context, p.dry_penalty_last_n))
-        penalties = dry_penalties(window, p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_breakers)
+        penalties = dry_penalties(list(context), p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_breakers)
         if not penalties:
             return row
         ids = mx.array(list(penalties.keys()))
         return row.at[ids].add(-mx.array(list(penalties.values()), dtype=mx.float32))
 
     def greedy(self, logits: mx.array, contexts: Sequence[Sequence[int]] | None = None) -> mx.array:
-        """Argmax of the adjusted rows `[R]`: the whole sampler when it is greedy."""
+        """Argmax of the adjusted rows `[R]`: the whole sampler when it is greedy (the chain's
+        other stages keep the most likely token, but typical and XTC, which a greedy row skips)."""
         return mx.argmax(self.adjust(logits, contexts), axis=-1)
 
     def distribution(
@@ -110,74 +204,78 @@ class SamplerPipeline:
     ) -> Distribution:
         """The final probability rows `p` (for a non-greedy sampler), on their candidate set;
         `coins` `[R]`: each row's XTC coin (None: no XTC, as for q rows and log-probabilities)."""
-        adjusted = self.adjust(logits, contexts)
         if self.mirostat is not None:
             previous = None if contexts is None else [ctx[-1] if ctx else -1 for ctx in contexts]
-            return self.mirostat.rows(adjusted, previous)
+            return self.mirostat.rows(self._biased(logits), previous)
+        rows = Candidates(self._biased(logits))
+        for stage in self.params.samplers:
+            if stage in ORDERED:
+                rows.order()
+            if stage in ("penalties", "dry"):
+                self._history_stage(stage, rows, contexts)
+            else:
+                getattr(self, STAGE_METHODS[stage])(rows, coins)
+        rows.order()  # the most likely candidate first: a forced row draws it (streams.PositionKeys)
+        assert rows.ids is not None  # ordering took every column
+        return Distribution(ids=rows.ids, probs=mx.softmax(rows.masked(), axis=-1), vocab=logits.shape[-1])
+
+    def _top_n_sigma(self, rows: Candidates, coins: mx.array | None) -> None:
         if self.params.top_n_sigma > 0.0:
-            adjusted = stages.top_n_sigma(adjusted, self.params.top_n_sigma)
-        vocab = adjusted.shape[-1]
+            rows.set_values(stages.top_n_sigma(rows.masked(), self.params.top_n_sigma), keeps_order=True)
+
+    def _top_k(self, rows: Candidates, coins: mx.array | None) -> None:
+        """Only the top_k candidates can survive: keep those (the survivors' best), unsorted."""
         top_k = self.params.top_k
-        if 0 < top_k < vocab:
-            # Only the top_k candidates can survive: sort those instead of the whole vocabulary.
-            candidates = mx.argpartition(-adjusted, kth=top_k - 1, axis=-1)[:, :top_k]
-            values = mx.take_along_axis(adjusted, candidates, axis=-1)
-        else:
-            candidates, values = None, adjusted
-        order = mx.argsort(-values, axis=-1)
-        ranked = mx.take_along_axis(values, order, axis=-1)
-        keep = self._filter(ranked, coins)
-        tempered = mx.where(keep, ranked / self._temperature(ranked, keep), -mx.inf)
-        token_ids = order if candidates is None else mx.take_along_axis(candidates, order, axis=-1)
-        return Distribution(ids=token_ids, probs=mx.softmax(tempered, axis=-1), vocab=vocab)
+        if 0 < top_k < rows.values.shape[-1]:
+            rows.take(mx.argpartition(-rows.masked(), kth=top_k - 1, axis=-1)[:, :top_k])
+            rows.ordered = False
 
-    def _temperature(self, ranked: mx.array, keep: mx.array) -> mx.array | float:
-        p = self.params
-        if p.dynatemp_range > 0.0:
-            t = stages.dynamic_temperature(
-                mx.softmax(ranked, axis=-1), keep, p.temperature, p.dynatemp_range, p.dynatemp_exponent
-            )
-            return mx.maximum(t, 1e-6)
-        return max(p.temperature, 1e-6)
+    def _typical(self, rows: Candidates, coins: mx.array | None) -> None:
+        if self.params.typical_p < 1.0:
+            basis = rows.survivors() if rows.keep is not None else rows.probs()
+            rows.narrow(stages.typical(basis, self.params.typical_p))
 
-    def _filter(self, ranked: mx.array, coins: mx.array | None) -> mx.array:
-        """Keep-mask over candidates sorted by descending logit, on the untempered distribution.
-
-        top-k was applied by choosing the candidates. Sorted candidates make top-p and min-p keep a
-        prefix of what the stage before them left: top-p is measured on the renormalised survivors
-        of top-k and typical, and min-p is a ratio to the top survivor's probability, which
-        renormalising does not change.
-        """
-        p = self.params
-        rows, width = ranked.shape
-        rank = mx.arange(width)[None, :]
-        probs = mx.softmax(ranked, axis=-1)
-        keep, survivors = mx.ones((rows, width), dtype=mx.bool_), probs
-        if p.typical_p < 1.0:
-            keep = stages.typical(probs, p.typical_p)
-            survivors = mx.where(keep, probs, 0.0)
-            survivors = survivors / mx.sum(survivors, axis=-1, keepdims=True)
-        if p.top_p < 1.0:
+    def _top_p(self, rows: Candidates, coins: mx.array | None) -> None:
+        """The shortest prefix of the ordered survivors whose mass reaches top_p."""
+        if self.params.top_p < 1.0:
+            survivors = rows.survivors()
+            rank = mx.arange(survivors.shape[-1])[None, :]
             mass_before = mx.cumsum(survivors, axis=-1) - survivors
-            keep = keep & (rank < mx.sum(mass_before < p.top_p, axis=-1, keepdims=True))
-        if p.min_p > 0.0:
-            keep = keep & (survivors >= p.min_p * mx.max(survivors, axis=-1, keepdims=True))
-        if self.uses_coin and coins is not None:
-            keep = keep & self._xtc_mask(probs, keep, rank, coins)
-        return keep
+            rows.narrow(rank < mx.sum(mass_before < self.params.top_p, axis=-1, keepdims=True))
 
-    def _xtc_mask(self, probs: mx.array, keep: mx.array, rank: mx.array, coins: mx.array) -> mx.array:
+    def _min_p(self, rows: Candidates, coins: mx.array | None) -> None:
+        """A ratio to the top survivor's probability, which renormalising does not change, so it
+        reads the survivors as last measured."""
+        if self.params.min_p > 0.0:
+            basis = rows.basis if rows.basis is not None else rows.survivors()
+            top = mx.max(basis if rows.keep is None else mx.where(rows.keep, basis, 0.0), axis=-1, keepdims=True)
+            rows.narrow(basis >= self.params.min_p * top)
+
+    def _xtc(self, rows: Candidates, coins: mx.array | None) -> None:
         """Exclude Top Choices: drop every token above the threshold but the least likely of them.
 
-        Measured on the renormalised filtered row; one U[0, 1) coin per row decides whether it applies.
+        Measured on the renormalised survivors; one U[0, 1) coin per row decides whether it applies.
         """
-        filtered = mx.where(keep, probs, 0.0)
-        filtered = filtered / mx.sum(filtered, axis=-1, keepdims=True)
+        if not self.uses_coin or coins is None:
+            return
+        probs = rows.probs()
+        kept = probs if rows.keep is None else mx.where(rows.keep, probs, 0.0)
+        filtered = kept / mx.sum(kept, axis=-1, keepdims=True)
+        rank = mx.arange(filtered.shape[-1])[None, :]
         over = filtered >= self.params.xtc_threshold
         above = mx.sum(over, axis=-1, keepdims=True)
         least_likely = mx.max(mx.where(over, rank, -1), axis=-1, keepdims=True)  # of those above
         applies = (coins[:, None] <= self.params.xtc_probability) & (above >= 2)
-        return ~applies | (rank >= least_likely)
+        rows.narrow(~applies | (rank >= least_likely))
+
+    def _temperature(self, rows: Candidates, coins: mx.array | None) -> None:
+        p = self.params
+        if p.dynatemp_range > 0.0:
+            keep = rows.keep if rows.keep is not None else mx.ones(rows.values.shape, dtype=mx.bool_)
+            t = stages.dynamic_temperature(rows.probs(), keep, p.temperature, p.dynatemp_range, p.dynatemp_exponent)
+            rows.set_values(rows.values / mx.maximum(t, 1e-6), keeps_order=True)
+        else:
+            rows.set_values(rows.values / max(p.temperature, 1e-6), keeps_order=True)
 
     def sample(
         self, logits: mx.array, contexts: Sequence[Sequence[int]] | None, rng: RowRng, forced: bool = False

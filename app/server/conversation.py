@@ -31,8 +31,12 @@ class Conversation:
         return self.plan is not None and bool(self.plan.callable)
 
 
-async def prompt_tokens(engine: EngineView, data: ChatRequest) -> tuple[list[int], ToolPlan | None]:
-    """The chat template applied to the request's messages and tools, off the event loop."""
+async def prompt_tokens(
+    engine: EngineView, data: ChatRequest, allow_empty: bool = False
+) -> tuple[list[int], ToolPlan | None]:
+    """The chat template applied to the request's messages and tools, off the event loop (a final
+    assistant message continued: requests.continues_final_message); `allow_empty`: no messages
+    is a conversation too (Anthropic's Messages, as llama-server serves them)."""
     tools.check_count(data, engine.settings.grammar.max_tools)
     plan = tools.tool_plan(data)
     tokens = await asyncio.to_thread(
@@ -42,13 +46,16 @@ async def prompt_tokens(engine: EngineView, data: ChatRequest) -> tuple[list[int
         requests.template_kwargs(data),
         engine.settings,
         tools=plan.template_tools() if plan else None,
+        prefill=requests.continues_final_message(data.messages, data.continue_final_message),
+        generation_prompt=data.add_generation_prompt,
+        allow_empty=allow_empty,
     )
     requests.check_token_ids(tokens, engine.vocab_size)
     return tokens, plan
 
 
-async def start(request: Request, engine: EngineView, data: ChatRequest) -> Conversation:
-    tokens, plan = await prompt_tokens(engine, data)
+async def start(request: Request, engine: EngineView, data: ChatRequest, allow_empty: bool = False) -> Conversation:
+    tokens, plan = await prompt_tokens(engine, data, allow_empty)
     rows = await start_rows(request, engine, data, [tokens], 1, request.url.path)
     return Conversation(rows, plan, len(tokens))
 

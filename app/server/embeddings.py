@@ -1,10 +1,14 @@
-"""Embeddings: OpenAI's /v1/embeddings and llama-server's /embedding, their inputs and answers.
+"""Embeddings: OpenAI's /v1/embeddings and llama-server's /embedding and /embeddings, their
+inputs and answers.
 
-Off unless the profile sets `server.embeddings = true` (llama-server's `--embeddings`); then each
-input is tokenized (with the tokenizer's special tokens, as llama-server) or taken as token ids,
-and the target's hidden states are pooled by `server.embeddings_pooling` and normalised
-(app/execution/embedding.py). Off, the routes answer 404 `not_supported_error`, which the OpenAI
-SDK does not retry (it retries a 501).
+Off unless the profile sets `server.embeddings = true` (llama-server's `--embeddings`); then the
+inputs are read as llama-server reads prompts (app/server/prompts.py: one string, token ids or a
+mix of both is one input, a list of those is many; `{"prompt_string": ...}` and
+`{"content": [text parts]}` objects too), each tokenized with the tokenizer's special tokens, and
+the target's hidden states are pooled by `server.embeddings_pooling` and normalised
+(app/execution/embedding.py); pooling `none` answers every token's vector, on llama-server's
+native routes only. Off, the routes answer 404 `not_supported_error`, which the OpenAI SDK does
+not retry (it retries a 501).
 """
 
 from __future__ import annotations
@@ -15,15 +19,26 @@ from typing import Literal
 
 import msgspec
 from mlx_lm.tokenizer_utils import TokenizerWrapper
+from msgspec import UNSET
 
 from app.profiles.schema import Settings
+from app.server import prompts
 from app.server.errors import ApiError
-from app.server.requests import check_token_ids
-from app.server.schemas import WireStruct
+from app.server.schemas import ContentPart, PromptObject, WireStruct
 
 MAX_INPUTS = 2048  # OpenAI's limit on one request's inputs
-# a string, a list of strings, token ids, or a list of token-id lists (a mix is refused in token_inputs)
-EmbeddingInput = str | list[str | int | list[int]]
+
+
+class InputObject(WireStruct, kw_only=True):
+    """An input as an object: llama-server's `{"prompt_string": ...}` or `{"content": [parts]}`."""
+
+    prompt_string: str | list[int | str] | None = None
+    content: str | list[ContentPart] | None = None
+    multimodal_data: object = UNSET  # any value, to answer it with a clear 400 (text-only checkpoints)
+
+
+Piece = str | int | list[int | str] | InputObject
+EmbeddingInput = str | list[Piece] | InputObject
 
 
 class EmbeddingRequest(WireStruct, kw_only=True):
@@ -57,7 +72,8 @@ class EmbeddingList(msgspec.Struct, kw_only=True):
 
 
 class NativeEmbedding(msgspec.Struct, kw_only=True):
-    """llama-server's /embedding entry: the pooled vector as a list of one vector."""
+    """llama-server's /embedding entry: the pooled vector as a list of one vector, or with pooling
+    `none` each token's vector."""
 
     index: int
     embedding: list[list[float]]
@@ -73,8 +89,7 @@ def check_on(settings: Settings, path: str) -> None:
 def token_inputs(
     request: EmbeddingRequest, tokenizer: TokenizerWrapper, settings: Settings, vocab: int
 ) -> list[list[int]]:
-    """Each input's tokens: a string, a list of strings, token ids, or a list of token-id lists.
-    Blocking (tokenizing): call it off the event loop."""
+    """Each input's tokens. Blocking (tokenizing): call it off the event loop."""
     raw = request.input if request.input is not None else request.content
     if raw is None:
         raise ApiError(400, "input: required (a string, a list of strings, token ids or lists of token ids)")
@@ -82,27 +97,35 @@ def token_inputs(
         raise ApiError(400, "dimensions: not supported: the vector has the target's hidden size, which cannot be cut")
     if request.encoding_format not in ("float", "base64"):
         raise ApiError(400, f'encoding_format must be "float" or "base64", got {request.encoding_format!r}')
-    if isinstance(raw, str) or (raw and all(isinstance(item, int) for item in raw)):
-        raw = [raw]
-    if not raw:
+    parts = raw if prompts.is_many(raw) else [raw]
+    if not parts:
         raise ApiError(400, "input: must not be empty")
-    if len(raw) > MAX_INPUTS:
-        raise ApiError(400, f"input: {len(raw)} inputs; this server embeds at most {MAX_INPUTS} per request")
-    prompts = []
-    for index, item in enumerate(raw):
-        if isinstance(item, int):
-            raise ApiError(
-                400, "input: token ids and strings cannot be mixed; give one list of ids or a list of inputs"
-            )
-        tokens = list(tokenizer.encode(item)) if isinstance(item, str) else list(item)
-        if not tokens:
-            raise ApiError(400, f"input[{index}]: empty; an embedding needs at least one token")
-        if len(tokens) > settings.server.max_prompt_tokens:
-            raise ApiError(400, f"input[{index}]: {len(tokens)} tokens; this server accepts "
-                                f"{settings.server.max_prompt_tokens} (server.max_prompt_tokens)")  # fmt: skip
-        check_token_ids(tokens, vocab)
-        prompts.append(tokens)
-    return prompts
+    if len(parts) > MAX_INPUTS:
+        raise ApiError(400, f"input: {len(parts)} inputs; this server embeds at most {MAX_INPUTS} per request")
+    found = []
+    for index, part in enumerate(parts):
+        tokens = prompts.prompt_tokens(prompt_of(index, part), tokenizer, vocab)
+        if not tokens:  # llama-server's words: a tokenizer with no BOS makes "" no tokens
+            raise ApiError(400, f"input[{index}]: Input content cannot be empty")
+        limit = settings.server.max_prompt_tokens
+        if len(tokens) > limit:  # llama-server's words ("too large to process"), this server's limit
+            raise ApiError(400, f"input[{index}] ({len(tokens)} tokens) is too large to process: this server "
+                                f"embeds at most {limit} tokens (server.max_prompt_tokens)")  # fmt: skip
+        found.append(tokens)
+    return found
+
+
+def prompt_of(index: int, part: object) -> object:
+    """An input object as the prompt it holds: its `prompt_string`, or its text parts joined."""
+    if not isinstance(part, InputObject):
+        return part
+    if part.prompt_string is not None:
+        return PromptObject(prompt_string=part.prompt_string, multimodal_data=part.multimodal_data)
+    if not isinstance(part.content, list):
+        raise ApiError(400, f'input[{index}]: an object needs "prompt_string" or "content": a list of text parts')
+    if any(piece.type != "text" for piece in part.content):
+        raise ApiError(400, f"input[{index}]: only text content parts are supported (text-only checkpoints)")
+    return "".join(piece.text or "" for piece in part.content)
 
 
 def encoded(vector: list[float], encoding_format: str) -> list[float] | str:
@@ -111,9 +134,15 @@ def encoded(vector: list[float], encoding_format: str) -> list[float] | str:
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
 
 
+def check_pooled(settings: Settings) -> None:
+    """OpenAI's answer holds one vector per input: pooling `none` has one per token."""
+    if settings.server.embeddings_pooling == "none":  # llama-server's words
+        raise ApiError(400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type")
+
+
 def embedding_list(
-    vectors: list[list[float]], prompts: list[list[int]], encoding_format: str, model: str
+    vectors: list[list[float]], inputs: list[list[int]], encoding_format: str, model: str
 ) -> EmbeddingList:
-    tokens = sum(map(len, prompts))
+    tokens = sum(map(len, inputs))
     data = [EmbeddingItem(index=i, embedding=encoded(v, encoding_format)) for i, v in enumerate(vectors)]
     return EmbeddingList(data=data, model=model, usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens))

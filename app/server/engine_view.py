@@ -113,8 +113,9 @@ class EngineView:
         except UnavailableError as exc:
             raise ApiError(503, str(exc)) from exc
 
-    async def embed(self, tokens: list[int], pooling: str) -> list[float]:
-        """The target's pooled embedding of `tokens`, computed on the engine thread between ticks."""
+    async def embed(self, tokens: list[int], pooling: str) -> list[list[float]]:
+        """The target's embedding of `tokens` (one pooled row, or a row per token with pooling
+        `none`), computed on the engine thread between ticks."""
         try:
             return await asyncio.wrap_future(self._engine.embed(tokens, pooling))
         except UnavailableError as exc:

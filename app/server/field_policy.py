@@ -22,7 +22,6 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from app.sampling import SamplingParams
 from app.server.errors import ApiError
 
 Neutral = Callable[[Any], bool]
@@ -59,59 +58,6 @@ def nothing(_: Any) -> bool:
     return False
 
 
-# The sampler stages this server runs, in its order (llama-server's default order of the same
-# stages), and the letters of llama-server's `samplers` string. OFF_STAGES never run here, so a
-# list may name them anywhere.
-STAGES = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
-LETTERS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p"}
-LETTERS |= {"m": "min_p", "x": "xtc", "t": "temperature"}
-
-
-def named_stages(value: Any) -> list[str | None] | None:
-    """The stages a `samplers` value names (a list of names or a string of letters); None: neither."""
-    if isinstance(value, str):
-        return [LETTERS.get(letter) for letter in value]
-    if isinstance(value, list) and all(isinstance(name, str) for name in value):
-        return list(value)
-    return None
-
-
-def in_order(value: Any) -> bool:
-    """`samplers` naming known stages, this server's each at most once and in its order."""
-    names = named_stages(value)
-    if names is None or not set(names) <= set(STAGES):
-        return False
-    return names == [stage for stage in STAGES if stage in names]
-
-
-def refuse_skipped_stages(samplers: Any, params: SamplingParams) -> None:
-    """llama-server runs only the stages `samplers` names: one it leaves out must do nothing here.
-
-    Checked once the request's settings are known (requests.sampling); in_order checked the rest.
-    """
-    if samplers is UNSET or samplers is None:
-        return
-    named = set(named_stages(samplers) or ())
-    active = {
-        "penalties": params.has_penalties,
-        "dry": params.has_dry,
-        "top_n_sigma": params.top_n_sigma > 0.0,
-        "typ_p": params.typical_p < 1.0,
-        "top_k": params.top_k > 0,
-        "top_p": params.top_p < 1.0,
-        "min_p": params.min_p > 0.0,
-        "xtc": params.xtc_probability > 0.0,
-        "temperature": params.temperature != 1.0 or params.dynatemp_range > 0.0,
-    }
-    skipped = [stage for stage in STAGES if active[stage] and stage not in named]
-    if skipped:
-        raise ApiError(
-            400,
-            f"samplers: not supported: it leaves out {', '.join(skipped)}, which this request's settings "
-            "turn on; this server runs every stage its settings turn on",
-        )
-
-
 PIPELINE = (
     "is not in this server's sampler pipeline (llama-server's chain and mirostat), which every acceptance "
     "rule replays exactly"
@@ -124,17 +70,12 @@ TEMPLATE_ONLY = "thinking is parsed only as reasoning_format says (app/server/re
 LLAMA_SERVER: dict[str, Unhonoured] = {
     "adaptive_target": Unhonoured(at_most(0), f"adaptive-p {PIPELINE}; send -1"),
     "min_keep": Unhonoured(at_most(1), "the filters here keep at least one candidate, never more; send 0"),
-    "samplers": Unhonoured(in_order, f"the sampler order is fixed: {', '.join(STAGES)}"),
     "n_keep": Unhonoured(equal(0, -1), f"{NO_CONTEXT_SHIFT}; send 0"),
     "n_discard": Unhonoured(equal(0), f"{NO_CONTEXT_SHIFT}; send 0"),
     "n_indent": Unhonoured(at_most(0), "indentation-based stopping (infill) is not implemented; send 0"),
     "n_cmpl": Unhonoured(equal(1), "several completions per prompt: send n on /v1/completions or chat"),
     "n_cache_reuse": Unhonoured(
         equal(0), "the prompt cache reuses whole prompt prefixes only, never chunks moved by KV shifting; send 0"
-    ),
-    "id_slot": Unhonoured(
-        equal(-1),
-        "rows are not pinned to slots: every row shares one prompt cache, so no slot is worth choosing; send -1",
     ),
     "t_max_predict_ms": Unhonoured(at_most(0), "generation has no time limit here; bound it with n_predict"),
     "image_data": Unhonoured(empty, f"older llama-server builds' image input: {TEXT_ONLY}"),
@@ -165,7 +106,6 @@ CHAT: dict[str, Unhonoured] = {
     "verbosity": Unhonoured(nothing, "no verbosity control"),
     "service_tier": Unhonoured(equal("auto", "default"), 'one service tier; send "auto" or "default"'),
     "store": Unhonoured(equal(False), "completions are not stored; send false"),
-    "add_generation_prompt": Unhonoured(equal(True), "the generation prompt is always added; send true"),
 }
 # OpenAI legacy completion fields
 OPENAI_COMPLETION: dict[str, Unhonoured] = {

@@ -34,14 +34,27 @@ class Prompt:
 
 def prompts(prompt: PromptInput, tokenizer: TokenizerWrapper, vocab: int) -> list[Prompt]:
     """The request's prompts, in order, tokenized. Blocking: call it off the event loop."""
-    many = isinstance(prompt, list) and not any(isinstance(piece, int) for piece in prompt)
-    parts = prompt if many else [prompt]
+    parts = prompt if is_many(prompt) else [prompt]
     if not parts:
         raise ApiError(400, "prompt must not be empty")
     return [one_prompt(part, tokenizer, vocab) for part in parts]
 
 
 def one_prompt(part: object, tokenizer: TokenizerWrapper, vocab: int) -> Prompt:
+    tokens = prompt_tokens(part, tokenizer, vocab)
+    if not tokens:
+        raise ApiError(400, "the prompt is empty")
+    text = part.prompt_string if isinstance(part, PromptObject) else part
+    return Prompt(tokens, text if isinstance(text, str) else tokenizer.decode(tokens))
+
+
+def is_many(prompt: object) -> bool:
+    """A list holding no bare token id is a list of prompts."""
+    return isinstance(prompt, list) and not any(isinstance(piece, int) for piece in prompt)
+
+
+def prompt_tokens(part: object, tokenizer: TokenizerWrapper, vocab: int) -> list[int]:
+    """One prompt's tokens (perhaps none), its shape checked."""
     if isinstance(part, PromptObject):
         if part.multimodal_data is not UNSET:
             raise ApiError(400, NO_MULTIMODAL)
@@ -52,9 +65,7 @@ def one_prompt(part: object, tokenizer: TokenizerWrapper, vocab: int) -> Prompt:
         raise ApiError(400, "prompt: one prompt is a string, token ids, or strings mixed with token ids")
     tokens = mixed_tokens(part, tokenizer)
     check_token_ids(tokens, vocab)
-    if not tokens:
-        raise ApiError(400, "the prompt is empty")
-    return Prompt(tokens, part if isinstance(part, str) else tokenizer.decode(tokens))
+    return tokens
 
 
 def mixed_tokens(part: str | list[int | str], tokenizer: TokenizerWrapper) -> list[int]:

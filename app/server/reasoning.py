@@ -10,12 +10,14 @@ that never closes the block is all reasoning, as llama-server reports it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 from app.loading.chat_template import THINKING_TAGS
+from app.profiles.schema import ReasoningFormatName
 from app.server.errors import ApiError
 
 OPEN, CLOSE = THINKING_TAGS
-FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
+FORMATS = get_args(ReasoningFormatName)
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,11 @@ from app.decoding.builder import RowRequest
 from app.loading import chat_template
 from app.loading.chat_template import Limits, TemplateLimitError
 from app.profiles.schema import Settings
-from app.sampling import SamplingParams
+from app.sampling import SamplingParams, chain
 from app.sampling.dry import MAX_BREAKERS, Breakers, sequence_breakers
 from app.sampling.grammar import Grammar
 from app.sampling.logprobs import MAX_TOP, ProbsRequest
 from app.sampling.rng import resolve_seed
-from app.server import field_policy
 from app.server.errors import ApiError
 from app.server.schemas import (
     ChatMessage,
@@ -121,7 +120,8 @@ def sampling(request: SamplingFields, settings: Settings, tokenizer: TokenizerWr
     bias = logit_bias(request.logit_bias, tokenizer)
     if request.ignore_eos:  # llama-server's: every end-of-generation token banned, after the request's own biases
         bias |= dict.fromkeys(sorted(t for t in tokenizer.eos_token_ids if t < vocab), float("-inf"))
-    params = SamplingParams(**{f: defaults[f] for f in SAMPLING_FIELDS} | chosen | {"logit_bias": bias})
+    stages = {"logit_bias": bias, "samplers": sampler_chain(request.samplers, settings)}
+    params = SamplingParams(**{f: defaults[f] for f in SAMPLING_FIELDS} | chosen | stages)
     if params.has_dry:
         given = request.dry_sequence_breakers
         breakers = tuple(defaults["dry_sequence_breakers"] if given is None else given)
@@ -133,8 +133,16 @@ def sampling(request: SamplingFields, settings: Settings, tokenizer: TokenizerWr
     problems = params.problems(vocab)
     if problems:
         raise ApiError(400, "; ".join(problems))
-    field_policy.refuse_skipped_stages(request.samplers, params)
     return params
+
+
+def sampler_chain(value: Any, settings: Settings) -> tuple[str, ...]:
+    """The stages a request's `samplers` names, in its order; the profile's chain when it names none."""
+    try:
+        named = chain.parse(value)
+    except chain.ChainError as exc:
+        raise ApiError(400, f"samplers: not supported: {exc}") from exc
+    return tuple(settings.sampling.samplers) if named is None else named
 
 
 def check_token_ids(tokens: list[int], vocab: int) -> None:
@@ -175,8 +183,8 @@ def template_variables(extra: dict[str, Any] | None, tokenizer: TokenizerWrapper
     return variables
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    if not messages:
+def chat_messages(messages: list[ChatMessage], allow_empty: bool = False) -> list[dict[str, Any]]:
+    if not messages and not allow_empty:
         raise ApiError(400, "messages must not be empty")
     if len(messages) > 1 and messages[-1].role == messages[-2].role == "assistant":
         # llama-server's own check and words: one trailing assistant message at most
@@ -214,6 +222,17 @@ def history_call(call: dict[str, Any]) -> dict[str, Any]:
     return {**call, "type": "function", "function": {"name": function["name"], "arguments": arguments}}
 
 
+def continues_final_message(messages: list[ChatMessage], asked: bool | None = None) -> bool:
+    """Whether the answer continues the last message instead of starting a new turn: llama-server's
+    assistant prefill, on whenever the last message is the assistant's (Anthropic's Messages work
+    the same way). `continue_final_message` (vLLM's and transformers' name) asks for it (true:
+    the last message must then be the assistant's) or turns it off (false: a new turn after it)."""
+    last_is_assistant = bool(messages) and messages[-1].role == "assistant"
+    if asked and not last_is_assistant:
+        raise ApiError(400, "continue_final_message: the last message must be the assistant's, to be continued")
+    return last_is_assistant if asked is None else asked
+
+
 def chat_prompt(
     messages: list[ChatMessage],
     tokenizer: TokenizerWrapper,
@@ -222,15 +241,28 @@ def chat_prompt(
     *,
     tokenize: bool = True,
     tools: list[dict[str, Any]] | None = None,
+    prefill: bool = False,
+    generation_prompt: bool = True,
+    allow_empty: bool = False,
 ) -> Any:
     """The chat template applied to the messages: token ids, or the text when `tokenize` is false.
 
-    Blocking (a render may take up to server.template_timeout_s): call it off the event loop.
+    `prefill` (continues_final_message): as llama-server, the messages before the last are
+    rendered with the generation prompt and the last one's text follows it unclosed, so the answer
+    goes on from there. Blocking (a render may take up to server.template_timeout_s): call it off
+    the event loop.
     """
-    plain = chat_messages(messages)
-    variables = template_variables(extra, tokenizer) | {
+    plain = chat_messages(messages, allow_empty)
+    variables = template_variables(extra, tokenizer)
+    prefix = ""
+    if prefill:
+        prefix = plain.pop()["content"]
+        if (extra or {}).get("enable_thinking") is True:  # llama-server's check and words
+            raise ApiError(400, "Assistant response prefill is incompatible with enable_thinking.")
+        variables["enable_thinking"] = False  # the answer goes on in the message, not in a new thinking block
+    variables |= {
         "messages": plain,
-        "add_generation_prompt": True,
+        "add_generation_prompt": generation_prompt or prefill,
         "tools": tools,  # None as transformers passes it: templates test `tools is not none`
         "documents": None,
     }
@@ -245,6 +277,7 @@ def chat_prompt(
         raise ApiError(400, f"the chat template could not render these messages: {exc}") from exc
     if text is None:
         raise ApiError(400, "this model has no chat template; use /completion")
+    text += prefix
     return list(tokenizer.encode(text, add_special_tokens=False)) if tokenize else text
 
 
@@ -279,8 +312,9 @@ def grammar(request: SamplingFields) -> tuple[str, Any] | None:
 
 
 def requested_grammar(request: SamplingFields) -> tuple[str, Any] | None:
-    """("grammar", GBNF text) or ("json_schema", schema or None for any JSON object), or None."""
-    chosen = [("grammar", request.grammar)] if request.grammar is not None else []
+    """("grammar", GBNF text) or ("json_schema", schema or None for any JSON object), or None.
+    An empty grammar is none, as llama-server reads it (SillyTavern sends `"grammar": ""`)."""
+    chosen = [("grammar", request.grammar)] if request.grammar else []
     if request.json_schema is not None:
         chosen.append(("json_schema", request.json_schema))
     response_format: ResponseFormat | None = getattr(request, "response_format", None)
@@ -413,7 +447,9 @@ def row_request(
         stop=stop_strings(request.stop, settings),
         ignore_eos=request.ignore_eos,
         n_max=n_max,
-        n_min=max(0, request.speculative_n_min or 0),
+        n_min=max(
+            0, settings.drafter.min_draft_tokens if request.speculative_n_min is None else request.speculative_n_min
+        ),
         p_min=p_min,
         probs=probs_request(request, settings, rows),
         grammar=grammar,

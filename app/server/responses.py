@@ -12,6 +12,7 @@ from typing import Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from app import __version__
 from app.profiles.schema import AdaptiveSettings, GovernorSettings
 from app.server.engine_view import Timings
 
@@ -98,6 +99,7 @@ class SamplerSettings(msgspec.Struct, kw_only=True):
     mirostat: int
     mirostat_tau: float
     mirostat_eta: float
+    samplers: list[str]  # the chain that runs, in order (llama-server's names)
 
 
 class LogitBiasEntry(msgspec.Struct, kw_only=True):
@@ -178,6 +180,23 @@ class Modalities(msgspec.Struct, kw_only=True):
     audio: bool = False
 
 
+class InputTokens(msgspec.Struct, kw_only=True):
+    """POST .../input_tokens: the prompt's tokens as the request would render them (OpenAI's shape)."""
+
+    object: Literal["response.input_tokens"] = "response.input_tokens"
+    input_tokens: int
+
+
+class TemplateCaps(msgspec.Struct, kw_only=True):
+    """What the chat template renders (llama-server's /props `chat_template_caps`); a template
+    without `supports_tools` never shows a request's tools to the model, so it never calls one."""
+
+    supports_system_role: bool
+    supports_tools: bool
+    supports_tool_calls: bool
+    supports_parallel_tool_calls: bool
+
+
 class Props(msgspec.Struct, kw_only=True):
     default_generation_settings: DefaultGenerationSettings
     total_slots: int
@@ -185,6 +204,7 @@ class Props(msgspec.Struct, kw_only=True):
     model_alias: str
     build_info: str
     chat_template: str | None
+    chat_template_caps: TemplateCaps | None  # null until the model is loaded, and for a model with no template
     modalities: Modalities = msgspec.field(default_factory=Modalities)
     is_sleeping: bool = False
     mlxcel: DrafterInfo
@@ -320,6 +340,9 @@ class TextChoice(msgspec.Struct, kw_only=True):
     finish_reason: str | None
 
 
+SYSTEM_FINGERPRINT = f"mlxcel-{__version__}"
+
+
 class OpenAIObject(msgspec.Struct, kw_only=True):
     """What every OpenAI body and chunk starts with (subclasses fix `object`, keeping its place)."""
 
@@ -327,6 +350,8 @@ class OpenAIObject(msgspec.Struct, kw_only=True):
     object: str
     created: int
     model: str
+    # the server build that answered, as llama-server sends its build (OpenAI: the backend configuration)
+    system_fingerprint: str = SYSTEM_FINGERPRINT
 
 
 class TextCompletion(OpenAIObject, kw_only=True):

@@ -111,6 +111,9 @@ class SamplingFields(_unhonoured("LlamaServerFields", field_policy.LLAMA_SERVER,
     seed: int | None = None
     ignore_eos: bool = False
     logit_bias: LogitBias | None = None
+    # llama-server's sampler chain: stage names or letters (app/sampling/chain.py); any other value
+    # keeps the default chain, as llama-server keeps it
+    samplers: Any = None
     n_probs: int = 0  # llama-server: the top candidates per token (completion_probabilities)
     post_sampling_probs: bool = False  # llama-server: probabilities after the sampler chain
     cache_prompt: bool = True
@@ -198,6 +201,9 @@ class ChatRequest(_unhonoured("ChatFields", field_policy.CHAT, SamplingFields), 
     top_logprobs: int | None = None  # OpenAI: 0..20, with logprobs
     stream_options: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # false: the template ends after the last message, with no assistant turn opened (llama-server's)
+    add_generation_prompt: bool = True
+    continue_final_message: bool | None = None  # requests.continues_final_message (assistant prefill)
     reasoning_effort: str | None = None  # OpenAI's: a chat-template variable (requests.template_kwargs)
     reasoning_format: str | None = None  # llama-server's: thinking parsed into reasoning_content (reasoning.py)
     response_format: ResponseFormat | None = None

@@ -15,7 +15,7 @@ from app.sampling import SamplingParams
 from app.sampling.grammar import Grammar
 from app.server import access, field_policy, requests, shaping
 from app.server.auth import tenant_of
-from app.server.engine_view import Delta, EngineView, Event, Failed, Finished, Job, Progress, Started
+from app.server.engine_view import Delta, EngineView, Event, Failed, Finished, Job, Progress, Started, Timings
 from app.server.errors import ApiError
 from app.server.grammars import Grammars
 from app.server.prompts import check_rows
@@ -107,21 +107,32 @@ def counted(result: Finished) -> None:
 
 def per_token(delta: Delta) -> list[Delta]:
     """A round's delta as one delta per token, each with its piece of the text and its
-    log-probabilities; per-token timings count the tokens up to each."""
+    log-probabilities; per-token timings count the tokens (and the accepted drafts) up to each."""
     if len(delta.tokens) <= 1:
         return [delta]
     count = len(delta.tokens)
+    drafted = delta.drafted or [False] * count
     return [
         Delta(
             tokens=[token],
             text=piece,
-            timings=delta.timings
-            and msgspec.structs.replace(delta.timings, predicted_n=delta.timings.predicted_n - (count - 1 - i)),
+            timings=delta.timings and up_to(delta.timings, count - 1 - i, sum(drafted[i + 1 :])),
             logprobs=delta.logprobs[i : i + 1],
             pieces=[piece],
+            drafted=drafted[i : i + 1],
         )
         for i, (token, piece) in enumerate(zip(delta.tokens, delta.pieces, strict=True))
     ]
+
+
+def up_to(timings: Timings, later: int, later_drafts: int) -> Timings:
+    """A round's timings as of one of its tokens, `later` tokens (`later_drafts` accepted drafts) before its end."""
+    accepted = timings.draft_n_accepted
+    return msgspec.structs.replace(
+        timings,
+        predicted_n=timings.predicted_n - later,
+        draft_n_accepted=accepted if accepted is None else accepted - later_drafts,
+    )
 
 
 def merge(first: Delta, second: Delta) -> Delta:
@@ -131,6 +142,7 @@ def merge(first: Delta, second: Delta) -> Delta:
         timings=second.timings,
         logprobs=first.logprobs + second.logprobs,
         pieces=first.pieces + second.pieces,
+        drafted=first.drafted + second.drafted,
     )
 
 

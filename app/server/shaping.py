@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from app.decoding.builder import RowRequest
 from app.decoding.plan import LoopPlan, SamplerClass
 from app.decoding.width import row_n_max
 from app.drafters.kinds import DrafterKind
+from app.loading import chat_template
 from app.loading.token_bytes import token_bytes, token_text
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams
@@ -56,6 +58,7 @@ from app.server.responses import (
     Slot,
     SlotDraft,
     SlotParams,
+    TemplateCaps,
     TextChoice,
     TextCompletion,
     TextLogprobs,
@@ -139,7 +142,7 @@ def props(engine: EngineView) -> Props:
     ready = engine.unavailable is None
     speculative = {
         "speculative_n_max": row_n_max(engine.plan.n_max, None),  # a request that sets no n_max
-        "speculative_n_min": 0,
+        "speculative_n_min": settings.drafter.min_draft_tokens,
         "speculative_p_min": settings.drafter.p_min,
     }
     params = DefaultParams(
@@ -163,8 +166,13 @@ def props(engine: EngineView) -> Props:
         model_alias=model_alias(settings),
         build_info=BUILD_INFO,
         chat_template=getattr(engine.tokenizer, "chat_template", None) if ready else None,
+        chat_template_caps=template_caps(engine.model.template_caps) if ready else None,
         mlxcel=drafter_info(settings, engine.plan),
     )
+
+
+def template_caps(caps: chat_template.TemplateCaps | None) -> TemplateCaps | None:
+    return None if caps is None else TemplateCaps(**dataclasses.asdict(caps))
 
 
 def slots(engine: EngineView, tenant: str) -> list[Slot]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import app  # first: it routes MLX's matrix products to OpenBLAS before mlx.core loads
 
 # isort: on
+import argparse
 import platform
 import re
 import sys
@@ -74,10 +75,23 @@ def machine() -> str:
     )
 
 
+def arguments(suite: str, description: str | None) -> argparse.ArgumentParser:
+    """A suite's options, named as `mlxcel bench SUITE` runs it (its --help and usage errors)."""
+    formatter = argparse.RawDescriptionHelpFormatter
+    return argparse.ArgumentParser(prog=f"mlxcel bench {suite}", description=description, formatter_class=formatter)
+
+
 def progress(total: int, what: str) -> tqdm:
     """A progress bar on stderr, drawn only when stderr is a terminal (tqdm's disable=None), so
     piped or logged runs print the tables alone."""
     return tqdm(total=total, desc=what, unit="run", file=sys.stderr, disable=None, leave=False)
+
+
+def stage(what: str) -> None:
+    """A line on stderr before a step that shows no bar (starting a server, loading and warming
+    models, tens of seconds each), only when stderr is a terminal, as the bars."""
+    if sys.stderr.isatty():
+        tqdm.write(f"mlxcel bench: {what}", file=sys.stderr)
 
 
 def write_section(name: str, body: str) -> None:

@@ -35,7 +35,8 @@ count (issue 26: at least 0.95x).
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import WRITE_HELP, machine, progress, table, write_section  # first: sets up MLX's BLAS
+from ops.bench.common import WRITE_HELP, arguments, machine, progress  # first: sets up MLX's BLAS
+from ops.bench.common import stage, table, write_section
 
 # isort: on
 import argparse
@@ -199,6 +200,7 @@ def measure(
     urls: dict[str, str], clients: list[int], n: int, repeats: int, temperature: float = 0.0
 ) -> dict[tuple[str, int], Cell]:
     arms = list(urls)
+    stage("warming up every arm")
     for arm in arms:  # load, compile and size the caches before timing anything
         wave(urls[arm], [request_body(p, WARMUP_TOKENS, arm, temperature) for p in waves_of(max(clients), 0)[0]])
     cells = {(arm, c): Cell() for arm in arms for c in clients}
@@ -322,7 +324,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     def numbers(text: str) -> list[int]:
         return sorted({int(part) for part in text.split(",")})
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments("concurrency", __doc__)
     parser.add_argument("--clients", type=numbers, default=[1, 2, 4, 8, 16], help="client counts, e.g. 1,2,4,8")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per request")
     parser.add_argument("--repeats", type=int, default=2)
@@ -359,9 +361,11 @@ def main(argv: list[str] | None = None) -> None:
         urls = {}
         for arm in args.profiles + ([] if args.no_fixed else fixed_arms(args.profiles)):
             profile, env = arm_settings(arm)
+            stage(f"starting the {arm} server")
             urls[arm] = servers.enter_context(spawned_server(profile, args=flags, env=env))[0]
         if not args.no_mlx_lm:
             # mlx_lm.server initialises mx.distributed, which needs more of the environment than PATH
+            stage(f"starting {MLX_LM}")
             command = mlx_lm_command(max(args.clients), target)
             urls[MLX_LM] = servers.enter_context(spawned(command, dict(os.environ)))[0]
         cells = measure(urls, args.clients, args.tokens, args.repeats, args.temperature)

@@ -16,10 +16,10 @@ conversation and document is fresh (no earlier run's entries hit), and the arms 
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import WRITE_HELP, machine, progress, table, write_section  # first: sets up MLX's BLAS
+from ops.bench.common import WRITE_HELP, arguments, machine, progress  # first: sets up MLX's BLAS
+from ops.bench.common import stage, table, write_section
 
 # isort: on
-import argparse
 import json
 import statistics
 import time
@@ -28,7 +28,7 @@ from functools import partial
 
 import httpx
 
-from app.execution.runner import PREFILL_CHUNK
+from app.execution.prompt_cache import exact_grain
 from ops.bench.spawn import spawned_server
 
 SYSTEM_TOKENS, TURNS, TURN_TOKENS, DOCUMENT_TOKENS, QUESTIONS = 500, 6, 60, 1000, 8
@@ -98,7 +98,7 @@ def throughput(runs: dict[bool, list[tuple[float, int]]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments("prompt_cache", __doc__)
     parser.add_argument("--profiles", nargs="+", default=["default", "target-only", "mtp"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=32, help="generated per question (repeated-prefix set)")
@@ -106,18 +106,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     args = parser.parse_args(argv)
     chat_rows, document_rows = [], []
-    bar = progress(len(args.profiles) * args.repeats, "repeats")
+    bar = progress(len(args.profiles) * args.repeats * 5, "chat replays and question sets")
     for profile in args.profiles:
+        stage(f"starting the {profile} server")
         with spawned_server(profile) as (url, _):
             ttft: dict[bool, list[float]] = {True: [], False: []}
             runs = {clients: {True: [], False: []} for clients in (1, QUESTIONS)}
             for repeat in range(args.repeats):
                 for cache, seconds in chat_replay(url, repeat).items():
                     ttft[cache].append(seconds)
+                bar.update()
                 for clients, arms in runs.items():
                     for cache in (True, False) if repeat % 2 == 0 else (False, True):
                         arms[cache].append(repeated_document(url, repeat, cache, args.tokens, clients))
-                bar.update()
+                        bar.update()
         on, off = statistics.median(ttft[True]) * 1000, statistics.median(ttft[False]) * 1000
         chat_rows.append([profile, f"{off:.0f}", f"{on:.0f}", f"{off / on:.1f}x"])
         for clients, arms in runs.items():
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
             "",
             f"{machine()}. One server per profile, `cache_prompt: false` and `true` alternating in the same run, "
             f"{args.repeats} repeats, fresh prompts each (token ids), T=0. Prefixes are reused in whole "
-            f"{PREFILL_CHUNK}-token chunks.",
+            f"{exact_grain()}-token grains (app/execution/prompt_cache.py).",
             *(["", args.note] if args.note else []),
             "",
             f"Chat replay: a {SYSTEM_TOKENS}-token system prompt, {TURNS} turns of {TURN_TOKENS} tokens each; "

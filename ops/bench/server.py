@@ -11,10 +11,10 @@ the last frame (prefill included), EOS ignored.
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import WRITE_HELP, Arm, machine, progress, table, write_section  # first: sets up MLX's BLAS
+from ops.bench.common import Arm, WRITE_HELP, arguments, machine  # first: sets up MLX's BLAS
+from ops.bench.common import progress, stage, table, write_section
 
 # isort: on
-import argparse
 import json
 import socket
 import time
@@ -62,12 +62,13 @@ def add(arm: Arm, measured: tuple[int, float]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments("server", __doc__)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     args = parser.parse_args(argv)
     n = args.tokens
+    stage("loading the embedded pair")
     target, drafter = load_model(EMBEDDED_TARGET), load_model(EMBEDDED_DRAFTER, role="drafter")
     classic = LoopBuilder(target, drafter, LoopPlan(drafter_kind="draft-model", num_draft_tokens=4))
     plain = LoopBuilder(target, None, LoopPlan())
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     # its own copy of the weights, and this machine's caches are shared); both for the lookup one.
     bar = progress(args.repeats * 2 * (2 * len(HELD_OUT_CODE) + len(COPY_HEAVY)), "requests")
     for profile, builder, label in (("default", classic, "classic"), ("target-only", plain, "target-only")):
+        stage(f"starting the {profile} server")
         with spawned_server(profile) as (url, _):
             for repeat in range(args.repeats):
                 for i, prompt in enumerate(HELD_OUT_CODE):
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
                     for arm, run in pairs if (i + repeat) % 2 == 0 else pairs[::-1]:
                         add(arm, run())
                         bar.update()
+    stage("starting the target-only and prompt-lookup servers")
     with spawned_server("target-only") as (plain_url, _), spawned_server("prompt-lookup") as (lookup_url, _):
         for _ in range(args.repeats):
             for prompt in COPY_HEAVY:

@@ -21,15 +21,16 @@ from ops.bench.common import (
     WRITE_HELP,
     REPO_ROOT,
     Arm,
+    arguments,
     machine,
     progress,
+    stage,
     table,
     timed,
     write_section,
 )  # first: sets up MLX's BLAS
 
 # isort: on
-import argparse
 from collections.abc import Callable
 
 import mlx.core as mx
@@ -91,6 +92,7 @@ def run_set(arms: dict[str, object], prompts: list[list[int]], repeats: int) -> 
     """`arms` maps a name to a factory(prompt, seed) -> run; each prompt runs every arm in turn."""
     results = {name: Arm(name) for name in arms}
     names = list(arms)
+    stage(f"warming up {', '.join(names)}")
     for name in names:  # untimed: the GPU compiles its kernels on first use
         arms[name](prompts[0][:8], 0)()
     with progress(repeats * len(prompts) * len(names), ", ".join(names)) as bar:
@@ -124,7 +126,7 @@ def rows_for(results: dict[str, Arm], baseline: str, mlx_name: str | None, label
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments("speculative", __doc__)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--k", type=int, default=4)
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     n, k = args.tokens, args.k
 
+    stage("loading the embedded pair")
     target = load_model(EMBEDDED_TARGET)
     if args.sets == "coupling":
         run_coupling_sets(target, n, k, args.repeats, args.temperatures, args.write)

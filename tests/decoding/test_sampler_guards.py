@@ -7,7 +7,9 @@ emitted token's p is the reference's, given the prefix the row actually emitted 
 replayed along it), and the statistic compares the counts with the summed expectations. That pooled
 statistic is conservative (its covariance is at most the multinomial one of the same mean), so the
 25.74 cut still rejects a correct sampler at most 1e-4 of the time. Each guard has a power test: the
-stage left out, or carried wrongly across a verify round's positions, is rejected.
+stage left out, or carried wrongly across a verify round's positions, is rejected. A chain in a
+custom order (app/sampling/chain.py) is held to its own p the same way, and the default order's
+stream is rejected against it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ STATELESS = {
     "dynatemp": (replace(SIX, dynatemp_range=0.9, dynatemp_exponent=0.5), {"dynatemp": (0.9, 0.5)}),
 }
 DRY = replace(SIX, dry_multiplier=1.0, dry_base=1.75, dry_allowed_length=2, dry_penalty_last_n=-1)
+# A chain in an order of its own: the temperature first flattens the row, so top-p keeps three
+# tokens where the default order (top-p, then the temperature) keeps two.
+CUSTOM = replace(SIX, temperature=2.5, top_p=0.5, samplers=("temperature", "top_p"))
 MIROSTAT = {v: SamplingParams(temperature=1.0, mirostat=v, mirostat_tau=1.5, mirostat_eta=0.5) for v in (1, 2)}
 ROWS = 40  # history-dependent streams: ROWS rows, a quarter of sample_count() tokens in all (CPU time)
 
@@ -199,3 +204,23 @@ def test_temperature_zero_speculation_is_byte_identical_with_each_stage(
             ]
         )[0]
         assert undry.emitted != plain.emitted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stochastic", [False, True], ids=["sampler-match", "stochastic"])
+def test_a_custom_chain_order_keeps_the_stream_on_its_p(constant_pair, logits, stochastic: bool) -> None:
+    """The drafter's q and the target's p run the same chain, so any order stays lossless."""
+    p = ref.chained(logits, ["temperature", "top_p"], temperature=2.5, top_p=0.5)[TOKENS]
+    in_default_order = ref.final_distribution(logits, temperature=2.5, top_k=6, top_p=0.5)[TOKENS]
+    assert np.count_nonzero(p) == 3 and np.count_nonzero(in_default_order) == 2  # the order matters here
+    request = RowRequest(prompt=PROMPT, sampling=CUSTOM, max_tokens=0)
+    stream = seeded_stream(speculative(constant_pair, stochastic), request, sample_count() // 2)
+    assert fit(stream, p) < CRITICAL_DOF5_ALPHA_1E4
+
+
+@pytest.mark.slow
+def test_chi_square_rejects_the_default_order_against_a_custom_chains_p(constant_pair, logits) -> None:
+    p = ref.chained(logits, ["temperature", "top_p"], temperature=2.5, top_p=0.5)[TOKENS]
+    request = RowRequest(prompt=PROMPT, sampling=replace(CUSTOM, samplers=SIX.samplers), max_tokens=0)
+    stream = seeded_stream(speculative(constant_pair, False), request, sample_count() // 4)
+    assert fit(stream, p) > CRITICAL_DOF5_ALPHA_1E4

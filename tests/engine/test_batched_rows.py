@@ -27,8 +27,9 @@ REQUESTS = [
 
 
 def completion(url: str, request: dict) -> dict:
-    """The streamed text, the final frame's stop and timing counts, and the request id."""
-    body = {**request, "stream": True, "ignore_eos": True}
+    """The streamed text, the final frame's stop and timing counts, and the request id (the prompt
+    cache off: the solo run would leave the batched one its prompts, and prompt_n would differ)."""
+    body = {**request, "stream": True, "ignore_eos": True, "cache_prompt": False}
     with httpx.Client(base_url=url, timeout=120) as http, http.stream("POST", "/completion", json=body) as r:
         frames = sse_frames(r)
         rid = r.headers["x-request-id"]

@@ -73,8 +73,18 @@ def test_a_model_missing_from_the_cache_names_the_cache_and_fetches_nothing(offl
     with pytest.raises(ProfileError) as refused:
         resolve("default", {"model": "acme/absent"})
     message = str(refused.value)
-    assert message.startswith("flag --model: acme/absent is not in the Hugging Face cache")
+    assert message.startswith(f"flag --model: no directory {Path.cwd() / 'acme/absent'} here, and acme/absent is not")
     assert str(offline / "models--acme--absent") in message and "--hf-download" in message
+
+
+def test_a_relative_target_found_nowhere_names_both_places(offline: Path, tmp_path: Path) -> None:
+    """Next to the profile, then the Hugging Face cache: the message names the two."""
+    profile = write(tmp_path, "p", 'target = "mlx/missing"\n')
+    with pytest.raises(ProfileError) as refused:
+        resolve(str(profile))
+    message = str(refused.value)
+    assert message.startswith(f"{profile}: target: no directory {tmp_path / 'mlx' / 'missing'} next to the profile")
+    assert str(offline / "models--mlx--missing") in message
 
 
 def test_serve_rejects_a_missing_repo_at_startup(hub: Path) -> None:

@@ -173,7 +173,9 @@ def test_a_profile_path_must_be_a_toml_file(cli: Callable[..., str], tmp_path: P
     assert_refused(cli, conf, f"{conf}: not a .toml file")
     assert_refused(cli, "/etc/passwd", "/etc/passwd: not a .toml file")
     assert_refused(cli, tmp_path, f"{tmp_path}: is a directory")
-    assert_refused(cli, tmp_path / "absent.toml", f"{tmp_path / 'absent.toml'}: profile not found")
+    assert_refused(cli, tmp_path / "absent.toml", f"{tmp_path / 'absent.toml'}: no such profile file")
+    assert_refused(cli, "mine/absent.toml", "mine/absent.toml: no such profile file (")  # where it looked
+    assert_refused(cli, "absent", "profiles/absent.toml: profile not found (shipped profiles: ")  # a name
 
 
 def test_a_profile_that_is_not_utf8_is_refused(cli: Callable[..., str], tmp_path: Path) -> None:

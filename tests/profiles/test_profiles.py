@@ -113,6 +113,8 @@ FAILURES = [
     ('target = "/nowhere/model"\n', "target: model path does not exist: /nowhere/model"),
     ('target = "@TARGET@"\n[drafter]\nkind = "draft-model"\n', "drafter.model: required for drafter.kind"),
     ('target = "@TARGET@"\n[env]\nMLXCEL_STOCHASTIC = "1"\n', "env.MLXCEL_STOCHASTIC: not an acceptance-rule override"),
+    # a request's unknown stage is skipped, as llama-server skips it; a profile's is a typo to report
+    ('target = "@TARGET@"\n[sampling]\nsamplers = ["top_k", "tfs_z"]\n', "sampling.samplers[1]: invalid enum value"),
 ]
 
 
@@ -191,10 +193,17 @@ def test_two_profiles_on_one_port(tmp_path: Path) -> None:
         second = mlxcel("serve", "--profile", str(b), "--port", taken)
         assert second.returncode == 2
         assert f"flag --port: port {taken} on 127.0.0.1 is already in use" in second.stderr  # the flag set it
+        assert f"pid {running.process.pid} (" in second.stderr  # who holds it
+        # a profile of the port the server holds (as its own profile is): checking it before a
+        # reload passes, with a warning naming the holder; --strict makes it the error `serve` meets
         held = write(tmp_path, "held", f'target = "@TARGET@"\n[server]\nport = {taken}\n')
-        check = mlxcel("profiles", "check", str(held))  # as serve would find it: the port is taken
-        assert check.returncode == 2
-        assert f"{held}: server.port: port {taken} on 127.0.0.1 is already in use" in check.stderr
+        check = mlxcel("profiles", "check", str(held))
+        assert check.returncode == 0 and check.stdout.startswith("ok: held ")
+        assert check.stderr.startswith(f"warning: {held}: server.port: port {taken} on 127.0.0.1 is already in use")
+        assert f"pid {running.process.pid} (" in check.stderr
+        strict = mlxcel("profiles", "check", "--strict", str(held))
+        assert strict.returncode == 2
+        assert f"{held}: server.port: port {taken} on 127.0.0.1 is already in use" in strict.stderr
 
 
 @pytest.mark.slow

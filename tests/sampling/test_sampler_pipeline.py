@@ -6,10 +6,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from app.sampling import Distribution, RowRng, SamplerPipeline, SamplingParams
+from app.sampling import Distribution, RowRng, SamplerPipeline, SamplingParams, chain
 from app.sampling.streams import drafter_stream, position_keys, xtc_coins
 from tests.support.pipelines import VOCAB, pipeline, rows
-from tests.support.reference_sampler import final_distribution, penalise
+from tests.support.reference_sampler import chained, final_distribution, penalise
 
 
 def p_of(sampler: SamplerPipeline, logits: np.ndarray, rng: RowRng | None = None) -> np.ndarray:
@@ -178,3 +178,95 @@ def test_position_keys_are_the_keys_target_only_decoding_draws(xtc: float) -> No
 def test_the_drafter_stream_is_not_the_target_stream() -> None:
     assert drafter_stream(5).next_key().tolist() != RowRng(5).next_key().tolist()
     assert drafter_stream(5).next_key().tolist() == drafter_stream(5).next_key().tolist()
+
+
+CHAIN_SETTINGS = {"temperature": 1.7, "top_k": 12, "top_p": 0.7, "min_p": 0.08, "typical_p": 0.9, "top_n_sigma": 2.0}
+
+
+@pytest.mark.parametrize(
+    "chain",
+    [
+        ["temperature", "top_p", "min_p"],
+        ["min_p", "temperature", "top_k", "top_p"],
+        ["top_p", "typ_p", "top_k"],
+        ["temperature", "top_n_sigma", "min_p", "top_p"],
+        ["top_k", "temperature", "min_p", "temperature"],  # a stage named twice runs twice
+        [],
+    ],
+)
+@pytest.mark.parametrize("seed", range(4))
+def test_a_chain_runs_its_stages_in_its_order(seed: int, chain: list[str]) -> None:
+    """Each stage on the survivors of the ones before it (after the temperature, tempered); a stage
+    the chain leaves out does not run, whatever its setting."""
+    logits = rows(seed)
+    reference = {"sigma" if k == "top_n_sigma" else k: v for k, v in CHAIN_SETTINGS.items()}
+    got = p_of(pipeline(**CHAIN_SETTINGS, samplers=tuple(chain)), logits)
+    for r in range(len(logits)):
+        want = chained(logits[r], chain, **reference)
+        assert set(np.nonzero(got[r])[0]) == set(np.nonzero(want)[0])
+        np.testing.assert_allclose(got[r], want, atol=1e-6)
+
+
+def test_a_chain_of_the_default_order_is_the_default_pipeline() -> None:
+    logits = mx.array(rows(11))
+    default = pipeline(**CHAIN_SETTINGS).distribution(logits)
+    named = pipeline(**CHAIN_SETTINGS, samplers=chain.DEFAULT).distribution(logits)
+    assert default.ids.tolist() == named.ids.tolist() and default.probs.tolist() == named.probs.tolist()
+
+
+def test_penalties_after_top_k_act_on_its_candidates() -> None:
+    logits = rows(2, n=1)
+    context = [int(t) for t in np.argsort(-logits[0])[:3]]  # the three best tokens were seen
+    sampler = pipeline(top_k=5, repeat_penalty=4.0, samplers=("top_k", "penalties", "temperature"))
+    got = np.array(sampler.distribution(mx.array(logits), [context]).dense())[0]
+    top5 = np.argsort(-logits[0])[:5]  # chosen before the penalties, which then reorder them
+    penalised = penalise(logits[0], context, 4.0, 0.0, 0.0)[top5]
+    want = np.zeros(VOCAB)
+    want[top5] = np.exp(penalised - penalised.max()) / np.exp(penalised - penalised.max()).sum()
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_a_stage_left_out_of_the_chain_does_not_run() -> None:
+    """Temperature 0 without the temperature stage is no greedy sampler (llama-server samples the
+    untempered row); nor is top_k 1 without top_k. Penalties and XTC left out read nothing."""
+    assert not SamplingParams(temperature=0.0, samplers=("top_k", "top_p")).is_greedy
+    assert not SamplingParams(top_k=1, samplers=("temperature",)).is_greedy
+    assert SamplingParams(temperature=0.0, samplers=("temperature",)).is_greedy
+    left_out = SamplingParams(repeat_penalty=1.3, dry_multiplier=0.8, xtc_probability=0.5, samplers=("top_k",))
+    assert not left_out.has_penalties and not left_out.has_dry and not left_out.uses_coin
+    assert left_out.context_length == 0
+
+
+def test_xtc_in_a_custom_place_takes_its_coin() -> None:
+    logits = rows(4, scale=1.0)
+    logits[:, :3] += 3.0
+    sampler = pipeline(top_k=20, xtc_probability=1.0, xtc_threshold=0.1, samplers=("xtc", "top_k"))
+    got = p_of(sampler, logits, RowRng(4))
+    differs = []
+    for r in range(len(logits)):  # measured on the whole vocabulary, before top_k
+        want = chained(logits[r], ["xtc", "top_k"], top_k=20, xtc_threshold=0.1)
+        np.testing.assert_allclose(got[r], want, atol=1e-6)
+        differs.append(not np.allclose(want, chained(logits[r], ["top_k", "xtc"], top_k=20, xtc_threshold=0.1)))
+    assert any(differs)  # the order mattered here
+
+
+@pytest.mark.parametrize(
+    ("value", "chain_named"),
+    [
+        ("kmt", ("top_k", "min_p", "temperature")),
+        ("edkypmxt", ("penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")),
+        ("kzt", ("top_k", "temperature")),  # an unknown letter is skipped
+        (["top_k", "tfs_z", "typical_p", "typ_p", "temperature"], ("top_k", "typ_p", "temperature")),
+        (["top-k", "temp", "min_p"], ("min_p",)),  # llama-server's list form reads canonical names only
+        (["adaptive_p", "top_p"], ("top_p",)),
+        ([], ()),
+        (7, None),
+    ],
+)
+def test_samplers_are_read_as_llama_server_reads_them(value, chain_named) -> None:
+    assert chain.parse(value) == chain_named
+
+
+def test_the_infill_stage_is_refused() -> None:
+    with pytest.raises(chain.ChainError, match="infill"):
+        chain.parse(["top_k", "infill"])

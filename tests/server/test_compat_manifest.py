@@ -81,6 +81,10 @@ def request_for(entry: RouteEntry) -> dict:
         "/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
         "/v1/messages": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
         "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "hi"}]},
+        "/v1/chat/completions/input_tokens": {"messages": [{"role": "user", "content": "hi"}]},
+        "/chat/completions/input_tokens": {"messages": [{"role": "user", "content": "hi"}]},
+        "/v1/responses/input_tokens": {"input": "hi"},
+        "/responses/input_tokens": {"input": "hi"},
         "/v1/responses": {"input": "hi", "max_output_tokens": 2},
         "/responses": {"input": "hi", "max_output_tokens": 2},
         "/v1/embeddings": {"input": "hi"},
@@ -191,7 +195,7 @@ def test_the_api_key_gates_every_claimed_route(keyed_server) -> None:
     # Every route the app serves (unserved ones answer 404 whoever asks), the public ones excepted:
     # health, the models and the schema (tests/server/test_http_surface.py).
     served = [e for e in routes() if e.state != "deferred" and not (e.error and e.error.status == 404)]
-    public = ("/", "/health", "/v1/health", "/models", "/v1/models", "/v1/models/:model_id")  # "/": the chat page
+    public = ("/", "/favicon.ico", "/health", "/v1/health", "/models", "/v1/models", "/v1/models/:model_id")  # the page
     gated = [e for e in served if e.path not in public and not e.path.startswith("/schema")]
     with keyed_server.client() as http:
         for entry in gated:

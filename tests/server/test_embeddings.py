@@ -57,8 +57,10 @@ def test_openai_sdk_embeddings_float_base64_lists_and_token_ids(embedding_server
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("body", "needle"),
-    [({}, "required"), ({"input": ""}, "empty"), ({"input": [1, "a"]}, "mixed"), ({"input": "a", "dimensions": 8},
-     "dimensions"), ({"input": [10**9]}, "out of the vocabulary")],
+    [({}, "required"), ({"input": ""}, "Input content cannot be empty"), ({"input": []}, "must not be empty"),
+     ({"input": "a", "dimensions": 8}, "dimensions"), ({"input": [10**9]}, "out of the vocabulary"),
+     ({"input": {"content": "string"}}, "text parts"), ({"input": {"content": [{"type": "image_url"}]}}, "text"),
+     ({"input": "def f(): pass\n" * 2000}, "is too large to process")],
 )  # fmt: skip
 def test_bad_inputs_are_400(embedding_server, body: dict, needle: str) -> None:
     answer = httpx.post(f"{embedding_server.url}/v1/embeddings", json=body, timeout=30)
@@ -79,16 +81,67 @@ def test_off_by_default_a_404_the_sdk_does_not_retry(default_server) -> None:
 
 def test_poolings_read_the_causal_states_they_name(embedded_target) -> None:
     tokens = list(embedded_target.tokenizer.encode("def area(radius):\n    return"))
-    first = embedding(embedded_target, tokens[:1], "last")
+    (first,) = embedding(embedded_target, tokens[:1], "last")
     # a causal model's state at position 0 is the one-token prompt's: cls pools exactly that
-    assert embedding(embedded_target, tokens, "cls") == pytest.approx(first, abs=1e-5)
-    assert embedding(embedded_target, tokens[:1], "mean") == pytest.approx(first, abs=1e-5)
-    last = embedding(embedded_target, tokens, "last")
-    mean = embedding(embedded_target, tokens, "mean")
+    assert embedding(embedded_target, tokens, "cls")[0] == pytest.approx(first, abs=1e-5)
+    assert embedding(embedded_target, tokens[:1], "mean")[0] == pytest.approx(first, abs=1e-5)
+    (last,) = embedding(embedded_target, tokens, "last")
+    (mean,) = embedding(embedded_target, tokens, "mean")
     assert last != pytest.approx(first, abs=1e-3) and mean != pytest.approx(last, abs=1e-3)
     states = embedded_target.model.model(mx.array([tokens]))[0].astype(mx.float32)
     want = states.mean(axis=0) / mx.linalg.norm(states.mean(axis=0))
     assert mean == pytest.approx(want.tolist(), abs=1e-5)
+    per_token = embedding(embedded_target, tokens, "none")  # each position's state, not normalised
+    assert len(per_token) == len(tokens)
+    assert all(got == pytest.approx(want, abs=1e-5) for got, want in zip(per_token, states.tolist(), strict=True))
+
+
+# llama.cpp's server tests' inputs: one prompt (a string, ids, ids mixed with strings, an object)
+# or many (a list of those); each answers one vector
+MIXED = [
+    ("string", 1), ([12, 34, 56], 1), ([12, 34, "string", 56, 78], 1), (["string1", "string2"], 2),
+    (["string1", [12, 34, 56]], 2), ([[12, 34, 56], [12, 34, 56]], 2), ([[12, 34, 56], [12, "string", 34, 56]], 2),
+    ({"prompt_string": "string"}, 1), ({"content": [{"type": "text", "text": "string"}]}, 1),
+    (["string1", {"prompt_string": "string2"}, {"content": [{"type": "text", "text": "string3"}]}], 3),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("given", "count"), MIXED)
+def test_llama_servers_input_shapes_are_embedded(embedding_server, given, count: int) -> None:
+    answer = httpx.post(f"{embedding_server.url}/v1/embeddings", json={"input": given}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["data"]) == count
+
+
+@pytest.mark.slow
+def test_text_parts_embed_as_their_joined_text(embedding_server) -> None:
+    given = ["hello world", {"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}]
+    data = httpx.post(f"{embedding_server.url}/v1/embeddings", json={"input": given}, timeout=30).json()["data"]
+    assert data[0]["embedding"] == data[1]["embedding"]
+
+
+@pytest.mark.slow
+def test_embeddings_is_llama_servers_native_route(embedding_server) -> None:
+    """/embeddings answers as /embedding (llama-server's native list), /v1/embeddings OpenAI's."""
+    with embedding_server.client() as http:
+        native = http.post("/embeddings", json={"input": TEXTS}).json()
+        also = http.post("/embedding", json={"content": TEXTS}).json()
+        openai_shape = http.post("/v1/embeddings", json={"input": TEXTS}).json()
+    assert native == also and [entry["index"] for entry in native] == [0, 1]
+    assert native[1]["embedding"][0] == pytest.approx(openai_shape["data"][1]["embedding"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_pooling_none_answers_every_tokens_vector_on_the_native_routes(tmp_path) -> None:
+    env = {"MLXCEL_SERVER__EMBEDDINGS": "true"}
+    with serve(tmp_path, "-m", "models/target", "--pooling", "none", env=env) as server, server.client() as http:
+        tokens = http.post("/tokenize", json={"content": "hello hello hello", "add_special": True}).json()["tokens"]
+        native = http.post("/embeddings", json={"input": "hello hello hello"}).json()
+        refused = http.post("/v1/embeddings", json={"input": "hello hello hello"})
+    assert len(native[0]["embedding"]) == len(tokens)
+    assert all(abs(sum(x * x for x in vector) - 1) > 1e-3 for vector in native[0]["embedding"])  # not normalised
+    assert refused.status_code == 400 and "Pooling type 'none' is not OAI compatible" in refused.text
 
 
 def test_a_tensor_parallel_target_cannot_serve_embeddings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import openai
 
 from app.execution.runner import PREFILL_CHUNK
+from tests.support.caching import restored
 from tests.support.server import sse_frames
 
 PROMPT = "def fibonacci(n):"
@@ -96,11 +97,11 @@ def test_progress_counts_the_tokens_the_prompt_cache_restored(default_server) ->
     prompt = long_prompt(2)
     body = {"prompt": prompt, "n_predict": 2, "temperature": 0, "stream": True, "return_progress": True}
     with default_server.client() as http:
-        for _ in range(2):  # the first fills the cache, the second restores its whole chunks
+        for _ in range(2):  # the first fills the cache, the second restores its whole grains
             with http.stream("POST", "/completion", json=body) as response:
                 frames = sse_frames(response)
     progress = progress_of(frames)
-    cached = 3 * PREFILL_CHUNK
+    cached = restored(len(prompt), len(prompt))
     assert frames[-1]["timings"]["cache_n"] == cached
     assert [p["processed"] for p in progress] == [cached, len(prompt)]
     assert {p["cache"] for p in progress} == {cached}

@@ -15,7 +15,7 @@ from app.server.engine_view import Engine
 
 LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
 # the chat page at / is a static file: it loads, and says the server is loading, while models load
-ANSWER_WHILE_LOADING = {"/", "/props", "/models", "/v1/models", "/v1/models/{model_id:path}"}
+ANSWER_WHILE_LOADING = {"/", "/favicon.ico", "/props", "/models", "/v1/models", "/v1/models/{model_id:path}"}
 
 
 APP = create_app(Engine(resolve("target-only").settings))

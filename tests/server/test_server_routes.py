@@ -72,7 +72,14 @@ def test_native_stream_ends_with_the_full_object(default_server) -> None:
         frames = sse_frames(response)
     assert "[DONE]" not in frames
     *partial, final = frames
-    assert all(not f["stop"] and len(f["timings"]) == 9 for f in partial)  # base keys only
+    assert all(not f["stop"] for f in partial)
+    # as llama-server's: the base keys, and the draft block so far once the row drafted; a round's
+    # accepted drafts count up token by token, so each frame tells whether its token was one
+    assert all(set(f["timings"]) in ({*BASE_KEYS}, {*BASE_KEYS, *DRAFT_KEYS}) for f in partial)
+    accepted = [f["timings"].get("draft_n_accepted", 0) for f in partial]
+    steps = [later - earlier for earlier, later in zip([0, *accepted], accepted, strict=False)]
+    assert set(steps) <= {0, 1} and accepted[-1] == final["timings"]["draft_n_accepted"] > 0
+    assert [f["timings"]["predicted_n"] for f in partial] == list(range(1, len(partial) + 1))
     assert final["stop"] is True and final["content"] == ""
     check_timings(final["timings"], drafted=True)
     streamed = "".join(f["content"] for f in partial)

@@ -14,6 +14,7 @@ import pytest
 from app.execution.runner import PREFILL_CHUNK
 from app.loading import EMBEDDED_TARGET
 from app.profiles.tenants import tenant_id
+from tests.support.caching import restored
 from tests.support.cli import mlxcel
 from tests.support.server import RunningServer, serve
 
@@ -82,8 +83,9 @@ def test_a_tenant_never_hits_another_tenants_prompt_cache(server: RunningServer)
           f"alpha again {repeat['prompt_ms']:.1f}")  # fmt: skip
     assert (primed["cache_n"], other["cache_n"], other_openai) == (0, 0, 0)
     assert other["prompt_n"] == len(prompt)
-    assert (repeat["cache_n"], own["cache_n"]) == (2 * B, 2 * B)
-    assert cached_tokens(server, SOLO, prompt) == 2 * B  # solo's own first request stored it
+    hit = restored(len(prompt), len(prompt))
+    assert hit >= 2 * B and (repeat["cache_n"], own["cache_n"]) == (hit, hit)
+    assert cached_tokens(server, SOLO, prompt) == hit  # solo's own first request stored it
 
 
 def test_the_log_names_tenants_by_id_never_by_key(server: RunningServer) -> None:
@@ -116,7 +118,7 @@ def test_a_global_prompt_cache_is_shared_and_a_reload_reads_the_key_file_again(t
     with serve(tmp_path, "--profile", str(profile)) as shared:
         prompt = tokens(13, 2 * B + 37)
         assert complete(shared, ALPHA, prompt)["cache_n"] == 0
-        assert complete(shared, BETA, prompt)["cache_n"] == 2 * B
+        assert complete(shared, BETA, prompt)["cache_n"] == restored(len(prompt), len(prompt))
         keys.write_text(f"{ALPHA}\n{SOLO}\n")  # beta's key is revoked, solo's added
         (refused,) = sighup(shared, "reload_refused")
         assert "server.api_key_file (the keys in it)" in refused["reason"] and refused["level"] == "warning"

@@ -1,6 +1,8 @@
-"""The chat page at `/` in a real browser (headless Chromium over its DevTools pipe): it streams
-an answer from /v1/chat/completions and shows what speculation did. MLXCEL_WRITE_SCREENSHOT=1
-writes the screenshot to docs/web-page.png (committed) instead of the test's folder."""
+"""The chat page at `/` in a real browser (headless Chromium over its DevTools pipe): Enter sends,
+it streams an answer from /v1/chat/completions and shows what speculation did (the accepted drafts
+tinted in the text, the speed-up against the target alone, what "biased" means), Stop ends an
+answer, and the page has its icon. MLXCEL_WRITE_SCREENSHOT=1 writes the screenshot to
+docs/web-page.png (committed) instead of the test's folder."""
 
 from __future__ import annotations
 
@@ -32,20 +34,32 @@ def send(browser: Browser, text: str) -> None:
     browser.evaluate(f"document.getElementById('prompt').value = {text!r}; document.getElementById('send').click()")
 
 
+def type_and_press_enter(browser: Browser, text: str) -> None:
+    browser.evaluate(f"const p = document.getElementById('prompt'); p.value = {text!r}; p.focus()")
+    browser.press("Enter", 13)
+
+
 @needs_chromium
 @pytest.mark.slow
 def test_the_page_streams_an_answer_and_charts_the_rounds(default_server, browser: Browser, tmp_path: Path) -> None:
     browser.goto(f"{default_server.url}/")
     browser.wait_for("document.getElementById('model').textContent.includes('target')")
-    send(browser, QUESTION)
-    browser.wait_for("document.querySelector('.answer[data-done]')")
+    type_and_press_enter(browser, QUESTION)  # Enter sends
+    browser.wait_for("document.querySelector('.answer[data-measured]')")
     shown = browser.evaluate("""(() => {
         const answer = document.querySelector('.answer');
         const charts = [...answer.querySelectorAll('figure.chart')].map(f =>
             [...f.querySelectorAll('rect.bar')].map(r => Number(r.dataset.value)));
+        const facts = Object.fromEntries([...answer.querySelectorAll('.facts > span')].map(s =>
+            [s.firstChild.textContent.trim(), s.querySelector('b').textContent]));
         return {done: answer.dataset.done, text: answer.querySelector('.text').textContent,
                 rule: answer.querySelector('.rule b').textContent, mode: answer.querySelector('.mode b').textContent,
-                tps: Number(answer.querySelector('.tps b').textContent), charts};
+                tps: Number(answer.querySelector('.tps b').textContent), charts, facts,
+                tinted: answer.querySelectorAll('.text .drafted').length,
+                ratio: Number(answer.querySelector('.speedup').dataset.ratio),
+                speedup: answer.querySelector('.speedup').textContent,
+                legend: document.getElementById('legend').textContent,
+                prompt: document.getElementById('prompt').value};
     })()""")
     body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 128, "temperature": 0,
             "speculative_diagnostics": True}  # fmt: skip
@@ -58,9 +72,36 @@ def test_the_page_streams_an_answer_and_charts_the_rounds(default_server, browse
     assert len(lengths) == len(spec["accepted_lengths"]) == 5  # rounds that accepted 0..4 of the 4 drafts
     assert sum(lengths) == spec["rounds"] and len(per_position) == 4
     assert all(0 <= share <= 1 for share in per_position)
+    assert shown["prompt"] == ""  # sent, not a new line
+    # every accepted draft tinted, one per token frame: as many as the answer accepted
+    assert shown["tinted"] == int(shown["facts"]["drafted / accepted"].split(" / ")[1]) == spec["accepted"] > 0
+    assert shown["ratio"] > 0 and "× (target alone " in shown["speedup"]
+    assert "biased" in shown["legend"] and "greedy path" in shown["legend"]
+    icon = browser.evaluate("fetch('/favicon.ico').then(r => r.status + ' ' + r.headers.get('content-type'))")
+    assert icon == "200 image/svg+xml"
+    assert browser.evaluate("document.querySelector('link[rel=icon]').getAttribute('href')") == "/favicon.ico"
     shot = ROOT / "docs" / "web-page.png" if os.environ.get("MLXCEL_WRITE_SCREENSHOT") else tmp_path / "page.png"
     browser.screenshot(shot)
     assert shot.read_bytes().startswith(b"\x89PNG")
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_stop_ends_an_answer_and_its_row(default_server, browser: Browser) -> None:
+    """Stop aborts the stream; the server ends the row of a client that left, and the page keeps
+    what came and takes the next question."""
+    browser.goto(f"{default_server.url}/")
+    browser.evaluate("document.getElementById('max-tokens').value = 3000")
+    send(browser, QUESTION)
+    browser.wait_for("document.querySelector('.answer .text').textContent.length > 20")
+    assert browser.evaluate("document.getElementById('stop').hidden") is False
+    browser.evaluate("document.getElementById('stop').click()")
+    browser.wait_for("document.querySelector('.answer[data-done=\"stopped\"]')")
+    assert browser.evaluate("document.getElementById('stop').hidden") is True
+    default_server.wait_idle(30)  # the row went with its client
+    browser.evaluate("document.getElementById('max-tokens').value = 4")
+    send(browser, "hi")
+    browser.wait_for("document.querySelectorAll('.answer[data-done=\"true\"]').length === 1")
 
 
 @needs_chromium
@@ -88,5 +129,9 @@ def test_server_web_ui_turns_the_page_off(monkeypatch: pytest.MonkeyPatch, on: b
     if on:
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert "/v1/chat/completions" in page.text and "<script src" not in page.text  # nothing fetched elsewhere
+        icon = client.get("/favicon.ico")
+        assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+        assert icon.content.startswith(b"<svg ")
     else:
         assert page.status_code == 404 and page.json()["error"]["type"] == "not_found_error"
+        assert client.get("/favicon.ico").status_code == 404

@@ -107,6 +107,13 @@ class Browser:
             assert time.monotonic() < deadline, f"the page never showed {condition}"
             time.sleep(0.1)
 
+    def press(self, key: str, code: int) -> None:
+        """A real key press (down, then up) on the focused element: `key` as KeyboardEvent.key names it."""
+        text = "\r" if key == "Enter" else key
+        for kind in ("keyDown", "keyUp"):
+            self.send("Input.dispatchKeyEvent", session=True, type=kind, key=key, code=key,
+                      windowsVirtualKeyCode=code, text=text if kind == "keyDown" else "")  # fmt: skip
+
     def screenshot(self, path: Path) -> None:
         data = self.send("Page.captureScreenshot", session=True, format="png", captureBeyondViewport=True)["data"]
         path.write_bytes(base64.b64decode(data))

@@ -44,14 +44,7 @@ def final_distribution(
         keep = typical_keep(softmax(logits[kept]), typical_p)
         kept = [t for t, k in zip(kept, keep, strict=True) if k]
     if top_p < 1.0:
-        probs = softmax(logits[kept])
-        mass, cut = 0.0, []
-        for token, p in zip(kept, probs, strict=True):
-            if mass >= top_p:
-                break
-            cut.append(token)
-            mass += p
-        kept = cut
+        kept = top_p_cut(kept, softmax(logits[kept]), top_p)
     if min_p > 0.0:
         probs = softmax(logits[kept])
         kept = [t for t, p in zip(kept, probs, strict=True) if p >= min_p * probs.max()]
@@ -65,6 +58,17 @@ def final_distribution(
     out = np.zeros(len(logits))
     out[kept] = softmax(logits[kept] / temperature)
     return out
+
+
+def top_p_cut(kept: list[int], probs: np.ndarray, top_p: float) -> list[int]:
+    """The shortest prefix of `kept` (most likely first) whose mass reaches top_p."""
+    mass, cut = 0.0, []
+    for token, p in zip(kept, probs, strict=True):
+        if mass >= top_p:
+            break
+        cut.append(token)
+        mass += p
+    return cut
 
 
 def top_n_sigma(logits: np.ndarray, n: float) -> np.ndarray:
@@ -141,4 +145,45 @@ def mirostat(logits: np.ndarray, mu: float, version: int, temperature: float, vo
         kept = int(np.clip(k, 1, len(probs))) if np.isfinite(k) else 1
     out = np.zeros(len(probs))
     out[order[:kept]] = ranked[:kept] / ranked[:kept].sum()
+    return out
+
+
+def chained(
+    logits: np.ndarray,
+    chain: list[str],
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    typical_p: float = 1.0,
+    sigma: float = -1.0,
+    xtc_threshold: float | None = None,  # XTC applies (its coin came up) with this threshold
+) -> np.ndarray:
+    """The stages `chain` names, in its order, each on the survivors the stages before it left
+    (renormalised; after the temperature, tempered), as llama-server's chain runs them."""
+    logits = logits.astype(np.float64).copy()
+    kept = [int(t) for t in np.argsort(-logits, kind="stable") if np.isfinite(logits[t])]
+    for stage in chain:
+        probs = softmax(logits[kept])
+        if stage == "temperature":
+            logits = logits / temperature
+        elif stage == "top_k" and 0 < top_k < len(kept):
+            kept = kept[:top_k]
+        elif stage == "top_p" and top_p < 1.0:
+            kept = top_p_cut(kept, probs, top_p)
+        elif stage == "min_p" and min_p > 0.0:
+            kept = [t for t, p in zip(kept, probs, strict=True) if p >= min_p * probs.max()]
+        elif stage == "typ_p" and typical_p < 1.0:
+            kept = [t for t, k in zip(kept, typical_keep(probs, typical_p), strict=True) if k]
+        elif stage == "xtc" and xtc_threshold is not None:
+            above = int(np.sum(probs >= xtc_threshold))
+            if above >= 2:
+                kept = kept[above - 1 :]
+        elif stage == "top_n_sigma" and sigma > 0:
+            survivors = np.full(len(logits), -np.inf)
+            survivors[kept] = logits[kept]
+            kept = [t for t in kept if np.isfinite(top_n_sigma(survivors, sigma)[t])]
+    out = np.zeros(len(logits))
+    out[kept] = softmax(logits[kept])
     return out

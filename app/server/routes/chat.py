@@ -9,11 +9,11 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from app.server import conversation, reasoning, shaping, tools
+from app.server import conversation, reasoning, requests, shaping, tools
 from app.server.bodies import json_response
 from app.server.engine_view import EngineView, require_ready
 from app.server.openapi import streamed_or
-from app.server.responses import ChatCompletion
+from app.server.responses import ChatCompletion, InputTokens
 from app.server.schemas import ChatRequest
 from app.server.service import Rows, start_rows
 from app.server.streaming import frame, include_usage, openai_frames, sse
@@ -35,7 +35,11 @@ class ChatController(Controller):
         """Chat through the model's chat template; `timings` rides on the body or the finish chunk."""
         tokens, plan = await conversation.prompt_tokens(engine, data)
         prompt_tail = engine.tokenizer.decode(tokens[-8:])
-        thinking = reasoning.reasoning_for(data.reasoning_format, engine.writes_thinking, prompt_tail)
+        # a continued message is the answer's text as is: llama-server parses no thinking in it
+        prefill = requests.continues_final_message(data.messages, data.continue_final_message)
+        writes_thinking = engine.writes_thinking and not prefill
+        chosen = data.reasoning_format or engine.settings.server.reasoning_format
+        thinking = reasoning.reasoning_for(chosen, writes_thinking, prompt_tail)
         rows = await start_rows(request, engine, data, [tokens], data.n, request.url.path)
         head = shaping.openai_head("chatcmpl", rows.request_id, rows.settings[0].model)
         logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)
@@ -49,6 +53,16 @@ class ChatController(Controller):
             engine.settings.server.max_response_bytes,
             shaping.rule_header([r.rule for r in results]),
         )
+
+    @post(
+        ["/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"],
+        status_code=200,
+        name="chat-input-tokens",
+    )
+    async def input_tokens(self, engine: NamedDependency[EngineView], data: JSONBody[ChatRequest]) -> InputTokens:
+        """The prompt's tokens as the chat template renders the messages and tools (llama-server's)."""
+        tokens, _ = await conversation.prompt_tokens(engine, data)
+        return InputTokens(input_tokens=len(tokens))
 
 
 async def chat_frames(

@@ -31,7 +31,7 @@ class MessagesController(Controller):
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[anthropic.MessagesRequest]
     ) -> Response | Stream:
         """A Messages answer through the chat pipeline; `timings` ride on the body or on message_delta."""
-        chat = await conversation.start(request, engine, anthropic.chat_request(data))
+        chat = await conversation.start(request, engine, anthropic.chat_request(data), allow_empty=True)
         model = chat.rows.settings[0].model
         if data.stream:
             return await sse(chat.rows, message_events(chat, model))
@@ -49,7 +49,7 @@ class MessagesController(Controller):
         self, engine: NamedDependency[EngineView], data: JSONBody[anthropic.MessagesRequest]
     ) -> anthropic.TokenCount:
         """The prompt's tokens as the model's chat template renders the messages, system and tools."""
-        tokens, _ = await conversation.prompt_tokens(engine, anthropic.chat_request(data))
+        tokens, _ = await conversation.prompt_tokens(engine, anthropic.chat_request(data), allow_empty=True)
         return anthropic.TokenCount(input_tokens=len(tokens))
 
 

@@ -16,6 +16,7 @@ from app.server.bodies import json_response
 from app.server.conversation import Conversation
 from app.server.engine_view import Delta, EngineView, Finished, require_ready
 from app.server.openapi import streamed_or
+from app.server.responses import InputTokens
 from app.server.responses_api import MessageItem, ResponseBody, ResponsesRequest, ResponseStore
 from app.server.schemas import ChatRequest
 from app.server.streaming import sse
@@ -79,6 +80,17 @@ class ResponsesController(Controller):
             engine.settings.server.max_response_bytes,
             shaping.rule_header([result.rule]),
         )
+
+    @post(["/v1/responses/input_tokens", "/responses/input_tokens"], status_code=200, name="responses-input-tokens")
+    async def input_tokens(
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[ResponsesRequest]
+    ) -> InputTokens:
+        """The prompt's tokens the response would start from: instructions, the stored conversation
+        `previous_response_id` continues, the input and the tools, as the chat template renders them."""
+        store: ResponseStore = request.app.state.responses
+        history = store.history(tenant_of(request), data.previous_response_id)
+        tokens, _ = await conversation.prompt_tokens(engine, responses_api.chat_request(data, history))
+        return InputTokens(input_tokens=len(tokens))
 
 
 async def response_events(answer: Answer) -> AsyncIterator[bytes]:

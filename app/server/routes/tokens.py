@@ -34,9 +34,16 @@ class TokensController(Controller):
     async def apply_template(
         self, engine: NamedDependency[EngineView], data: JSONBody[ApplyTemplateRequest]
     ) -> TemplatePrompt:
-        """The prompt text the chat template makes of these messages."""
+        """The prompt text the chat template makes of these messages (a final assistant message
+        continued, as the chat route continues it)."""
         prompt = await asyncio.to_thread(
-            requests.chat_prompt, data.messages, engine.tokenizer, None, engine.settings, tokenize=False
+            requests.chat_prompt,
+            data.messages,
+            engine.tokenizer,
+            None,
+            engine.settings,
+            tokenize=False,
+            prefill=requests.continues_final_message(data.messages),
         )
         return TemplatePrompt(prompt=prompt)
 

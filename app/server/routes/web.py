@@ -11,12 +11,19 @@ from pathlib import Path
 from litestar import Controller, Request, Response, get
 from litestar.exceptions import NotFoundException
 
-PAGE = Path(__file__).resolve().parents[1] / "web" / "index.html"
+WEB = Path(__file__).resolve().parents[1] / "web"
+PAGE = WEB / "index.html"
+ICON = WEB / "favicon.svg"
 
 
 @functools.cache
 def page() -> bytes:
     return PAGE.read_bytes()
+
+
+@functools.cache
+def icon() -> bytes:
+    return ICON.read_bytes()
 
 
 class WebController(Controller):
@@ -27,3 +34,10 @@ class WebController(Controller):
         if not request.app.state.settings.server.web_ui:
             raise NotFoundException()
         return Response(page(), media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-cache"})
+
+    @get("/favicon.ico", opt={"public": True}, include_in_schema=False, name="web-icon")
+    async def favicon(self, request: Request) -> Response:
+        """The page's icon (an SVG, as the page's <link rel="icon"> says), where browsers ask for it."""
+        if not request.app.state.settings.server.web_ui:
+            raise NotFoundException()
+        return Response(icon(), media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
