@@ -18,6 +18,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from app.server import shaping
+from app.server.conversation import translated
 from app.server.engine_view import Finished, Timings
 from app.server.errors import ApiError
 from app.server.schemas import ChatRequest, WireStruct
@@ -102,7 +103,7 @@ def chat_request(request: MessagesRequest) -> ChatRequest:
         body["tool_choice"] = tool_choice(request.tool_choice)
     if request.output_config is not None:
         body |= output_config(request.output_config)
-    return msgspec.convert(body, ChatRequest)
+    return translated(body, "Messages")
 
 
 def output_config(config: OutputConfig) -> dict[str, Any]:

@@ -119,7 +119,8 @@ def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) 
     app.state.settings = settings  # the live profile's: the API key and JSON depth follow a reload
     app.state.tenants = engines.current.tenants  # its keys (a reload's engine read the key file again)
     app.state.grammars = grammars
-    app.state.responses = ResponseStore()  # /v1/responses kept for previous_response_id; outlives reloads
+    # /v1/responses kept for previous_response_id, each tenant's apart; outlives reloads
+    app.state.responses = ResponseStore(settings.server.responses_stored, settings.server.responses_store_mb << 20)
     app.state.http_metrics = HttpMetrics()  # counted by the access log, read by /metrics; outlives reloads
 
     def follow(new: Engine) -> None:

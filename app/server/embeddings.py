@@ -88,7 +88,7 @@ def token_inputs(
         raise ApiError(400, "input: must not be empty")
     if len(raw) > MAX_INPUTS:
         raise ApiError(400, f"input: {len(raw)} inputs; this server embeds at most {MAX_INPUTS} per request")
-    prompts = []
+    prompts, total, budget = [], 0, settings.server.max_embedding_tokens
     for index, item in enumerate(raw):
         if isinstance(item, int):
             raise ApiError(
@@ -101,6 +101,10 @@ def token_inputs(
             raise ApiError(400, f"input[{index}]: {len(tokens)} tokens; this server accepts "
                                 f"{settings.server.max_prompt_tokens} (server.max_prompt_tokens)")  # fmt: skip
         check_token_ids(tokens, vocab)
+        total += len(tokens)
+        if total > budget:
+            raise ApiError(400, f"input: over {total} tokens by input[{index}]; this server embeds at most "
+                                f"{budget} per request (server.max_embedding_tokens)")  # fmt: skip
         prompts.append(tokens)
     return prompts
 

@@ -6,8 +6,10 @@ is the first (system) message, `input` a string (one user message) or items (mes
 chat's tool calls and tool messages), `max_output_tokens` the token limit, `text.format` the
 response_format (json_schema through the grammar engine), function tools and `tool_choice` the
 chat's. A stored response (`store`, the default) keeps its conversation, input and output, in
-this process's memory, so a later request may continue it by `previous_response_id`; the
-store keeps the last MAX_STORED responses, each tenant's apart.
+this process's memory, so a later request may continue it by `previous_response_id`; each
+tenant has its own store, holding its last `server.responses_stored` responses within
+`server.responses_store_mb` (its encoded conversations' bytes), so neither one tenant's traffic
+evicts another's nor its size grows the server without bound.
 """
 
 from __future__ import annotations
@@ -22,13 +24,12 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from app.server import shaping
+from app.server.conversation import translated
 from app.server.engine_view import Finished, Timings
 from app.server.errors import ApiError
 from app.server.responses import GenerationSettings
 from app.server.schemas import ChatRequest, WireStruct
 from app.server.tools import ToolPlan, tool_calls, type_name
-
-MAX_STORED = 256  # responses kept for previous_response_id; the oldest goes first
 
 # --- requests ---------------------------------------------------------------------------------
 
@@ -86,7 +87,7 @@ def chat_request(request: ResponsesRequest, history: list[dict[str, Any]]) -> Ch
         body["tools"] = [chat_tool(index, tool) for index, tool in enumerate(request.tools)]
     if request.tool_choice is not None:
         body["tool_choice"] = tool_choice(request.tool_choice)
-    return msgspec.convert(body, ChatRequest)
+    return translated(body, "Responses")
 
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -99,13 +100,14 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
 def input_message(index: int, item: dict[str, Any]) -> dict[str, Any]:
     where, kind = f"input[{index}]", item.get("type", "message")
     if kind == "function_call":
-        call = {"id": item.get("call_id"), "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}  # fmt: skip
+        call = {"id": text_field(item, "call_id", where), "type": "function",
+                "function": {"name": text_field(item, "name", where),
+                             "arguments": text_field(item, "arguments", where, "{}")}}  # fmt: skip
         return {"role": "assistant", "content": "", "tool_calls": [call]}
     if kind == "function_call_output":
         output = item.get("output")
         text = output if isinstance(output, str) else parts_text(f"{where}.output", output)
-        return {"role": "tool", "tool_call_id": item.get("call_id"), "content": text}
+        return {"role": "tool", "tool_call_id": text_field(item, "call_id", where), "content": text}
     if kind != "message":
         raise ApiError(
             400,
@@ -117,6 +119,14 @@ def input_message(index: int, item: dict[str, Any]) -> dict[str, Any]:
     content = item.get("content")
     text = content if isinstance(content, str) else parts_text(f"{where}.content", content)
     return {"role": "system" if role == "developer" else role, "content": text}
+
+
+def text_field(item: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
+    """`item[key]`, a string (required unless it has a `default`)."""
+    value = item.get(key, default)
+    if not isinstance(value, str):
+        raise ApiError(400, f"{where}.{key}: expected a string, got {type_name(value)}")
+    return value
 
 
 def parts_text(where: str, parts: object) -> str:
@@ -142,9 +152,15 @@ def response_format(format_: TextFormat) -> dict[str, Any]:
 
 
 def chat_tool(index: int, tool: dict[str, Any]) -> dict[str, Any]:
+    where = f"tools[{index}]"
     if tool.get("type") != "function":
-        raise ApiError(400, f"tools[{index}]: only function tools run here, got type {tool.get('type')!r}")
-    function = {key: tool.get(key) for key in ("name", "description", "parameters")}
+        raise ApiError(400, f"{where}: only function tools run here, got type {tool.get('type')!r}")
+    description, parameters = tool.get("description"), tool.get("parameters")
+    if description is not None and not isinstance(description, str):
+        raise ApiError(400, f"{where}.description: expected a string, got {type_name(description)}")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise ApiError(400, f"{where}.parameters: expected a JSON schema (an object), got {type_name(parameters)}")
+    function = {"name": text_field(tool, "name", where), "description": description, "parameters": parameters}
     return {"type": "function", "function": function}
 
 
@@ -160,28 +176,39 @@ def tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
 
 
 class ResponseStore:
-    """Stored conversations by (tenant, response id), the last MAX_STORED of them."""
+    """Stored conversations, encoded, by tenant and response id: each tenant's last `entries`
+    within `max_bytes`, the oldest going first. A conversation larger than `max_bytes` alone is
+    not kept (a later `previous_response_id` naming it is not found)."""
 
-    def __init__(self, limit: int = MAX_STORED) -> None:
-        self._limit = limit
-        self._held: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()
+    def __init__(self, entries: int, max_bytes: int) -> None:
+        self._entries = entries
+        self._max_bytes = max_bytes
+        self._held: dict[str, OrderedDict[str, bytes]] = {}
+        self._bytes: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def history(self, tenant: str, response_id: str | None) -> list[dict[str, Any]]:
         if response_id is None:
             return []
         with self._lock:
-            found = self._held.get((tenant, response_id))
+            found = self._held.get(tenant, {}).get(response_id)
         if found is None:
             raise ApiError(400, f"Previous response with id '{response_id}' not found (responses are kept in memory, "
-                                f"the last {self._limit}, and only when stored)")  # fmt: skip
-        return found
+                                f"each tenant's last {self._entries} within {self._max_bytes} bytes, and only when "
+                                "stored)")  # fmt: skip
+        return msgspec.json.decode(found)
 
     def keep(self, tenant: str, response_id: str, conversation: list[dict[str, Any]]) -> None:
+        encoded = msgspec.json.encode(conversation)
+        if len(encoded) > self._max_bytes:
+            return
         with self._lock:
-            self._held[(tenant, response_id)] = conversation
-            while len(self._held) > self._limit:
-                self._held.popitem(last=False)
+            held = self._held.setdefault(tenant, OrderedDict())
+            held[response_id] = encoded
+            self._bytes[tenant] = self._bytes.get(tenant, 0) + len(encoded)
+            while len(held) > self._entries or self._bytes[tenant] > self._max_bytes:
+                _, dropped = held.popitem(last=False)
+                self._bytes[tenant] -= len(dropped)
 
 
 def conversation(data: ChatRequest, output: list[OutputItem]) -> list[dict[str, Any]]:

@@ -77,6 +77,18 @@ def test_a_model_missing_from_the_cache_names_the_cache_and_fetches_nothing(offl
     assert str(offline / "models--acme--absent") in message and "--hf-download" in message
 
 
+def test_a_revision_that_leaves_the_cache_is_refused(offline: Path, tmp_path: Path) -> None:
+    """refs/main holding `../`: huggingface_hub joins it to the snapshots folder as it is."""
+    outside = cache_model(tmp_path / "elsewhere", "evil/model", EMBEDDED_TARGET)
+    repo = offline / "models--acme--escape"
+    (repo / "snapshots").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    escape = Path(*[".."] * len((repo / "snapshots").relative_to("/").parts)) / outside.relative_to("/")
+    (repo / "refs" / "main").write_text(str(escape))
+    with pytest.raises(ProfileError, match=r"acme/escape: the cache's revision names .* not a folder of"):
+        resolve("default", {"model": "acme/escape"})
+
+
 def test_serve_rejects_a_missing_repo_at_startup(hub: Path) -> None:
     result = mlxcel("serve", "-hf", "acme/absent", "--port", "0", env={"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 2

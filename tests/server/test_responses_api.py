@@ -154,8 +154,8 @@ def test_what_cannot_be_honoured_is_a_clear_400(default_server, body: dict, need
         client(default_server).responses.create(**{"model": "target", "input": "hi", "max_output_tokens": 2, **body})
 
 
-def test_the_store_is_bounded_and_kept_per_tenant() -> None:
-    store = ResponseStore(limit=2)
+def test_the_store_is_bounded_by_count_and_bytes_and_kept_per_tenant() -> None:
+    store = ResponseStore(entries=2, max_bytes=200)
     for n in range(3):
         store.keep("a", f"resp_{n}", [{"role": "user", "content": str(n)}])
     assert store.history("a", "resp_2") == [{"role": "user", "content": "2"}]
@@ -163,6 +163,15 @@ def test_the_store_is_bounded_and_kept_per_tenant() -> None:
         store.history("a", "resp_0")  # the oldest went first
     with pytest.raises(Exception, match="not found"):
         store.history("b", "resp_2")  # another tenant's
+    for n in range(3):
+        store.keep("b", f"resp_b{n}", [{"role": "user", "content": "x" * 60}])  # about 90 bytes each
+    assert store.history("a", "resp_1") and store.history("a", "resp_2")  # b's traffic evicts none of a's
+    with pytest.raises(Exception, match="not found"):
+        store.history("b", "resp_b0")  # two of b's fill its 200 bytes: the oldest went
+    store.keep("b", "resp_huge", [{"role": "user", "content": "x" * 300}])  # larger than a tenant's bytes
+    with pytest.raises(Exception, match="not found"):
+        store.history("b", "resp_huge")
+    assert store.history("b", "resp_b2")
 
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ class ChatController(Controller):
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[ChatRequest]
     ) -> Response | Stream:
         """Chat through the model's chat template; `timings` rides on the body or the finish chunk."""
-        tokens, plan = await conversation.prompt_tokens(engine, data)
+        tokens, plan = await conversation.prompt_tokens(request, engine, data)
         prompt_tail = engine.tokenizer.decode(tokens[-8:])
         thinking = reasoning.reasoning_for(data.reasoning_format, engine.writes_thinking, prompt_tail)
         rows = await start_rows(request, engine, data, [tokens], data.n, request.url.path)

@@ -2,27 +2,36 @@
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Callable
+from typing import Any
 
-from litestar import Controller, Request, post
+from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from app.server import embeddings, shaping
+from app.server import embeddings, offload, shaping
+from app.server.bodies import encoded_response
 from app.server.embeddings import EmbeddingList, EmbeddingRequest, NativeEmbedding
 from app.server.engine_view import EngineView, require_ready
 
+FLOAT_BYTES = 10  # about what one vector entry takes in JSON (base64: 5.3)
 
-async def vectors(
-    request: Request, engine: EngineView, data: EmbeddingRequest
-) -> tuple[list[list[int]], list[list[float]]]:
-    """The inputs' tokens and their embeddings, one engine call per input (rows decode between them)."""
+
+async def answer(
+    request: Request,
+    engine: EngineView,
+    data: EmbeddingRequest,
+    body: Callable[[list[list[int]], list[list[float]]], Any],
+) -> Response:
+    """The inputs' embeddings (one engine call, a chunk at a time between ticks), shaped by `body`
+    within server.max_response_bytes."""
     embeddings.check_on(engine.settings, request.url.path)
-    prompts = await asyncio.to_thread(
-        embeddings.token_inputs, data, engine.tokenizer, engine.settings, engine.vocab_size
+    prompts = await offload.run(
+        request, embeddings.token_inputs, data, engine.tokenizer, engine.settings, engine.vocab_size
     )
-    pooling = engine.settings.server.embeddings_pooling
-    return prompts, [await engine.embed(tokens, pooling) for tokens in prompts]
+    found = await engine.embed(prompts, engine.settings.server.embeddings_pooling, request.receive)
+    estimate = sum(map(len, found)) * FLOAT_BYTES
+    return await encoded_response(lambda: body(prompts, found), estimate, engine.settings.server.max_response_bytes)
 
 
 class EmbeddingsController(Controller):
@@ -32,15 +41,24 @@ class EmbeddingsController(Controller):
     @post(["/v1/embeddings", "/embeddings"], status_code=200, name="embeddings")
     async def openai_embeddings(
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[EmbeddingRequest]
-    ) -> EmbeddingList:
+    ) -> Response[EmbeddingList]:
         """OpenAI's list of embeddings, floats or base64; 404 unless server.embeddings is on."""
-        prompts, found = await vectors(request, engine, data)
-        return embeddings.embedding_list(found, prompts, data.encoding_format, shaping.model_alias(engine.settings))
+        model = shaping.model_alias(engine.settings)
+        return await answer(
+            request,
+            engine,
+            data,
+            lambda prompts, found: embeddings.embedding_list(found, prompts, data.encoding_format, model),
+        )
 
     @post("/embedding", status_code=200, name="embedding")
     async def native_embedding(
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[EmbeddingRequest]
-    ) -> list[NativeEmbedding]:
+    ) -> Response[list[NativeEmbedding]]:
         """llama-server's: one entry per input, its pooled vector as `[[...]]`."""
-        _, found = await vectors(request, engine, data)
-        return [NativeEmbedding(index=i, embedding=[vector]) for i, vector in enumerate(found)]
+        return await answer(
+            request,
+            engine,
+            data,
+            lambda _, found: [NativeEmbedding(index=i, embedding=[vector]) for i, vector in enumerate(found)],
+        )

@@ -46,10 +46,10 @@ class MessagesController(Controller):
 
     @post("/v1/messages/count_tokens", status_code=200, name="messages-count-tokens")
     async def count_tokens(
-        self, engine: NamedDependency[EngineView], data: JSONBody[anthropic.MessagesRequest]
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[anthropic.MessagesRequest]
     ) -> anthropic.TokenCount:
         """The prompt's tokens as the model's chat template renders the messages, system and tools."""
-        tokens, _ = await conversation.prompt_tokens(engine, anthropic.chat_request(data))
+        tokens, _ = await conversation.prompt_tokens(request, engine, anthropic.chat_request(data))
         return anthropic.TokenCount(input_tokens=len(tokens))
 
 
