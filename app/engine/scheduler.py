@@ -9,10 +9,11 @@ it would be alone. A tick forwards at most `max_batch_tokens` target positions (
 row); rows left over go first next tick, so none starves. Requests beyond `max_rows` wait in
 the queue; beyond `max_queue` they are refused.
 
-Heavy work takes at most `heavy_work_share` of the engine while rows decode (app/engine/share.py):
-an embedding runs one chunk at a time between ticks, and a grammar row whose last step's masks
-were costly (over COSTLY_MASK_S) joins a tick only when the share allows, and with at most
-TICK_MASK_S of such masks per tick. Deferred, a row waits; its output does not change.
+Heavy work takes at most `heavy_work_share` of the engine's time while other rows decode
+(app/engine/share.py): an embedding runs one chunk at a time between ticks, and grammar rows
+whose last step's masks were costly (over COSTLY_MASK_S) get ticks of their own, only when the
+share allows, with at most TICK_MASK_S of expected mask time each. Deferred, a row waits; its
+output does not change.
 
 The lock guards the queue and the rows table only and is never held while a loop is built or a
 row advances: `submit` runs on the HTTP event loop, and a block drafter's first load (seconds)
@@ -298,15 +299,14 @@ class Scheduler:
 
     def _tick(self) -> None:
         self._sweep_cancelled()
-        rows, throttled = self._this_tick()
+        rows, heavy = self._this_tick()
         masks_before = [row.generation.mask_seconds for row in rows]
+        started = time.perf_counter()
         self._step(rows)
-        costly = 0.0
+        if heavy:  # costly rows' own tick, while cheap rows waited: they are owed their share
+            self.share.spent(time.perf_counter() - started)
         for row, before in zip(rows, masks_before, strict=True):
             row.mask_cost = row.generation.mask_seconds - before
-            costly += row.mask_cost if row.mask_cost > COSTLY_MASK_S else 0.0
-        if throttled and costly:  # heavy work beside cheap rows: they are owed their share
-            self.share.spent(costly)
 
     def _step(self, rows: list[Row]) -> None:
         decoding = [row for row in rows if row.generation.prefilled]  # before this tick's prefills end
@@ -338,31 +338,29 @@ class Scheduler:
         """The rows whose positions fit this tick's budget: last tick's leftovers first, then the
         rest in the order they joined; one that does not fit is left for the next tick's front.
 
-        Beside rows whose masks are cheap (or that have none), a row whose last step's masks were
-        costly comes after them, and joins only while the heavy-work share is free, the first such
-        row always and the others within TICK_MASK_S of expected mask time. Also whether the
-        tick is so throttled (it holds both kinds)."""
+        Rows whose last step's masks were costly never share a tick with the others (rows without
+        a grammar, or with cheap masks): beside those they get a tick of their own only when the
+        heavy-work share is free, and with at most TICK_MASK_S of expected mask time (one such row
+        at least). Also whether this is such a heavy tick (others waited through it)."""
         leftover = [self.rows[slot] for slot in self._deferred if slot in self.rows]
         order = leftover + [row for row in self.rows.values() if row not in leftover]
         cheap = [row for row in order if row.mask_cost <= COSTLY_MASK_S]
-        throttled = bool(cheap) and len(cheap) < len(order)
-        if throttled:
-            order = cheap + [row for row in order if row.mask_cost > COSTLY_MASK_S]
+        costly = [row for row in order if row.mask_cost > COSTLY_MASK_S]
+        heavy = bool(costly) and (not cheap or self.share.free)
+        candidates = costly if heavy else cheap
         chosen: list[Row] = []
-        deferred: list[int] = []
-        room, masks, heavy_free = self.limits.max_batch_tokens, TICK_MASK_S, self.share.free
-        for row in order:
+        deferred = [row.slot for row in (cheap if heavy else costly)]
+        room, masks = self.limits.max_batch_tokens, TICK_MASK_S
+        for row in candidates:
             positions = row.generation.positions()
-            costly = throttled and row.mask_cost > COSTLY_MASK_S
-            held = costly and (not heavy_free or (masks < TICK_MASK_S and row.mask_cost > masks))
-            if chosen and (positions > room or held):
+            if chosen and (positions > room or (heavy and row.mask_cost > masks)):
                 deferred.append(row.slot)
                 continue
             chosen.append(row)
             room -= positions
-            masks -= row.mask_cost if costly else 0.0
+            masks -= row.mask_cost
         self._deferred = deferred
-        return chosen, throttled
+        return chosen, heavy and bool(cheap)
 
     def _settle(self, row: Row, outcome: Delta | Exception) -> None:
         """Deliver a row's step (its last delta and result once it has finished) or its failure."""

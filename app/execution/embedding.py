@@ -16,6 +16,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from app.execution.model import LoadedModel
+from app.runtime.memory import release_free_memory
 
 POOLINGS = ("mean", "last", "cls")  # llama-server's names: every position's mean, the last one's, the first one's
 CHUNK = 32  # positions per step: about one decode tick's time or a few on the CPU
@@ -25,12 +26,15 @@ def embeddings(target: LoadedModel, prompts: list[list[int]], pooling: str) -> G
     """Each prompt's pooled, normalised vector, one chunk's forward per step (a `yield` after
     each). Run it on the thread that owns MLX (the engine's)."""
     vectors = []
-    for tokens in prompts:
-        pooled = yield from _pooled(target, tokens, pooling)
-        norm = mx.linalg.norm(pooled)
-        vector = mx.where(norm > 0, pooled / norm, pooled)  # an all-zero state stays zero, as llama-server's
-        vectors.append(vector.tolist())
-    return vectors
+    try:
+        for tokens in prompts:
+            pooled = yield from _pooled(target, tokens, pooling)
+            norm = mx.linalg.norm(pooled)
+            vector = mx.where(norm > 0, pooled / norm, pooled)  # an all-zero state stays zero, as llama-server's
+            vectors.append(vector.tolist())
+        return vectors
+    finally:  # done, failed or stopped: the chunks' caches and states are freed by now
+        release_free_memory()
 
 
 def embedding(target: LoadedModel, tokens: list[int], pooling: str) -> list[float]:

@@ -103,7 +103,7 @@ class ServerSettings(Group):
     max_batch_tokens: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 1024
     # while rows decode, the most of the engine's time heavy work takes: embedding chunks and the
     # ticks of grammar rows whose masks are costly (app/engine/share.py); 1 turns the throttle off
-    heavy_work_share: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 0.5
+    heavy_work_share: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 0.33
     # run every batch size and draft width once before /health turns 200 (app/decoding/warmup.py):
     # "auto" where kernels compile on first use (a GPU), "on" and "off" everywhere
     warmup: WarmupName = "auto"

@@ -10,6 +10,7 @@ from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 from litestar.handlers import HTTPRouteHandler
 
+from app.server import offload
 from app.server.access import REQUEST_ID_HEADER
 from app.server.auth import require_api_key
 from app.server.body import StrictJsonRequest
@@ -107,7 +108,7 @@ def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) 
         dependencies={"engine": Provide(provide_engine)},  # a generator: held until the handler returns
         exception_handlers=HANDLERS,
         guards=[require_api_key],
-        lifespan=[engine_lifespan(engines), grammar_lifespan(grammars)],
+        lifespan=[engine_lifespan(engines), grammar_lifespan(grammars), offload.reclaim_lifespan()],
         openapi_config=openapi_config(),
         request_class=StrictJsonRequest,
         request_max_body_size=settings.server.max_body_bytes,

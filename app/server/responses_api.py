@@ -60,7 +60,7 @@ class ResponsesRequest(WireStruct, kw_only=True):
     text: TextConfig | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None  # at most one call is made, which either value allows
+    parallel_tool_calls: bool | None = None  # left out: OpenAI's true, an answer may be several calls
     previous_response_id: str | None = None
     store: bool = True
     background: bool | None = None
@@ -87,14 +87,32 @@ def chat_request(request: ResponsesRequest, history: list[dict[str, Any]]) -> Ch
         body["tools"] = [chat_tool(index, tool) for index, tool in enumerate(request.tools)]
     if request.tool_choice is not None:
         body["tool_choice"] = tool_choice(request.tool_choice)
+    body["parallel_tool_calls"] = request.parallel_tool_calls
     return translated(body, "Responses")
 
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`input` as chat messages."""
+    """`input` as chat messages (consecutive function calls as one assistant turn's calls)."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
-    return [input_message(index, item) for index, item in enumerate(items)]
+    return merged_calls([input_message(index, item) for index, item in enumerate(items)])
+
+
+def merged_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive assistant messages that are only calls, as one message with all the calls:
+    parallel calls are one turn, as chat templates read them."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        previous = out[-1] if out else None
+        if previous is not None and _only_calls(previous) and _only_calls(message):
+            out[-1] = {**previous, "tool_calls": previous["tool_calls"] + message["tool_calls"]}
+        else:
+            out.append(message)
+    return out
+
+
+def _only_calls(message: dict[str, Any]) -> bool:
+    return message["role"] == "assistant" and bool(message.get("tool_calls")) and not message["content"]
 
 
 def input_message(index: int, item: dict[str, Any]) -> dict[str, Any]:
@@ -217,7 +235,7 @@ def conversation(data: ChatRequest, output: list[OutputItem]) -> list[dict[str, 
     messages = [msgspec.to_builtins(m) for m in data.messages]
     if messages and messages[0]["role"] == "system":
         messages = messages[1:]  # instructions (input items' system messages are kept below)
-    return messages + [output_message(item) for item in output]
+    return merged_calls(messages + [output_message(item) for item in output])
 
 
 def output_message(item: OutputItem) -> dict[str, Any]:
@@ -303,12 +321,13 @@ def response_id() -> str:
 
 
 def output(result: Finished, plan: ToolPlan | None, item_id: str) -> list[OutputItem]:
-    """The answer's one item: the function call its whole output is, or a message of its text."""
+    """The answer's items: the function calls its whole output is (several where
+    parallel_tool_calls allows), or one message of its text."""
     calls = tool_calls(plan, result.text) if plan is not None else None
     if calls:
-        call = calls[0]
-        return [FunctionCallItem(id=f"fc_{item_id}", call_id=call.id, name=call.function.name,
-                                 arguments=call.function.arguments, status="completed")]  # fmt: skip
+        return [FunctionCallItem(id=f"fc_{item_id}" + (f"_{i}" if i else ""), call_id=call.id,
+                                 name=call.function.name, arguments=call.function.arguments, status="completed")
+                for i, call in enumerate(calls)]  # fmt: skip
     return [MessageItem(id=f"msg_{item_id}", status=status(result), content=[OutputText(text=result.text)])]
 
 
@@ -397,8 +416,8 @@ class Events:
         return self.event("response.output_text.delta", item_id=f"msg_{item_id}", output_index=0, content_index=0,
                           delta=text, logprobs=[])  # fmt: skip
 
-    def item_done(self, item: OutputItem) -> list[bytes]:
-        """A message's closing events, or a (held-back) function call's whole events."""
+    def item_done(self, item: OutputItem, index: int = 0) -> list[bytes]:
+        """A message's closing events, or a (held-back) function call's whole events, as output item `index`."""
         if isinstance(item, MessageItem):
             part = item.content[0]
             return [
@@ -409,12 +428,12 @@ class Events:
             ]  # fmt: skip
         started = msgspec.structs.replace(item, arguments="", status="in_progress")
         return [
-            self.event("response.output_item.added", output_index=0, item=started),
-            self.event("response.function_call_arguments.delta", item_id=item.id, output_index=0,
+            self.event("response.output_item.added", output_index=index, item=started),
+            self.event("response.function_call_arguments.delta", item_id=item.id, output_index=index,
                        delta=item.arguments),
-            self.event("response.function_call_arguments.done", item_id=item.id, output_index=0,
+            self.event("response.function_call_arguments.done", item_id=item.id, output_index=index,
                        arguments=item.arguments),
-            self.event("response.output_item.done", output_index=0, item=item),
+            self.event("response.output_item.done", output_index=index, item=item),
         ]  # fmt: skip
 
     def error(self, code: int, message: str, kind: str) -> bytes:

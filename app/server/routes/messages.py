@@ -67,8 +67,9 @@ async def message_events(chat: Conversation, model: str) -> AsyncIterator[bytes]
         elif isinstance(event, Finished):
             blocks = anthropic.content(event, chat.plan)
             if chat.may_call:
-                for frame in anthropic.block_whole(0, blocks[0]):
-                    yield frame
+                for index, block in enumerate(blocks):
+                    for frame in anthropic.block_whole(index, block):
+                        yield frame
             else:
                 yield anthropic.block_stop(0)
             for frame in anthropic.message_end(event, blocks):

@@ -99,8 +99,9 @@ async def response_events(answer: Answer) -> AsyncIterator[bytes]:
             if answer.chat.may_call and isinstance(items[0], MessageItem):  # held back, and no call after all
                 for frame in [*events.text_start(answer.item_id), events.text_delta(answer.item_id, event.text)]:
                     yield frame
-            for frame in events.item_done(items[0]):
-                yield frame
+            for index, item in enumerate(items):
+                for frame in events.item_done(item, index):
+                    yield frame
             done = answer.body(event, items)
             kind = "response.incomplete" if done.status == "incomplete" else "response.completed"
             yield events.event(kind, response=done)
