@@ -157,9 +157,9 @@ class SamplerPipeline:
             keep = stages.typical(probs, p.typical_p)
             survivors = mx.where(keep, probs, 0.0)
             survivors = survivors / mx.sum(survivors, axis=-1, keepdims=True)
-        if p.top_p < 1.0:
+        if p.top_p < 1.0:  # at least the top survivor, as llama-server's min_keep (top_p 0, or below float32's least)
             mass_before = mx.cumsum(survivors, axis=-1) - survivors
-            keep = keep & (rank < mx.sum(mass_before < p.top_p, axis=-1, keepdims=True))
+            keep = keep & (rank < mx.maximum(mx.sum(mass_before < p.top_p, axis=-1, keepdims=True), 1))
         if p.min_p > 0.0:
             keep = keep & (survivors >= p.min_p * mx.max(survivors, axis=-1, keepdims=True))
         if self.uses_coin and coins is not None:
@@ -173,7 +173,9 @@ class SamplerPipeline:
         """
         filtered = mx.where(keep, probs, 0.0)
         filtered = filtered / mx.sum(filtered, axis=-1, keepdims=True)
-        over = filtered >= self.params.xtc_threshold
+        over = keep & (
+            filtered >= self.params.xtc_threshold
+        )  # among the kept: a threshold of 0 is no reason to revive one
         above = mx.sum(over, axis=-1, keepdims=True)
         least_likely = mx.max(mx.where(over, rank, -1), axis=-1, keepdims=True)  # of those above
         applies = (coins[:, None] <= self.params.xtc_probability) & (above >= 2)
