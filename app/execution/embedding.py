@@ -37,16 +37,6 @@ def embeddings(target: LoadedModel, prompts: list[list[int]], pooling: str) -> G
         release_free_memory()
 
 
-def embedding(target: LoadedModel, tokens: list[int], pooling: str) -> list[float]:
-    """One prompt's vector at once (offline callers and tests)."""
-    steps = embeddings(target, [tokens], pooling)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value[0]
-
-
 def _pooled(target: LoadedModel, tokens: list[int], pooling: str) -> Generator[None, None, mx.array]:
     backbone = target.model.model  # mlx-lm's decoder stack: the model without its output layer
     cache = make_prompt_cache(target.model)

@@ -34,6 +34,8 @@ from typing import Any
 
 import httpx
 
+from ops.bench.canary import HealthCanary
+
 CANARY = {"prompt": "def fibonacci(n):\n", "n_predict": 32, "temperature": 0}
 AMBIGUOUS = "root ::= s\ns ::= s s | [a-z ]"  # each mask costs more as the output grows
 SETTLE_S = 0.8  # after an attack: the server's memory settles before RSS is read
@@ -150,35 +152,28 @@ def idle_canary_s(target: Target) -> float:
 
 
 class Canaries:
-    """/health polled every 50 ms and the canary completion decoded back to back, from threads."""
+    """/health polled (ops/bench/canary.py) and the canary completion decoded back to back, from threads."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.health_s = 0.0
+        self.health = HealthCanary(target.url)
         self.canaries: list[float] = []
         self._done = threading.Event()
-        self._threads = [threading.Thread(target=self._health, daemon=True), threading.Thread(target=self._decode)]
+        self._decoder = threading.Thread(target=self._decode)
+
+    @property
+    def health_s(self) -> float:
+        return self.health.slowest
 
     def __enter__(self) -> Canaries:
-        for thread in self._threads:
-            thread.start()
+        self.health.__enter__()
+        self._decoder.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self._done.set()
-        for thread in self._threads:
-            thread.join()
-
-    def _health(self) -> None:
-        with httpx.Client(base_url=self.target.url, timeout=30) as http:
-            while not self._done.is_set():
-                started = time.perf_counter()
-                try:
-                    ok = http.get("/health").status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                self.health_s = max(self.health_s, time.perf_counter() - started if ok else float("inf"))
-                time.sleep(0.05)
+        self._decoder.join()
+        self.health.__exit__()
 
     def _decode(self) -> None:
         while not self._done.is_set():

@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from tests.support.canary import HealthCanary
+from ops.bench.canary import HealthCanary
 from tests.support.server import RunningServer, serve
 
 COMPLETION = {"prompt": "x", "n_predict": 4}
