@@ -32,10 +32,10 @@ class TokensController(Controller):
     @post("/detokenize", status_code=200, name="detokenize")
     async def detokenize(
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[DetokenizeRequest]
-    ) -> Detokenized:
-        return Detokenized(
-            content=await offload.run(request, text_of, engine.tokenizer, data.tokens, engine.vocab_size)
-        )
+    ) -> Response[Detokenized]:
+        limit = engine.settings.server.max_response_bytes
+        content = await offload.run(request, detokenized_body, engine.tokenizer, data.tokens, engine.vocab_size, limit)
+        return Response(content, media_type=MediaType.JSON)
 
     @post("/apply-template", status_code=200, name="apply-template")
     async def apply_template(
@@ -48,9 +48,10 @@ class TokensController(Controller):
         return TemplatePrompt(prompt=prompt)
 
 
-def text_of(tokenizer: TokenizerWrapper, tokens: list[int], vocab: int) -> str:
+def detokenized_body(tokenizer: TokenizerWrapper, tokens: list[int], vocab: int, limit: int) -> bytes:
+    """The encoded answer, within `limit` bytes (server.max_response_bytes); blocking."""
     requests.check_token_ids(tokens, vocab)
-    return tokenizer.decode(tokens)
+    return encoded(lambda: Detokenized(content=tokenizer.decode(tokens)), limit)
 
 
 def tokens_body(tokenizer: TokenizerWrapper, data: TokenizeRequest, limit: int) -> bytes:
