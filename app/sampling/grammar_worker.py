@@ -5,9 +5,12 @@ wait in a bounded queue in front of it. A compile that runs past `compile_timeou
 child killed; one that crashes it (a native stack overflow, the memory limit) leaves it dead;
 either way the caller gets a `GrammarError` naming the limit and the next compile starts a
 fresh child. The compiler's own verdicts (the grammar, or its refusal) are cached by the text's
-hash (bounded), so a repeated schema costs a dictionary lookup; a child that died or was killed
-is no verdict on the grammar (it may have been killed from outside, or run out of time on a busy
-machine), so that refusal is never cached and the same grammar is compiled afresh next time.
+hash (bounded), so a repeated schema costs a dictionary lookup. A child that died is no verdict
+on the grammar by itself (something outside may have killed it), so the compile is tried once
+more on a fresh child: a grammar that kills that one too is refused for it, and that refusal is
+cached (a repeated crashing grammar must not keep killing the worker); one whose second try
+succeeds gets its grammar. A compile past the time limit is refused and never cached: on a busy
+machine the same grammar may fit next time.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class Lost:
     """A compile that ended with the child gone: refused this once, never cached."""
 
     message: str
+    died: bool  # by itself or by a signal from elsewhere; False: killed here, past the time limit
 
 
 class GrammarCompiler:
@@ -131,7 +135,17 @@ class GrammarCompiler:
         return verdict
 
     def _compiled(self, kind: str, text: str) -> Grammar | str | Lost:
-        """The child's verdict: the grammar, or the refusal's message; Lost when the child died."""
+        """The child's verdict: the grammar, or the refusal's message; Lost when the child was
+        killed past the time limit. A child that died gets a second try on a fresh one; dying twice
+        is the grammar's verdict."""
+        verdict = self._attempt(kind, text)
+        if isinstance(verdict, Lost) and verdict.died:
+            verdict = self._attempt(kind, text)
+            if isinstance(verdict, Lost) and verdict.died:
+                return verdict.message
+        return verdict
+
+    def _attempt(self, kind: str, text: str) -> Grammar | str | Lost:
         child = self._running_child()
         started = time.perf_counter()
         try:
@@ -143,7 +157,7 @@ class GrammarCompiler:
             reason = str(exc) or self._death(child)
             self._log.warning("grammar_worker_lost", kind=kind, reason=reason, bytes=len(text))
             self._stop_child()
-            return Lost(f"{label(kind)}: {reason}")
+            return Lost(f"{label(kind)}: {reason}", died=not str(exc))
         self._log.debug("grammar_compiled", kind=kind, ms=round((time.perf_counter() - started) * 1000, 1))
         if "error" in answer:
             return answer["error"]

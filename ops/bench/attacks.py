@@ -473,8 +473,8 @@ def grammar_worker(pid: int) -> int | None:
 
 
 def killed_compile(target: Target, http: httpx.Client) -> bool:
-    """A valid grammar whose compile is killed (the worker stopped, sent it, then SIGKILLed) compiles
-    on a retry: the killed compile was no verdict on the grammar."""
+    """A valid grammar whose compile is killed (the worker stopped, sent it, then SIGKILLed) is
+    answered on a retry: the killed compile was no verdict on the grammar."""
     http.post("/completion", json={"prompt": "x", "n_predict": 1, "grammar": 'root ::= "a"'})  # the worker runs
     worker = grammar_worker(target.pid)
     if worker is None:
