@@ -26,7 +26,7 @@ from app.profiles import Resolved
 from app.profiles.schema import Settings
 from app.server.access import with_access_log
 from app.server.app import create_app
-from app.server.protocol import EnvelopeHttpToolsProtocol
+from app.server.protocol import bounded_protocol, connection_cap
 
 HANDLER_GRACE_S = 5.0  # after the drain: how long responses already decided get to reach their clients
 # A signal to a process group reaches the server from the sender and, within a millisecond, again
@@ -145,6 +145,13 @@ def serve(settings: Settings, resolve: Callable[[], Resolved]) -> int:
     engines = EngineSwitch(Engine(settings, on_failure=on_failure, on_ready=on_ready))
     engines.on_swap.append(lambda engine: events.acceptance_rule_active(**startup_fields(engine, address)))
     reloader = Reloader(engines, resolve, on_failure)
+    limits = settings.server
+    max_connections = connection_cap(limits.max_connections)
+    if max_connections < limits.max_connections:
+        structlog.get_logger("mlxcel.serve").warning(
+            "connection_cap_lowered", wanted=limits.max_connections, max_connections=max_connections,
+            reason="the descriptor limit (ulimit -n) leaves room for no more",
+        )  # fmt: skip
     config = uvicorn.Config(
         with_access_log(create_app(engines, reloader)),
         host=settings.server.host,
@@ -153,7 +160,8 @@ def serve(settings: Settings, resolve: Callable[[], Resolved]) -> int:
         access_log=False,  # the access event is ours (app/server/access.py)
         lifespan="on",
         timeout_graceful_shutdown=HANDLER_GRACE_S,
-        http=EnvelopeHttpToolsProtocol,
+        timeout_keep_alive=limits.keep_alive_timeout_s,  # type: ignore[arg-type]  (seconds, a float works)
+        http=bounded_protocol(limits, max_connections),
     )
     sock = listen(config)
     address = sock.getsockname()[:2]

@@ -160,6 +160,12 @@ class Generation:
         """A decode step (after the prefill) as the forwards it asks for, for the engine's batch."""
         return self._stepped((yield from self.loop.steps(self.state, self._limit - len(self.emitted))))
 
+    @property
+    def mask_seconds(self) -> float:
+        """CPU seconds its grammar's masks took so far (0: no grammar)."""
+        constraint = self.state.constraint
+        return constraint.spent_s if constraint is not None else 0.0
+
     def positions(self) -> int:
         """Target positions the next tick forwards at most (a prefill chunk, or a step's)."""
         return self.loop.positions(self.state)

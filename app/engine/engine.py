@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from functools import partial
 
 import structlog
 
@@ -26,7 +25,7 @@ from app.engine.reporter import Reporter
 from app.engine.row import Failed, Job
 from app.engine.scheduler import EngineState, Scheduler, UnavailableError, unavailable_message
 from app.engine.snapshot import EngineSnapshot, copy_metrics, row_view
-from app.execution.embedding import embedding
+from app.execution.embedding import embeddings
 from app.profiles.schema import Settings
 from app.profiles.tenants import Tenants
 from app.runtime.logging import log_internal_error
@@ -83,9 +82,10 @@ class Engine:
     def submit(self, job: Job) -> None:
         self.scheduler.submit(job)
 
-    def embed(self, tokens: list[int], pooling: str) -> Future:
-        """The target's embedding of `tokens` (app/execution/embedding.py), computed on the engine thread."""
-        return self.scheduler.call(partial(embedding, self.host.target, tokens, pooling))
+    def embed(self, prompts: list[list[int]], pooling: str) -> Future:
+        """The target's embedding rows of each prompt (app/execution/embedding.py), computed on the
+        engine thread a chunk at a time between ticks; cancelling the future stops it at the next chunk."""
+        return self.scheduler.call(embeddings(self.host.target, prompts, pooling))
 
     @property
     def idle(self) -> bool:

@@ -90,6 +90,7 @@ class Row:
         self.generation = generation
         self.slot = slot
         self._reported = -1  # the prompt tokens the last Progress counted (-1: none sent yet)
+        self.mask_cost = 0.0  # CPU seconds its grammar's masks took in its last tick (the scheduler weighs it)
 
     def advance(self) -> Delta:
         """One tick on its own: a prefill chunk or a step, with the timings so far if wanted."""

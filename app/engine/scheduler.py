@@ -9,6 +9,12 @@ it would be alone. A tick forwards at most `max_batch_tokens` target positions (
 row); rows left over go first next tick, so none starves. Requests beyond `max_rows` wait in
 the queue; beyond `max_queue` they are refused.
 
+Heavy work takes at most `heavy_work_share` of the engine's time while other rows decode
+(app/engine/share.py): an embedding runs one chunk at a time between ticks, and grammar rows
+whose last step's masks were costly (over COSTLY_MASK_S) get ticks of their own, only when the
+share allows, with at most TICK_MASK_S of expected mask time each. Deferred, a row waits; its
+output does not change.
+
 The lock guards the queue and the rows table only and is never held while a loop is built or a
 row advances: `submit` runs on the HTTP event loop, and a block drafter's first load (seconds)
 must not keep it, or any route, waiting. Everything else runs on the engine thread (`serve`).
@@ -19,7 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from enum import StrEnum
 
@@ -32,12 +38,15 @@ from app.decoding.width import Goodput
 from app.engine.host import ModelHost
 from app.engine.reporter import Reporter
 from app.engine.row import Event, Failed, Job, Row, Started
+from app.engine.share import HeavyShare
 from app.profiles.schema import ServerSettings
 from app.runtime.bounds import RequestBoundError
 from app.runtime.logging import internal_error_message, log_internal_error
 from app.sampling.grammar import GrammarError
 
 IDLE_WAIT_S = 0.05
+COSTLY_MASK_S = 0.001  # a step whose grammar masks took more CPU than this is heavy work (ordinary masks: microseconds)
+TICK_MASK_S = 0.05  # the costly rows' expected mask time one tick may carry (at least one such row)
 
 
 class EngineState(StrEnum):
@@ -78,8 +87,9 @@ class Scheduler:
         self._stopping = False
         self._abort: str | None = None  # set by `abort`: fail every row and queued job with this
         self._deferred: list[int] = []  # slots of the rows the last tick's budget left out
-        # work that needs the models but is no row (embeddings), run between ticks
-        self._calls: deque[tuple[Callable[[], object], Future]] = deque()
+        # work that needs the models but is no row (embeddings), a step at a time between ticks
+        self._calls: deque[tuple[Generator[None, None, object], Future]] = deque()
+        self.share = HeavyShare(limits.heavy_work_share)
         self.goodput = Goodput(host.forward_cost)  # the tick's width cap under load
         self._log = structlog.get_logger("mlxcel.engine")
 
@@ -95,10 +105,11 @@ class Scheduler:
             self._count()
             self._wake.notify()
 
-    def call(self, work: Callable[[], object]) -> Future:
-        """Run `work` on the engine thread between two ticks; the future holds its result or
-        exception. One call runs per tick, so the rows go on between calls, each delayed by one
-        call's time; beyond `max_queue` waiting calls, 503 as for requests."""
+    def call(self, work: Generator[None, None, object]) -> Future:
+        """Run `work` on the engine thread, one step (up to its next `yield`) between two ticks;
+        the future holds its return value or exception. The calls take turns, a step each, within
+        the heavy-work share; one whose future is cancelled (its client left) stops at its next
+        step. Beyond `max_queue` waiting calls, 503 as for requests."""
         future: Future = Future()
         with self._wake:
             if self.state is not EngineState.READY:
@@ -164,25 +175,43 @@ class Scheduler:
             left = list(self._calls)
             self._calls.clear()
         for _, future in left:
-            future.set_exception(UnavailableError(unavailable_message(EngineState.DRAINING)))
+            _refuse(future, unavailable_message(EngineState.DRAINING))
 
     def _run_calls(self) -> None:
-        """The oldest waiting call, if any (one per tick)."""
+        """A step of the call whose turn it is, if the heavy-work share allows one now; it goes
+        to the back of the queue unless it ended. A future stays pending until its call ends, so
+        its caller may still cancel it."""
+        if self.rows and not self.share.free:
+            return
+        busy = bool(self.rows)
         with self._wake:
             if not self._calls:
                 return
             work, future = self._calls.popleft()
-        if not future.set_running_or_notify_cancel():
+        if future.cancelled():
+            work.close()
             return
+        started = time.perf_counter()
         try:
-            future.set_result(work())
+            next(work)
+        except StopIteration as done:
+            if future.set_running_or_notify_cancel():
+                future.set_result(done.value)
+            return
         except Exception as exc:  # the caller's failure, answered to it alone
-            future.set_exception(exc)
+            if future.set_running_or_notify_cancel():
+                future.set_exception(exc)
+            return
+        finally:
+            if busy:  # beside decoding rows: they are owed their share
+                self.share.spent(time.perf_counter() - started)
+        with self._wake:
+            self._calls.append((work, future))
 
     def fail_all(self, event: Failed) -> None:
         with self._wake:
             for _, future in self._calls:
-                future.set_exception(UnavailableError(event.message))
+                _refuse(future, event.message)
             self._calls.clear()
             jobs = [row.job for row in self.rows.values()] + list(self._queue)
             if self._admitting is not None:  # the engine broke while building its loop
@@ -270,7 +299,16 @@ class Scheduler:
 
     def _tick(self) -> None:
         self._sweep_cancelled()
-        rows = self._this_tick()
+        rows, heavy = self._this_tick()
+        masks_before = [row.generation.mask_seconds for row in rows]
+        started = time.perf_counter()
+        self._step(rows)
+        if heavy:  # costly rows' own tick, while cheap rows waited: they are owed their share
+            self.share.spent(time.perf_counter() - started)
+        for row, before in zip(rows, masks_before, strict=True):
+            row.mask_cost = row.generation.mask_seconds - before
+
+    def _step(self, rows: list[Row]) -> None:
         decoding = [row for row in rows if row.generation.prefilled]  # before this tick's prefills end
         for row in rows:
             if not row.generation.prefilled:
@@ -296,23 +334,33 @@ class Scheduler:
             self._retire(row)
             self.reporter.cancelled(row.job, decided=len(row.generation.emitted))
 
-    def _this_tick(self) -> list[Row]:
+    def _this_tick(self) -> tuple[list[Row], bool]:
         """The rows whose positions fit this tick's budget: last tick's leftovers first, then the
-        rest in the order they joined; one that does not fit is left for the next tick's front."""
+        rest in the order they joined; one that does not fit is left for the next tick's front.
+
+        Rows whose last step's masks were costly never share a tick with the others (rows without
+        a grammar, or with cheap masks): beside those they get a tick of their own only when the
+        heavy-work share is free, and with at most TICK_MASK_S of expected mask time (one such row
+        at least). Also whether this is such a heavy tick (others waited through it)."""
         leftover = [self.rows[slot] for slot in self._deferred if slot in self.rows]
-        rest = [row for row in self.rows.values() if row not in leftover]
+        order = leftover + [row for row in self.rows.values() if row not in leftover]
+        cheap = [row for row in order if row.mask_cost <= COSTLY_MASK_S]
+        costly = [row for row in order if row.mask_cost > COSTLY_MASK_S]
+        heavy = bool(costly) and (not cheap or self.share.free)
+        candidates = costly if heavy else cheap
         chosen: list[Row] = []
-        deferred: list[int] = []
-        room = self.limits.max_batch_tokens
-        for row in leftover + rest:
+        deferred = [row.slot for row in (cheap if heavy else costly)]
+        room, masks = self.limits.max_batch_tokens, TICK_MASK_S
+        for row in candidates:
             positions = row.generation.positions()
-            if chosen and positions > room:
+            if chosen and (positions > room or (heavy and row.mask_cost > masks)):
                 deferred.append(row.slot)
                 continue
             chosen.append(row)
             room -= positions
+            masks -= row.mask_cost
         self._deferred = deferred
-        return chosen
+        return chosen, heavy and bool(cheap)
 
     def _settle(self, row: Row, outcome: Delta | Exception) -> None:
         """Deliver a row's step (its last delta and result once it has finished) or its failure."""
@@ -348,6 +396,12 @@ class Scheduler:
         with self._wake:
             self.rows.pop(row.slot, None)
             self._count()
+
+
+def _refuse(future: Future, message: str) -> None:
+    """End a waiting call's future with UnavailableError, unless its caller cancelled it."""
+    if future.set_running_or_notify_cancel():
+        future.set_exception(UnavailableError(message))
 
 
 def _outcome(advance: Callable[[], Delta]) -> Delta | Exception:

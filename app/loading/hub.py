@@ -4,7 +4,9 @@ A model value of the form `org/name` that is not an existing directory is a repo
 llama-server's `-hf` and mlx-lm read it. It resolves to its cached snapshot (the revision
 `refs/main` names) with no network: huggingface_hub is asked for local files only, unless the
 operator allows a download (`server.allow_model_download`, flag `--hf-download`), and even then
-`HF_HUB_OFFLINE=1` keeps it offline, as huggingface_hub does.
+`HF_HUB_OFFLINE=1` keeps it offline, as huggingface_hub does. The snapshot must be a folder of
+the repository's own `snapshots/`: a `refs/main` holding `../` (huggingface_hub joins it to the
+path as it is) would otherwise serve a model from anywhere on disk.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def cached_model(repo_id: str, *, allow_download: bool) -> Path:
 
     folder = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
     try:
-        return Path(snapshot_download(repo_id, local_files_only=not allow_download))
+        snapshot = Path(snapshot_download(repo_id, local_files_only=not allow_download))
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as exc:
         how = (
             "the download failed or HF_HUB_OFFLINE is set"
@@ -44,3 +46,10 @@ def cached_model(repo_id: str, *, allow_download: bool) -> Path:
         ) from exc
     except (HfHubHTTPError, OSError, ValueError) as exc:
         raise ModelLoadError(f"{repo_id}: cannot be fetched from the Hugging Face Hub: {exc}") from exc
+    snapshots = (folder / "snapshots").resolve()
+    if snapshot.resolve().parent != snapshots:
+        raise ModelLoadError(
+            f"{repo_id}: the cache's revision names {snapshot}, which is not a folder of {snapshots} "
+            f"(refs/main holds a path, not a commit): fetch it again with `hf download {repo_id}`"
+        )
+    return snapshot

@@ -116,6 +116,9 @@ class ServerSettings(Group):
     max_queue: Annotated[int, msgspec.Meta(ge=0)] = 64  # requests waiting beyond max_rows (then 503)
     # target positions one tick forwards (prefill chunks and verify widths); rows over it go first next tick
     max_batch_tokens: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 1024
+    # while rows decode, the most of the engine's time heavy work takes: embedding chunks and the
+    # ticks of grammar rows whose masks are costly (app/engine/share.py); 1 turns the throttle off
+    heavy_work_share: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 0.33
     # run every batch size and draft width once before /health turns 200 (app/decoding/warmup.py):
     # "auto" where kernels compile on first use (a GPU), "on" and "off" everywhere
     warmup: WarmupName = "auto"
@@ -124,6 +127,15 @@ class ServerSettings(Group):
     model_alias: str | None = None  # the model id clients see (default: the target's directory name)
     drain_timeout_s: Annotated[float, msgspec.Meta(ge=0.0, le=3600.0)] = 30.0  # SIGTERM: finish rows this long
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 * 1024 * 1024  # larger bodies get 413
+    # the listener (app/server/protocol.py): connections at once (lowered below the descriptor limit at
+    # startup; past it the oldest idle one closes, or 503), a request's head (431 past either), and
+    # the time its head, its body and an idle keep-alive connection may take (408, or closed)
+    max_connections: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 1024
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 24)] = 64 * 1024
+    max_headers: Annotated[int, msgspec.Meta(ge=8, le=100_000)] = 100
+    header_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=3600.0)] = 10.0
+    body_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=3600.0)] = 60.0
+    keep_alive_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=3600.0)] = 5.0
     max_json_depth: Annotated[int, msgspec.Meta(ge=4, le=512)] = 64  # deeper JSON bodies get 400
     max_stop_strings: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 16  # more `stop` entries get 400
     max_stop_len: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 256  # longer stop strings get 400
@@ -138,6 +150,9 @@ class ServerSettings(Group):
     # the prompt cache (app/execution/prompt_cache.py): its budget in MiB (0 turns it off) and entries
     prompt_cache_mb: Annotated[int, msgspec.Meta(ge=0, le=1 << 20)] = 512
     prompt_cache_entries: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
+    # /v1/responses kept for previous_response_id, per tenant: the last this many, within this many MiB
+    responses_stored: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 256
+    responses_store_mb: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 64
     # "tenant": a request finds only its own tenant's prefixes; "global": every tenant's (a timing side channel)
     prompt_cache_scope: CacheScopeName = "tenant"
     # browser origins CORS lets call: ["*"] answers any origin with "*" and no credentials; listed
@@ -152,6 +167,8 @@ class ServerSettings(Group):
     # /v1/embeddings and /embedding (llama-server's --embeddings): the target's pooled hidden states
     embeddings: bool = False
     embeddings_pooling: PoolingName = "mean"
+    # tokens one embeddings request may embed over all its inputs (OpenAI's limit is 300,000): past it, 400
+    max_embedding_tokens: PositiveInt = 300_000
     web_ui: bool = True  # the chat page at / (app/server/web/index.html)
     # chat answers' thinking parsed as this when a request names no reasoning_format (--reasoning-format)
     reasoning_format: ReasoningFormatName = "auto"
@@ -179,6 +196,7 @@ class GrammarSettings(Group):
     max_definitions: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 2000  # $defs / definitions entries
     max_alternatives: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1000  # one anyOf / oneOf / enum
     max_property_name: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 1024  # characters
+    check_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=600.0)] = 1.0  # wall time of those checks together
     max_tools: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 128  # tools in one chat request
     # the worker process that compiles them
     compile_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=600.0)] = 2.0
@@ -187,6 +205,8 @@ class GrammarSettings(Group):
     cache_entries: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)] = 256  # checked grammars kept by hash
     # per row, per token: the CPU time one mask may take (the row then ends with a 400-type error)
     mask_budget_ms: Annotated[float, msgspec.Meta(gt=0.0, le=60_000.0)] = 100.0
+    # per row: its masks' CPU time on average (after one mask_budget_ms of slack); past it the row ends (400)
+    mask_mean_ms: Annotated[float, msgspec.Meta(gt=0.0, le=60_000.0)] = 2.0
     # per row: building its matcher and first mask (checked in the worker; the engine thread does it for every row)
     matcher_budget_ms: Annotated[float, msgspec.Meta(gt=0.0, le=60_000.0)] = 500.0
     # llguidance's own limits (LLParserLimits), for the compile and for every mask

@@ -83,7 +83,8 @@ class GrammarVocabulary:
 
     def constraint(self, grammar: Grammar) -> Constraint:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar.text, limits=grammar.limits.parser_limits())
-        return Constraint(matcher, self.vocab_size, self.eos, grammar.limits.mask_budget_ms)
+        limits = grammar.limits
+        return Constraint(matcher, self.vocab_size, self.eos, limits.mask_budget_ms, limits.mask_mean_ms)
 
 
 class Constraint:
@@ -91,6 +92,11 @@ class Constraint:
 
     EOS is never fed to the matcher: the mask allows it only where the grammar accepts, and the
     row stops at it, so it is tracked here as the end (`ended`).
+
+    Two CPU budgets bound its masks: each one's (`mask_budget_ms`), and the row's whole: its masks
+    may average `mask_mean_ms` each, with one mask's budget of slack. An ambiguous grammar whose
+    every mask stays under the first still grows without bound; the second ends such a row after
+    tens of tokens (and costs an ordinary grammar, whose masks take microseconds, nothing).
     """
 
     def __init__(
@@ -99,11 +105,15 @@ class Constraint:
         vocab_size: int,
         eos_token_ids: frozenset[int],
         mask_budget_ms: float = GrammarLimits.mask_budget_ms,
+        mask_mean_ms: float = GrammarLimits.mask_mean_ms,
     ) -> None:
         if matcher.is_error():
             raise GrammarError(f"invalid grammar: {short(matcher.get_error())}")
         self.matcher = matcher
         self.mask_budget_ns = int(mask_budget_ms * 1e6)
+        self.mask_mean_ns = int(mask_mean_ms * 1e6)
+        self.spent_ns = 0  # CPU time of every mask so far
+        self.masks = 0
         self.vocab_size = vocab_size
         self.eos = eos_token_ids
         self.ended = False
@@ -123,13 +133,25 @@ class Constraint:
         spent = time.thread_time_ns() - started
         if self.matcher.is_error():  # out of llguidance's fuel (the row's output made it too ambiguous)
             raise GrammarError(f"grammar: computing the next token's mask failed: {short(self.matcher.get_error())}")
+        self.spent_ns += spent
+        self.masks += 1
         if spent > self.mask_budget_ns:
             raise GrammarError(
                 f"grammar: one token's mask took {spent / 1e6:.0f} ms of CPU, over the "
                 f"{self.mask_budget_ns / 1e6:.0f} ms budget (grammar.mask_budget_ms)"
             )
+        if self.spent_ns > self.mask_budget_ns + self.mask_mean_ns * self.masks:
+            raise GrammarError(
+                f"grammar: this row's {self.masks} masks took {self.spent_ns / 1e6:.0f} ms of CPU, over "
+                f"{self.mask_mean_ns / 1e6:g} ms each (grammar.mask_mean_ms) plus one mask's budget"
+            )
         bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
         return bits[: self.vocab_size].astype(bool)
+
+    @property
+    def spent_s(self) -> float:
+        """CPU seconds of this row's masks so far (the scheduler weighs a row's next tick by them)."""
+        return self.spent_ns / 1e9
 
     def consume(self, tokens: list[int]) -> None:
         """Follow decided tokens (the masks made them valid); none follows an EOS."""

@@ -1,15 +1,20 @@
 """Pure-Python bounds on an untrusted grammar, checked before it reaches the compiler.
 
-They are cheap (one pass over the text or the schema) and refuse what is known to be costly
+They are cheap (a pass over the text or the schema) and refuse what is known to be costly
 before a worker spends its time limit on it: the size, GBNF's rule count (conversion time grows
 about cubically with it), a JSON schema's `$ref` chains (llguidance recurses along them: a
 thousand deep overflows its native stack), its definitions, its `anyOf`/`oneOf`/`enum` widths
 and its property names. Each refusal names its [grammar] key.
+
+Each node a `$ref` names is walked once however many references name it (2,000 anchor
+references once walked the whole schema 2,000 times: minutes per request), and the walks
+together stop at `grammar.check_timeout_s` of wall time.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +22,7 @@ from app.sampling.grammar import GrammarError
 from app.sampling.grammar_child import GrammarLimits
 
 RULE = re.compile(r"::=")
+CLOCK_EVERY = 1024  # nodes walked between two looks at the clock
 DEFINITIONS = ("$defs", "definitions")
 ALTERNATIVES = ("anyOf", "oneOf", "enum")
 
@@ -43,14 +49,19 @@ def check_schema(schema: dict[str, Any], text: str, limits: GrammarLimits) -> No
             f"JSON schema: {definitions} definitions; this server accepts "
             f"{limits.max_definitions} (grammar.max_definitions)"
         )
-    _walk(schema, limits)  # the widths and names everywhere, referred to or not
-    roots = _walk({key: value for key, value in schema.items() if key not in DEFINITIONS}, limits)
-    referred: dict[str, list[str]] = {}
+    walk = Walk(limits)
+    walk(schema)  # the widths and names everywhere, referred to or not; the anchors
+    roots = walk({key: value for key, value in schema.items() if key not in DEFINITIONS})
+    by_pointer: dict[str, list[str]] = {}
+    by_node: dict[int, list[str]] = {}  # by the node's identity: many pointers may name one node
 
     def refs(pointer: str) -> list[str]:
-        if pointer not in referred:
-            referred[pointer] = _walk(_resolved(schema, pointer), limits)
-        return referred[pointer]
+        if pointer not in by_pointer:
+            node = _resolved(schema, pointer, walk.anchors)
+            if id(node) not in by_node:
+                by_node[id(node)] = walk(node)
+            by_pointer[pointer] = by_node[id(node)]
+        return by_pointer[pointer]
 
     depth = _ref_depth(roots, refs)
     if depth > limits.max_ref_depth:
@@ -59,8 +70,34 @@ def check_schema(schema: dict[str, Any], text: str, limits: GrammarLimits) -> No
         )
 
 
-def _walk(node: Any, limits: GrammarLimits) -> list[str]:
-    """The local `$ref` pointers in `node`, checking widths and property names on the way."""
+class Walk:
+    """Walks over one schema: each gives the local `$ref` pointers under a node, checking widths
+    and property names on the way, and notes the `$anchor`s; all of them share one deadline."""
+
+    def __init__(self, limits: GrammarLimits) -> None:
+        self.limits = limits
+        self.anchors: dict[str, Any] = {}
+        self._deadline = time.monotonic() + limits.check_timeout_s
+        self._nodes = 0
+
+    def __call__(self, node: Any) -> list[str]:
+        return _walk(node, self.limits, self._tick)
+
+    def _tick(self, item: dict[str, Any]) -> None:
+        anchor = item.get("$anchor")
+        if isinstance(anchor, str):
+            self.anchors.setdefault(anchor, item)
+        self._nodes += 1
+        if self._nodes % CLOCK_EVERY == 0 and time.monotonic() > self._deadline:
+            raise GrammarError(
+                f"JSON schema: checking its bounds took longer than {self.limits.check_timeout_s:g} s "
+                "(grammar.check_timeout_s)"
+            )
+
+
+def _walk(node: Any, limits: GrammarLimits, visit: Callable[[dict[str, Any]], None]) -> list[str]:
+    """The local `$ref` pointers in `node`, checking widths and property names on the way;
+    `visit` sees every object."""
     found: list[str] = []
     stack = [node]
     while stack:
@@ -70,6 +107,7 @@ def _walk(node: Any, limits: GrammarLimits) -> list[str]:
             continue
         if not isinstance(item, dict):
             continue
+        visit(item)
         for key in ALTERNATIVES:
             options = item.get(key)
             if isinstance(options, list) and len(options) > limits.max_alternatives:
@@ -92,8 +130,11 @@ def _walk(node: Any, limits: GrammarLimits) -> list[str]:
     return found
 
 
-def _resolved(schema: Any, pointer: str) -> Any:
-    """The node a JSON pointer (`/$defs/a`) names in `schema`, or None."""
+def _resolved(schema: Any, pointer: str, anchors: dict[str, Any]) -> Any:
+    """The node a JSON pointer (`/$defs/a`) or an anchor's name (`a`, a `$anchor`) names in
+    `schema`, or None."""
+    if pointer and not pointer.startswith("/"):
+        return anchors.get(pointer)
     node = schema
     for part in pointer.split("/")[1:]:
         part = part.replace("~1", "/").replace("~0", "~")

@@ -50,11 +50,13 @@ class GrammarLimits:
     max_definitions: int = 2000
     max_alternatives: int = 1000
     max_property_name: int = 1024
+    check_timeout_s: float = 1.0
     compile_timeout_s: float = 2.0
     compile_memory_mb: int = 2048
     max_queue: int = 16
     cache_entries: int = 256
     mask_budget_ms: float = 100.0
+    mask_mean_ms: float = 2.0
     matcher_budget_ms: float = 500.0
     max_items_in_row: int = 2000
     initial_lexer_fuel: int = 1_000_000

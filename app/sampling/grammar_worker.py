@@ -4,8 +4,13 @@ One persistent child (app/sampling/grammar_child.py) compiles one grammar at a t
 wait in a bounded queue in front of it. A compile that runs past `compile_timeout_s` gets the
 child killed; one that crashes it (a native stack overflow, the memory limit) leaves it dead;
 either way the caller gets a `GrammarError` naming the limit and the next compile starts a
-fresh child. Verdicts are cached by the text's hash (bounded), so a repeated schema costs a
-dictionary lookup and a repeated bad one cannot keep killing the worker.
+fresh child. The compiler's own verdicts (the grammar, or its refusal) are cached by the text's
+hash (bounded), so a repeated schema costs a dictionary lookup. A child that died is no verdict
+on the grammar by itself (something outside may have killed it), so the compile is tried once
+more on a fresh child: a grammar that kills that one too is refused for it, and that refusal is
+cached (a repeated crashing grammar must not keep killing the worker); one whose second try
+succeeds gets its grammar. A compile past the time limit is refused and never cached: on a busy
+machine the same grammar may fit next time.
 """
 
 from __future__ import annotations
@@ -60,6 +65,14 @@ class ChildGoneError(Exception):
     """The child died or was killed mid-compile; the message says which limit."""
 
 
+@dataclass(frozen=True)
+class Lost:
+    """A compile that ended with the child gone: refused this once, never cached."""
+
+    message: str
+    died: bool  # by itself or by a signal from elsewhere; False: killed here, past the time limit
+
+
 class GrammarCompiler:
     """The worker process for one tokenizer and one set of limits, its queue and its cache."""
 
@@ -82,6 +95,8 @@ class GrammarCompiler:
         verdict = self._cached(key)
         if verdict is None:
             verdict = self._queued(key, kind, text)
+        if isinstance(verdict, Lost):
+            raise GrammarError(verdict.message)
         if isinstance(verdict, str):
             raise GrammarError(verdict)
         return verdict if verdict.source == source else Grammar(verdict.text, source, verdict.limits)
@@ -97,7 +112,7 @@ class GrammarCompiler:
                 self._cache.move_to_end(key)
             return verdict
 
-    def _queued(self, key: str, kind: str, text: str) -> Grammar | str:
+    def _queued(self, key: str, kind: str, text: str) -> Grammar | str | Lost:
         with self._waiting_lock:
             if self._waiting >= self.limits.max_queue:
                 raise GrammarUnavailableError(
@@ -111,14 +126,26 @@ class GrammarCompiler:
         finally:
             with self._waiting_lock:
                 self._waiting -= 1
+        if isinstance(verdict, Lost):
+            return verdict
         with self._waiting_lock:
             self._cache[key] = verdict
             while len(self._cache) > self.limits.cache_entries:
                 self._cache.popitem(last=False)
         return verdict
 
-    def _compiled(self, kind: str, text: str) -> Grammar | str:
-        """The child's verdict: the grammar, or the refusal's message."""
+    def _compiled(self, kind: str, text: str) -> Grammar | str | Lost:
+        """The child's verdict: the grammar, or the refusal's message; Lost when the child was
+        killed past the time limit. A child that died gets a second try on a fresh one; dying twice
+        is the grammar's verdict."""
+        verdict = self._attempt(kind, text)
+        if isinstance(verdict, Lost) and verdict.died:
+            verdict = self._attempt(kind, text)
+            if isinstance(verdict, Lost) and verdict.died:
+                return verdict.message
+        return verdict
+
+    def _attempt(self, kind: str, text: str) -> Grammar | str | Lost:
         child = self._running_child()
         started = time.perf_counter()
         try:
@@ -130,7 +157,7 @@ class GrammarCompiler:
             reason = str(exc) or self._death(child)
             self._log.warning("grammar_worker_lost", kind=kind, reason=reason, bytes=len(text))
             self._stop_child()
-            return f"{label(kind)}: {reason}"
+            return Lost(f"{label(kind)}: {reason}", died=not str(exc))
         self._log.debug("grammar_compiled", kind=kind, ms=round((time.perf_counter() - started) * 1000, 1))
         if "error" in answer:
             return answer["error"]

@@ -1,11 +1,61 @@
-"""Sampling parameters, with llama-server's names and defaults."""
+"""Sampling parameters, with llama-server's names and defaults, and the domain of each."""
 
 from __future__ import annotations
+
+import math
 
 import msgspec
 
 from app.sampling import chain
 from app.sampling.dry import DEFAULT_BREAKERS, Breakers
+
+FLOAT32_MAX = 3.4028234663852886e38
+# A logit moves by at most this much per adjustment (a bias, a presence penalty, a frequency
+# penalty per occurrence): with a repeat penalty within [1e-6, 1e6] and the temperature floored at
+# 1e-6 (SamplerPipeline._temperature), a million occurrences keep every logit finite in float32.
+LOGIT_SHIFT = 1e15
+
+
+class Domain(msgspec.Struct, frozen=True):
+    """The values a float parameter may take (both ends included), and what it means outside."""
+
+    low: float
+    high: float
+    meaning: str = ""
+
+
+ANY = Domain(-FLOAT32_MAX, FLOAT32_MAX)
+PROBABILITY = Domain(0.0, 1.0)
+SHIFT = Domain(-LOGIT_SHIFT, LOGIT_SHIFT)
+# Every float parameter, in one table: the sampler computes in float32, so a value finite in 64
+# bits but not in 32 (1e39) turned a row's logits NaN (garbage at T > 0, an empty answer at T = 0).
+FLOAT_DOMAINS: dict[str, Domain] = {
+    "temperature": Domain(-FLOAT32_MAX, FLOAT32_MAX, "0 or below is greedy"),
+    "top_p": PROBABILITY,
+    "min_p": PROBABILITY,
+    "repeat_penalty": Domain(1e-6, 1e6, "1.0 disables it"),
+    "presence_penalty": SHIFT,
+    "frequency_penalty": SHIFT,
+    "xtc_probability": PROBABILITY,
+    "xtc_threshold": PROBABILITY,
+    "dry_multiplier": Domain(0.0, FLOAT32_MAX, "0 disables it"),
+    "dry_base": ANY,
+    "top_n_sigma": ANY,
+    "typical_p": ANY,
+    "dynatemp_range": ANY,
+    "dynatemp_exponent": Domain(0.0, FLOAT32_MAX),
+    "mirostat_tau": Domain(0.0, FLOAT32_MAX),
+    "mirostat_eta": Domain(0.0, FLOAT32_MAX),
+}
+LOGIT_BIAS = SHIFT  # or false (-inf in llama-server's spelling): the token is banned
+
+
+def out_of_domain(name: str, value: float, domain: Domain) -> str | None:
+    """Why `value` cannot be `name` (None: it can)."""
+    if domain.low <= value <= domain.high:
+        return None
+    meaning = f"; {domain.meaning}" if domain.meaning else ""
+    return f"{name} must be within [{domain.low:g}, {domain.high:g}]{meaning}, got {value:g}"
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,21 +121,21 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
     def problems(self, vocab_size: int | None = None) -> list[str]:
         """Human-readable reasons these parameters are invalid (empty when valid)."""
-        out = []
+        out = [
+            problem
+            for name, domain in FLOAT_DOMAINS.items()
+            if (problem := out_of_domain(name, getattr(self, name), domain)) is not None
+        ]
+        biases = [(t, b) for t, b in self.logit_bias.items() if not math.isinf(b) or b > 0]
+        out.extend(
+            f"logit_bias for token {token}: {problem}"
+            for token, bias in biases
+            if (problem := out_of_domain("a bias", bias, LOGIT_BIAS)) is not None
+        )
         if self.top_k < 0:
             out.append("top_k must be >= 0 (0 disables it)")
-        if not 0.0 <= self.top_p <= 1.0:
-            out.append("top_p must be within [0, 1]")
-        if not 0.0 <= self.min_p <= 1.0:
-            out.append("min_p must be within [0, 1]")
-        if self.repeat_penalty <= 0:
-            out.append("repeat_penalty must be > 0 (1.0 disables it)")
         if self.repeat_last_n < -1:
             out.append("repeat_last_n must be >= -1 (-1 means the whole context)")
-        if not 0.0 <= self.xtc_probability <= 1.0:
-            out.append("xtc_probability must be within [0, 1]")
-        if not 0.0 <= self.xtc_threshold <= 1.0:
-            out.append("xtc_threshold must be within [0, 1]")
         if self.mirostat not in (0, 1, 2):
             out.append("mirostat must be 0 (off), 1 or 2")
         if self.dry_allowed_length < 0:

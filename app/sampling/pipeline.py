@@ -241,7 +241,8 @@ class SamplerPipeline:
             survivors = rows.survivors()
             rank = mx.arange(survivors.shape[-1])[None, :]
             mass_before = mx.cumsum(survivors, axis=-1) - survivors
-            rows.narrow(rank < mx.sum(mass_before < self.params.top_p, axis=-1, keepdims=True))
+            # at least the top survivor, as llama-server's min_keep (top_p 0, or below float32's least)
+            rows.narrow(rank < mx.maximum(mx.sum(mass_before < self.params.top_p, axis=-1, keepdims=True), 1))
 
     def _min_p(self, rows: Candidates, coins: mx.array | None) -> None:
         """A ratio to the top survivor's probability, which renormalising does not change, so it
@@ -263,6 +264,8 @@ class SamplerPipeline:
         filtered = kept / mx.sum(kept, axis=-1, keepdims=True)
         rank = mx.arange(filtered.shape[-1])[None, :]
         over = filtered >= self.params.xtc_threshold
+        if rows.keep is not None:  # among the kept: a threshold of 0 is no reason to revive one
+            over = over & rows.keep
         above = mx.sum(over, axis=-1, keepdims=True)
         least_likely = mx.max(mx.where(over, rank, -1), axis=-1, keepdims=True)  # of those above
         applies = (coins[:, None] <= self.params.xtc_probability) & (above >= 2)

@@ -18,6 +18,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from app.server import shaping
+from app.server.conversation import translated
 from app.server.engine_view import Finished, Timings
 from app.server.errors import ApiError
 from app.server.schemas import ChatRequest, WireStruct
@@ -100,9 +101,11 @@ def chat_request(request: MessagesRequest) -> ChatRequest:
         body["tools"] = [chat_tool(index, tool) for index, tool in enumerate(request.tools)]
     if request.tool_choice is not None:
         body["tool_choice"] = tool_choice(request.tool_choice)
+        if request.tool_choice.get("disable_parallel_tool_use") is True:  # Anthropic's default: several uses
+            body["parallel_tool_calls"] = False
     if request.output_config is not None:
         body |= output_config(request.output_config)
-    return msgspec.convert(body, ChatRequest)
+    return translated(body, "Messages")
 
 
 def output_config(config: OutputConfig) -> dict[str, Any]:
@@ -222,12 +225,12 @@ def message_id(request_id: str) -> str:
 
 
 def content(result: Finished, plan: ToolPlan | None) -> list[TextBlock | ToolUseBlock]:
-    """The answer's one block: the tool call its whole output is, or its text."""
+    """The answer's blocks: the tool uses its whole output is (one unless several are allowed),
+    or one block of its text."""
     calls = tool_calls(plan, result.text) if plan is not None else None
     if calls:
-        call = calls[0]
         return [ToolUseBlock(id=call.id.replace("call_", "toolu_", 1), name=call.function.name,
-                             input=json.loads(call.function.arguments))]  # fmt: skip
+                             input=json.loads(call.function.arguments)) for call in calls]  # fmt: skip
     return [TextBlock(text=result.text)]
 
 

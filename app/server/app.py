@@ -10,6 +10,7 @@ from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 from litestar.handlers import HTTPRouteHandler
 
+from app.server import offload
 from app.server.access import REQUEST_ID_HEADER
 from app.server.auth import require_api_key
 from app.server.body import StrictJsonRequest
@@ -107,7 +108,7 @@ def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) 
         dependencies={"engine": Provide(provide_engine)},  # a generator: held until the handler returns
         exception_handlers=HANDLERS,
         guards=[require_api_key],
-        lifespan=[engine_lifespan(engines), grammar_lifespan(grammars)],
+        lifespan=[engine_lifespan(engines), grammar_lifespan(grammars), offload.reclaim_lifespan()],
         openapi_config=openapi_config(),
         request_class=StrictJsonRequest,
         request_max_body_size=settings.server.max_body_bytes,
@@ -119,7 +120,8 @@ def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) 
     app.state.settings = settings  # the live profile's: the API key and JSON depth follow a reload
     app.state.tenants = engines.current.tenants  # its keys (a reload's engine read the key file again)
     app.state.grammars = grammars
-    app.state.responses = ResponseStore()  # /v1/responses kept for previous_response_id; outlives reloads
+    # /v1/responses kept for previous_response_id, each tenant's apart; outlives reloads
+    app.state.responses = ResponseStore(settings.server.responses_stored, settings.server.responses_store_mb << 20)
     app.state.http_metrics = HttpMetrics()  # counted by the access log, read by /metrics; outlives reloads
 
     def follow(new: Engine) -> None:

@@ -41,7 +41,15 @@ async def json_response(
     if chars > limit:  # JSON takes at least a byte per character
         raise too_large(f"{chars} characters of text", limit)
     entries = sum(len(entry.top) + 1 for result in results for entry in result.logprobs)
-    if chars + entries * ENTRY_BYTES < INLINE_BYTES:
+    return await encoded_response(build, chars + entries * ENTRY_BYTES, limit, headers)
+
+
+async def encoded_response(
+    build: Callable[[], Any], estimate: int, limit: int, headers: dict[str, str] | None = None
+) -> Response:
+    """The body `build` shapes, encoded within `limit` bytes: on the event loop when `estimate`
+    (its bytes, roughly) is small, in a worker thread otherwise."""
+    if estimate < INLINE_BYTES:
         content = encoded(build, limit)
     else:
         content = await asyncio.to_thread(encoded, build, limit)

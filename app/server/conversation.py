@@ -4,17 +4,29 @@ here, so the chat template, tools, grammar, sampling and speculation are the cha
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
+import msgspec
 from litestar import Request
 
-from app.server import requests, tools
+from app.server import offload, requests, tools
 from app.server.engine_view import Delta, EngineView, Failed, Finished
+from app.server.errors import ApiError
 from app.server.schemas import ChatRequest
 from app.server.service import Rows, start_rows
 from app.server.tools import ToolPlan
+
+
+def translated(body: dict[str, Any], api: str) -> ChatRequest:
+    """Another API's request, translated to `body`, as the chat route's request. The translations
+    check the fields they read; anything else the chat request cannot hold is still the client's
+    error (400, naming the chat field), never a 500."""
+    try:
+        return msgspec.convert(body, ChatRequest)
+    except msgspec.ValidationError as exc:
+        raise ApiError(400, f"this {api} request does not make a chat request: {exc}") from exc
 
 
 @dataclass
@@ -32,30 +44,35 @@ class Conversation:
 
 
 async def prompt_tokens(
-    engine: EngineView, data: ChatRequest, allow_empty: bool = False
+    request: Request, engine: EngineView, data: ChatRequest, allow_empty: bool = False
 ) -> tuple[list[int], ToolPlan | None]:
-    """The chat template applied to the request's messages and tools, off the event loop (a final
-    assistant message continued: requests.continues_final_message); `allow_empty`: no messages
-    is a conversation too (Anthropic's Messages, as llama-server serves them)."""
+    """The chat template applied to the request's messages and tools, off the event loop
+    (app/server/offload.py; a final assistant message continued: requests.continues_final_message);
+    `allow_empty`: no messages is a conversation too (Anthropic's Messages, as llama-server serves
+    them)."""
     tools.check_count(data, engine.settings.grammar.max_tools)
     plan = tools.tool_plan(data)
-    tokens = await asyncio.to_thread(
-        requests.chat_prompt,
-        data.messages,
-        engine.tokenizer,
-        requests.template_kwargs(data),
-        engine.settings,
-        tools=plan.template_tools() if plan else None,
-        prefill=requests.continues_final_message(data.messages, data.continue_final_message),
-        generation_prompt=data.add_generation_prompt,
-        allow_empty=allow_empty,
-    )
-    requests.check_token_ids(tokens, engine.vocab_size)
-    return tokens, plan
+    template_tools = plan.template_tools() if plan else None
+
+    def render() -> list[int]:
+        tokens = requests.chat_prompt(
+            data.messages,
+            engine.tokenizer,
+            requests.template_kwargs(data),
+            engine.settings,
+            tools=template_tools,
+            prefill=requests.continues_final_message(data.messages, data.continue_final_message),
+            generation_prompt=data.add_generation_prompt,
+            allow_empty=allow_empty,
+        )
+        requests.check_token_ids(tokens, engine.vocab_size)
+        return tokens
+
+    return await offload.run(request, render), plan
 
 
 async def start(request: Request, engine: EngineView, data: ChatRequest, allow_empty: bool = False) -> Conversation:
-    tokens, plan = await prompt_tokens(engine, data, allow_empty)
+    tokens, plan = await prompt_tokens(request, engine, data, allow_empty)
     rows = await start_rows(request, engine, data, [tokens], 1, request.url.path)
     return Conversation(rows, plan, len(tokens))
 

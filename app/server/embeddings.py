@@ -102,7 +102,7 @@ def token_inputs(
         raise ApiError(400, "input: must not be empty")
     if len(parts) > MAX_INPUTS:
         raise ApiError(400, f"input: {len(parts)} inputs; this server embeds at most {MAX_INPUTS} per request")
-    found = []
+    found, total, budget = [], 0, settings.server.max_embedding_tokens
     for index, part in enumerate(parts):
         tokens = prompts.prompt_tokens(prompt_of(index, part), tokenizer, vocab)
         if not tokens:  # llama-server's words: a tokenizer with no BOS makes "" no tokens
@@ -111,6 +111,10 @@ def token_inputs(
         if len(tokens) > limit:  # llama-server's words ("too large to process"), this server's limit
             raise ApiError(400, f"input[{index}] ({len(tokens)} tokens) is too large to process: this server "
                                 f"embeds at most {limit} tokens (server.max_prompt_tokens)")  # fmt: skip
+        total += len(tokens)
+        if total > budget:
+            raise ApiError(400, f"input: over {total} tokens by input[{index}]; this server embeds at most "
+                                f"{budget} per request (server.max_embedding_tokens)")  # fmt: skip
         found.append(tokens)
     return found
 

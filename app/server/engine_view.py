@@ -18,6 +18,7 @@ from litestar import Litestar
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.handlers import BaseRouteHandler
+from litestar.types import Receive
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from app.decoding.generation import Delta
@@ -113,13 +114,31 @@ class EngineView:
         except UnavailableError as exc:
             raise ApiError(503, str(exc)) from exc
 
-    async def embed(self, tokens: list[int], pooling: str) -> list[list[float]]:
-        """The target's embedding of `tokens` (one pooled row, or a row per token with pooling
-        `none`), computed on the engine thread between ticks."""
+    async def embed(self, prompts: list[list[int]], pooling: str, receive: Receive) -> list[list[list[float]]]:
+        """The target's embedding of each prompt (one pooled row, or a row per token with pooling
+        `none`), computed on the engine thread between ticks. `receive` is the request's ASGI
+        channel, its body read: its next message is the client's disconnect, which stops the work
+        at its next chunk (a 499, as for rows)."""
         try:
-            return await asyncio.wrap_future(self._engine.embed(tokens, pooling))
+            work = asyncio.wrap_future(self._engine.embed(prompts, pooling))
         except UnavailableError as exc:
             raise ApiError(503, str(exc)) from exc
+        gone = asyncio.ensure_future(_disconnect(receive))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                work.cancel()
+                raise ApiError(499, "the client disconnected", "cancelled")
+            return work.result()
+        except UnavailableError as exc:
+            raise ApiError(503, str(exc)) from exc
+        finally:
+            gone.cancel()
+
+
+async def _disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def provide_engine(state: State) -> Iterator[EngineView]:

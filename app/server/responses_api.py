@@ -6,8 +6,10 @@ is the first (system) message, `input` a string (one user message) or items (mes
 chat's tool calls and tool messages), `max_output_tokens` the token limit, `text.format` the
 response_format (json_schema through the grammar engine), function tools and `tool_choice` the
 chat's. A stored response (`store`, the default) keeps its conversation, input and output, in
-this process's memory, so a later request may continue it by `previous_response_id`; the
-store keeps the last MAX_STORED responses, each tenant's apart.
+this process's memory, so a later request may continue it by `previous_response_id`; each
+tenant has its own store, holding its last `server.responses_stored` responses within
+`server.responses_store_mb` (its encoded conversations' bytes), so neither one tenant's traffic
+evicts another's nor its size grows the server without bound.
 """
 
 from __future__ import annotations
@@ -22,13 +24,12 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from app.server import shaping
+from app.server.conversation import translated
 from app.server.engine_view import Finished, Timings
 from app.server.errors import ApiError
 from app.server.responses import GenerationSettings
 from app.server.schemas import ChatRequest, WireStruct
 from app.server.tools import ToolPlan, tool_calls, type_name
-
-MAX_STORED = 256  # responses kept for previous_response_id; the oldest goes first
 
 # --- requests ---------------------------------------------------------------------------------
 
@@ -59,7 +60,7 @@ class ResponsesRequest(WireStruct, kw_only=True):
     text: TextConfig | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None  # at most one call is made, which either value allows
+    parallel_tool_calls: bool | None = None  # left out: OpenAI's true, an answer may be several calls
     previous_response_id: str | None = None
     store: bool = True
     background: bool | None = None
@@ -86,26 +87,45 @@ def chat_request(request: ResponsesRequest, history: list[dict[str, Any]]) -> Ch
         body["tools"] = [chat_tool(index, tool) for index, tool in enumerate(request.tools)]
     if request.tool_choice is not None:
         body["tool_choice"] = tool_choice(request.tool_choice)
-    return msgspec.convert(body, ChatRequest)
+    body["parallel_tool_calls"] = request.parallel_tool_calls
+    return translated(body, "Responses")
 
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`input` as chat messages."""
+    """`input` as chat messages (consecutive function calls as one assistant turn's calls)."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
-    return [input_message(index, item) for index, item in enumerate(items)]
+    return merged_calls([input_message(index, item) for index, item in enumerate(items)])
+
+
+def merged_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive assistant messages that are only calls, as one message with all the calls:
+    parallel calls are one turn, as chat templates read them."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        previous = out[-1] if out else None
+        if previous is not None and _only_calls(previous) and _only_calls(message):
+            out[-1] = {**previous, "tool_calls": previous["tool_calls"] + message["tool_calls"]}
+        else:
+            out.append(message)
+    return out
+
+
+def _only_calls(message: dict[str, Any]) -> bool:
+    return message["role"] == "assistant" and bool(message.get("tool_calls")) and not message["content"]
 
 
 def input_message(index: int, item: dict[str, Any]) -> dict[str, Any]:
     where, kind = f"input[{index}]", item.get("type", "message")
     if kind == "function_call":
-        call = {"id": item.get("call_id"), "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}  # fmt: skip
+        call = {"id": text_field(item, "call_id", where), "type": "function",
+                "function": {"name": text_field(item, "name", where),
+                             "arguments": text_field(item, "arguments", where, "{}")}}  # fmt: skip
         return {"role": "assistant", "content": "", "tool_calls": [call]}
     if kind == "function_call_output":
         output = item.get("output")
         text = output if isinstance(output, str) else parts_text(f"{where}.output", output)
-        return {"role": "tool", "tool_call_id": item.get("call_id"), "content": text}
+        return {"role": "tool", "tool_call_id": text_field(item, "call_id", where), "content": text}
     if kind != "message":
         raise ApiError(
             400,
@@ -117,6 +137,14 @@ def input_message(index: int, item: dict[str, Any]) -> dict[str, Any]:
     content = item.get("content")
     text = content if isinstance(content, str) else parts_text(f"{where}.content", content)
     return {"role": "system" if role == "developer" else role, "content": text}
+
+
+def text_field(item: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
+    """`item[key]`, a string (required unless it has a `default`)."""
+    value = item.get(key, default)
+    if not isinstance(value, str):
+        raise ApiError(400, f"{where}.{key}: expected a string, got {type_name(value)}")
+    return value
 
 
 def parts_text(where: str, parts: object) -> str:
@@ -142,9 +170,15 @@ def response_format(format_: TextFormat) -> dict[str, Any]:
 
 
 def chat_tool(index: int, tool: dict[str, Any]) -> dict[str, Any]:
+    where = f"tools[{index}]"
     if tool.get("type") != "function":
-        raise ApiError(400, f"tools[{index}]: only function tools run here, got type {tool.get('type')!r}")
-    function = {key: tool.get(key) for key in ("name", "description", "parameters")}
+        raise ApiError(400, f"{where}: only function tools run here, got type {tool.get('type')!r}")
+    description, parameters = tool.get("description"), tool.get("parameters")
+    if description is not None and not isinstance(description, str):
+        raise ApiError(400, f"{where}.description: expected a string, got {type_name(description)}")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise ApiError(400, f"{where}.parameters: expected a JSON schema (an object), got {type_name(parameters)}")
+    function = {"name": text_field(tool, "name", where), "description": description, "parameters": parameters}
     return {"type": "function", "function": function}
 
 
@@ -160,28 +194,39 @@ def tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
 
 
 class ResponseStore:
-    """Stored conversations by (tenant, response id), the last MAX_STORED of them."""
+    """Stored conversations, encoded, by tenant and response id: each tenant's last `entries`
+    within `max_bytes`, the oldest going first. A conversation larger than `max_bytes` alone is
+    not kept (a later `previous_response_id` naming it is not found)."""
 
-    def __init__(self, limit: int = MAX_STORED) -> None:
-        self._limit = limit
-        self._held: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()
+    def __init__(self, entries: int, max_bytes: int) -> None:
+        self._entries = entries
+        self._max_bytes = max_bytes
+        self._held: dict[str, OrderedDict[str, bytes]] = {}
+        self._bytes: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def history(self, tenant: str, response_id: str | None) -> list[dict[str, Any]]:
         if response_id is None:
             return []
         with self._lock:
-            found = self._held.get((tenant, response_id))
+            found = self._held.get(tenant, {}).get(response_id)
         if found is None:
             raise ApiError(400, f"Previous response with id '{response_id}' not found (responses are kept in memory, "
-                                f"the last {self._limit}, and only when stored)")  # fmt: skip
-        return found
+                                f"each tenant's last {self._entries} within {self._max_bytes} bytes, and only when "
+                                "stored)")  # fmt: skip
+        return msgspec.json.decode(found)
 
     def keep(self, tenant: str, response_id: str, conversation: list[dict[str, Any]]) -> None:
+        encoded = msgspec.json.encode(conversation)
+        if len(encoded) > self._max_bytes:
+            return
         with self._lock:
-            self._held[(tenant, response_id)] = conversation
-            while len(self._held) > self._limit:
-                self._held.popitem(last=False)
+            held = self._held.setdefault(tenant, OrderedDict())
+            held[response_id] = encoded
+            self._bytes[tenant] = self._bytes.get(tenant, 0) + len(encoded)
+            while len(held) > self._entries or self._bytes[tenant] > self._max_bytes:
+                _, dropped = held.popitem(last=False)
+                self._bytes[tenant] -= len(dropped)
 
 
 def conversation(data: ChatRequest, output: list[OutputItem]) -> list[dict[str, Any]]:
@@ -190,7 +235,7 @@ def conversation(data: ChatRequest, output: list[OutputItem]) -> list[dict[str, 
     messages = [msgspec.to_builtins(m) for m in data.messages]
     if messages and messages[0]["role"] == "system":
         messages = messages[1:]  # instructions (input items' system messages are kept below)
-    return messages + [output_message(item) for item in output]
+    return merged_calls(messages + [output_message(item) for item in output])
 
 
 def output_message(item: OutputItem) -> dict[str, Any]:
@@ -276,12 +321,13 @@ def response_id() -> str:
 
 
 def output(result: Finished, plan: ToolPlan | None, item_id: str) -> list[OutputItem]:
-    """The answer's one item: the function call its whole output is, or a message of its text."""
+    """The answer's items: the function calls its whole output is (several where
+    parallel_tool_calls allows), or one message of its text."""
     calls = tool_calls(plan, result.text) if plan is not None else None
     if calls:
-        call = calls[0]
-        return [FunctionCallItem(id=f"fc_{item_id}", call_id=call.id, name=call.function.name,
-                                 arguments=call.function.arguments, status="completed")]  # fmt: skip
+        return [FunctionCallItem(id=f"fc_{item_id}" + (f"_{i}" if i else ""), call_id=call.id,
+                                 name=call.function.name, arguments=call.function.arguments, status="completed")
+                for i, call in enumerate(calls)]  # fmt: skip
     return [MessageItem(id=f"msg_{item_id}", status=status(result), content=[OutputText(text=result.text)])]
 
 
@@ -370,8 +416,8 @@ class Events:
         return self.event("response.output_text.delta", item_id=f"msg_{item_id}", output_index=0, content_index=0,
                           delta=text, logprobs=[])  # fmt: skip
 
-    def item_done(self, item: OutputItem) -> list[bytes]:
-        """A message's closing events, or a (held-back) function call's whole events."""
+    def item_done(self, item: OutputItem, index: int = 0) -> list[bytes]:
+        """A message's closing events, or a (held-back) function call's whole events, as output item `index`."""
         if isinstance(item, MessageItem):
             part = item.content[0]
             return [
@@ -382,12 +428,12 @@ class Events:
             ]  # fmt: skip
         started = msgspec.structs.replace(item, arguments="", status="in_progress")
         return [
-            self.event("response.output_item.added", output_index=0, item=started),
-            self.event("response.function_call_arguments.delta", item_id=item.id, output_index=0,
+            self.event("response.output_item.added", output_index=index, item=started),
+            self.event("response.function_call_arguments.delta", item_id=item.id, output_index=index,
                        delta=item.arguments),
-            self.event("response.function_call_arguments.done", item_id=item.id, output_index=0,
+            self.event("response.function_call_arguments.done", item_id=item.id, output_index=index,
                        arguments=item.arguments),
-            self.event("response.output_item.done", output_index=0, item=item),
+            self.event("response.output_item.done", output_index=index, item=item),
         ]  # fmt: skip
 
     def error(self, code: int, message: str, kind: str) -> bytes:

@@ -209,7 +209,7 @@ class ChatRequest(_unhonoured("ChatFields", field_policy.CHAT, SamplingFields), 
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None  # app/server/tools.py
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None  # llama-server's default: one call per answer
+    parallel_tool_calls: bool | None = None  # left out: OpenAI's true (app/server/tools.py)
 
 
 class TokenizeRequest(WireStruct, kw_only=True):

@@ -13,7 +13,7 @@ from litestar.types import Receive
 from app.decoding.builder import RowRequest
 from app.sampling import SamplingParams
 from app.sampling.grammar import Grammar
-from app.server import access, field_policy, requests, shaping
+from app.server import access, field_policy, offload, requests, shaping
 from app.server.auth import tenant_of
 from app.server.engine_view import Delta, EngineView, Event, Failed, Finished, Job, Progress, Started, Timings
 from app.server.errors import ApiError
@@ -261,7 +261,7 @@ async def start_rows(
     check_rows(len(prompts), n, engine.settings)
     rows = len(prompts) * n
     # Once per request, off the event loop: logit_bias keys that are text are tokenized.
-    params = await asyncio.to_thread(requests.sampling, data, engine.settings, engine.tokenizer, engine.vocab_size)
+    params = await offload.run(request, requests.sampling, data, engine.settings, engine.tokenizer, engine.vocab_size)
     wanted = requests.grammar(data)
     grammars: Grammars = request.app.state.grammars
     grammar = None if wanted is None else await grammars.compiled(engine, *wanted)

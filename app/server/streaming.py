@@ -134,10 +134,11 @@ async def openai_frames(
                 thought, rest = thinking[index].finish()
                 if thought:
                     yield frame(shaping.chat_reasoning_chunk(head, index, thought, None))
+                held: list[TokenLogprob] = []
                 if rest and calls:
-                    calls[index].feed(rest, [])
-                elif rest:
-                    yield frame(chunk(head, index, rest, None, UNSET, UNSET, None))
+                    rest, held = calls[index].feed(rest, [])  # held on, or released with what it held
+                if rest or held:
+                    yield frame(chunk(head, index, rest, None, UNSET, UNSET, _shaped(shape, held)))
             found = calls[index].calls() if calls else None
             if calls:
                 text, entries = calls[index].release()

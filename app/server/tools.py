@@ -3,11 +3,15 @@ turning the output into OpenAI `tool_calls`.
 
 `tool_choice` "required" or a named function constrains the output to one call object
 `{"name": ..., "arguments": {...}}` (the `arguments` schema is the tool's `parameters`), or with
-`parallel_tool_calls` (false by default, as in llama-server) to a JSON array of one or more, so
-the answer always parses. "auto" (the default with tools) generates freely and reports calls
-only when the whole output is calls: one object or an array of them, bare, or one or more
-`<tool_call>` blocks as Hermes-style chat templates write them. "none" shows the tools to the
-template and never reports a call.
+`parallel_tool_calls: true` to a JSON array of one or more, so the answer always parses. "auto"
+(the default with tools) generates freely and reports calls only when the whole output is calls:
+one object or an array of them, bare, or one or more `<tool_call>` blocks as Hermes-style chat
+templates write them. "none" shows the tools to the template and never reports a call.
+
+`parallel_tool_calls` left out is OpenAI's default, true: an answer may be several calls. With
+`false` an answer is at most one call: an output of several reports its first. (llama-server's
+default is false; OpenAI's clients send nothing and expect OpenAI's.) A forced answer stays one
+call object unless the request says true, so a small model is never steered into an array.
 
 Streamed, a choice's text is held back while it may still become calls (CallStream), so a
 client never sees a call's JSON as content.
@@ -37,7 +41,8 @@ class ToolPlan:
     tools: list[Tool]
     forced: bool  # required or named: the output is decoded against `schema`
     callable: tuple[str, ...]  # names a reported call may carry (empty: "none")
-    parallel: bool = False  # parallel_tool_calls: a forced answer is an array of one or more calls
+    parallel: bool = False  # parallel_tool_calls true: a forced answer is an array of one or more calls
+    single: bool = False  # parallel_tool_calls false: an answer reports at most one call
 
     def schema(self) -> dict[str, Any]:
         """One call object of any callable tool, or an array of them when calls may be parallel."""
@@ -73,13 +78,13 @@ def tool_plan(request: ChatRequest) -> ToolPlan | None:
         raise ApiError(400, "tools: function names must be unique")
     for index, tool in enumerate(request.tools):
         check_parameters(index, tool.function.parameters)
-    parallel = bool(request.parallel_tool_calls)
+    parallel, single = request.parallel_tool_calls is True, request.parallel_tool_calls is False
     if choice == "none":
         return ToolPlan(request.tools, forced=False, callable=())
     if choice in (None, "auto"):
-        return ToolPlan(request.tools, forced=False, callable=names, parallel=parallel)
+        return ToolPlan(request.tools, forced=False, callable=names, parallel=parallel, single=single)
     if choice == "required":
-        return ToolPlan(request.tools, forced=True, callable=names, parallel=parallel)
+        return ToolPlan(request.tools, forced=True, callable=names, parallel=parallel, single=single)
     if isinstance(choice, dict):
         function = choice.get("function")
         if not isinstance(function, dict):
@@ -87,7 +92,7 @@ def tool_plan(request: ChatRequest) -> ToolPlan | None:
         name = function.get("name")
         if choice.get("type") != "function" or name not in names:
             raise ApiError(400, "tool_choice: name one of the given functions, as {type: function, function: {name}}")
-        return ToolPlan(request.tools, forced=True, callable=(name,), parallel=parallel)
+        return ToolPlan(request.tools, forced=True, callable=(name,), parallel=parallel, single=single)
     raise ApiError(400, f"tool_choice must be none, auto, required or a named function, got {choice!r}")
 
 
@@ -113,10 +118,13 @@ def type_name(value: object) -> str:
 
 
 def tool_calls(plan: ToolPlan, text: str) -> list[ToolCall] | None:
-    """The output as OpenAI tool_calls, or None when it is not wholly calls of callable tools."""
+    """The output as OpenAI tool_calls (the first only where the plan allows one), or None when it
+    is not wholly calls of callable tools."""
     objects = _call_objects(text)
     if not objects or not all(_is_call(plan, call) for call in objects):
         return None
+    if plan.single:
+        objects = objects[:1]
     return [
         ToolCall(
             id=f"call_{uuid.uuid4().hex[:24]}",

@@ -103,6 +103,7 @@ def corpus(max_body_bytes: int = 16 * 1024 * 1024) -> list[Hostile]:
         Hostile("wrong method", "GET", "/completion", 405),
     ]
     cases += grammar_cases()
+    cases += round_four_cases()
     cases += [Hostile(f"invalid UTF-8 on {path}", "POST", path, 400, b'{"prompt": "\xff\xfe"}') for path in POST_ROUTES]
     # Last: before issue 10's fix these killed the engine thread, hanging every later request.
     cases += [
@@ -112,6 +113,32 @@ def corpus(max_body_bytes: int = 16 * 1024 * 1024) -> list[Hostile]:
         Hostile("seed -12345", "POST", "/completion", 200, {**PROMPT, "seed": -12345}),
     ]
     return cases
+
+
+RESPONSE = {"model": "x", "input": "hi", "max_output_tokens": 2}
+
+
+def round_four_cases() -> list[Hostile]:
+    """Issue 34's wrong answers and 500s that one request makes (its stalls and the listener's
+    attacks are ops/bench/attacks.py's): each is a 400 now, or a right 200."""
+    escapes = b'{"prompt": "x", "n_predict": 1, "x": ' + b"[" * 70 + b'"' + b'\\"' * 16_000
+    function_call = {"type": "function_call", "call_id": 7, "name": "f", "arguments": "{}"}
+    return [
+        Hostile("70 [ then 32 KB of unterminated escaped quotes", "POST", "/completion", 400, escapes),
+        Hostile("frequency_penalty 1e39", "POST", "/completion", 400, {**PROMPT, "frequency_penalty": 1e39}),
+        Hostile("presence_penalty -1e39", "POST", "/v1/chat/completions", 400, {**CHAT, "presence_penalty": -1e39}),
+        Hostile("logit_bias 1e39", "POST", "/completion", 400, {**PROMPT, "logit_bias": {"15": 1e39}}),
+        Hostile("repeat_penalty 1e-300", "POST", "/completion", 400, {**PROMPT, "repeat_penalty": 1e-300}),
+        Hostile("dry_base 1e40", "POST", "/completion", 400, {**PROMPT, "dry_multiplier": 0.8, "dry_base": 1e40}),
+        Hostile("top_p 0 (the top token)", "POST", "/completion", 200, {**PROMPT, "temperature": 1.0, "top_p": 0.0}),
+        Hostile("responses tool name a number", "POST", "/v1/responses", 400,
+                {**RESPONSE, "tools": [{"type": "function", "name": 5}]}),
+        Hostile("responses tool parameters a list", "POST", "/v1/responses", 400,
+                {**RESPONSE, "tools": [{"type": "function", "name": "f", "parameters": [1]}]}),
+        Hostile("responses tool without a name", "POST", "/v1/responses", 400,
+                {**RESPONSE, "tools": [{"type": "function"}]}),
+        Hostile("responses call_id a number", "POST", "/v1/responses", 400, {**RESPONSE, "input": [function_call]}),
+    ]  # fmt: skip
 
 
 def chain_schema(links: int, pointer: str = "#/$defs/") -> dict[str, Any]:

@@ -87,6 +87,18 @@ def test_a_relative_target_found_nowhere_names_both_places(offline: Path, tmp_pa
     assert str(offline / "models--mlx--missing") in message
 
 
+def test_a_revision_that_leaves_the_cache_is_refused(offline: Path, tmp_path: Path) -> None:
+    """refs/main holding `../`: huggingface_hub joins it to the snapshots folder as it is."""
+    outside = cache_model(tmp_path / "elsewhere", "evil/model", EMBEDDED_TARGET)
+    repo = offline / "models--acme--escape"
+    (repo / "snapshots").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    escape = Path(*[".."] * len((repo / "snapshots").relative_to("/").parts)) / outside.relative_to("/")
+    (repo / "refs" / "main").write_text(str(escape))
+    with pytest.raises(ProfileError, match=r"acme/escape: the cache's revision names .* not a folder of"):
+        resolve("default", {"model": "acme/escape"})
+
+
 def test_serve_rejects_a_missing_repo_at_startup(hub: Path) -> None:
     result = mlxcel("serve", "-hf", "acme/absent", "--port", "0", env={"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 2

@@ -270,3 +270,17 @@ def test_samplers_are_read_as_llama_server_reads_them(value, chain_named) -> Non
 def test_the_infill_stage_is_refused() -> None:
     with pytest.raises(chain.ChainError, match="infill"):
         chain.parse(["top_k", "infill"])
+
+
+@pytest.mark.parametrize(
+    "params", [{"top_p": 0.0}, {"top_p": 1e-300}, {"xtc_threshold": 0.0, "xtc_probability": 1.0, "min_p": 0.3}]
+)
+def test_a_filter_at_zero_keeps_the_top_token_and_the_row_finite(params: dict) -> None:
+    """top_p 0 (or below float32's least) keeps the top survivor, as llama-server's min_keep; an XTC
+    threshold of 0 revives no token another stage dropped. Both made the row NaN before issue 34."""
+    logits = rows(3)
+    sampler = pipeline(**params)  # min-p drops tokens for XTC to revive
+    got = p_of(sampler, logits, RowRng(7))
+    assert np.all(np.isfinite(got)) and np.allclose(got.sum(axis=-1), 1.0, atol=1e-5)
+    if "top_p" in params:
+        assert np.all(got[np.arange(len(logits)), logits.argmax(axis=-1)] == 1.0)

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from app.server.shaping import RULE_HEADER
+from tests.server.test_responses_api import TWO_CALLS
 from tests.support.server import API_KEY
 
 GREEDY = {"temperature": 0}  # the SDK has no temperature argument any more: it rides in extra_body
@@ -185,3 +186,16 @@ def test_langchain_chat_anthropic_answers(default_server) -> None:
     assert reply.content == want and reply.response_metadata["stop_reason"] == "max_tokens"
     streamed = "".join(chunk.content for chunk in model.stream("Write a function") if isinstance(chunk.content, str))
     assert streamed == chat_text(default_server, [{"role": "user", "content": "Write a function"}], 16)
+
+
+def test_two_calls_are_two_tool_use_blocks_unless_parallel_use_is_disabled(default_server) -> None:
+    tools = [{"name": n, "input_schema": {"type": "object"}} for n in "fg"]
+    fields = {"model": "target", "max_tokens": 40, "messages": [{"role": "user", "content": "call both"}],
+              "tools": tools, "extra_body": {"temperature": 0, "output_config": {
+                  "format": {"type": "json_schema", "schema": TWO_CALLS}}}}  # fmt: skip
+    sdk = client(default_server)
+    both = sdk.messages.create(**fields)
+    assert [(block.type, block.name) for block in both.content] == [("tool_use", "f"), ("tool_use", "g")]
+    assert both.stop_reason == "tool_use"
+    one = sdk.messages.create(**fields, tool_choice={"type": "auto", "disable_parallel_tool_use": True})
+    assert [block.name for block in one.content] == ["f"]

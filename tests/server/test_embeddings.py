@@ -12,11 +12,23 @@ import mlx.core as mx
 import openai
 import pytest
 
-from app.execution.embedding import embedding
+from app.execution.embedding import CHUNK, embeddings
+from app.execution.model import LoadedModel
 from app.profiles import ProfileError, resolve
 from tests.support.server import serve
 
 TEXTS = ["hello world", "def merge_sorted(left, right):"]
+
+
+def embedding(target: LoadedModel, tokens: list[int], pooling: str) -> list[list[float]]:
+    """One prompt's rows (its vector, or with pooling `none` one per token), its chunks run back to
+    back (as the engine runs them between ticks)."""
+    steps = embeddings(target, [tokens], pooling)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value[0]
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +154,16 @@ def test_pooling_none_answers_every_tokens_vector_on_the_native_routes(tmp_path)
     assert len(native[0]["embedding"]) == len(tokens)
     assert all(abs(sum(x * x for x in vector) - 1) > 1e-3 for vector in native[0]["embedding"])  # not normalised
     assert refused.status_code == 400 and "Pooling type 'none' is not OAI compatible" in refused.text
+
+
+def test_a_long_prompt_embeds_in_chunks_as_in_one_forward(embedded_target) -> None:
+    """Chunks over a KV cache (so rows decode between them) give the one forward's vector."""
+    tokens = list(embedded_target.tokenizer.encode("def area(radius):\n    return 3.14159 * radius ** 2\n" * 12))
+    assert len(tokens) > 3 * CHUNK
+    states = embedded_target.model.model(mx.array([tokens]))[0].astype(mx.float32)
+    for pooling, pooled in (("mean", states.mean(axis=0)), ("last", states[-1]), ("cls", states[0])):
+        want = (pooled / mx.linalg.norm(pooled)).tolist()
+        assert embedding(embedded_target, tokens, pooling)[0] == pytest.approx(want, abs=1e-4), pooling
 
 
 def test_a_tensor_parallel_target_cannot_serve_embeddings(monkeypatch: pytest.MonkeyPatch) -> None:

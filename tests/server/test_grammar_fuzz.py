@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
+from ops.bench.canary import HealthCanary
 from ops.bench.hostile import chain_schema, envelope_problem
-from tests.support.canary import HealthCanary
 from tests.support.server import serve
 
 SEED = 24

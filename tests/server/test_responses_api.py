@@ -154,8 +154,8 @@ def test_what_cannot_be_honoured_is_a_clear_400(default_server, body: dict, need
         client(default_server).responses.create(**{"model": "target", "input": "hi", "max_output_tokens": 2, **body})
 
 
-def test_the_store_is_bounded_and_kept_per_tenant() -> None:
-    store = ResponseStore(limit=2)
+def test_the_store_is_bounded_by_count_and_bytes_and_kept_per_tenant() -> None:
+    store = ResponseStore(entries=2, max_bytes=200)
     for n in range(3):
         store.keep("a", f"resp_{n}", [{"role": "user", "content": str(n)}])
     assert store.history("a", "resp_2") == [{"role": "user", "content": "2"}]
@@ -163,6 +163,15 @@ def test_the_store_is_bounded_and_kept_per_tenant() -> None:
         store.history("a", "resp_0")  # the oldest went first
     with pytest.raises(Exception, match="not found"):
         store.history("b", "resp_2")  # another tenant's
+    for n in range(3):
+        store.keep("b", f"resp_b{n}", [{"role": "user", "content": "x" * 60}])  # about 90 bytes each
+    assert store.history("a", "resp_1") and store.history("a", "resp_2")  # b's traffic evicts none of a's
+    with pytest.raises(Exception, match="not found"):
+        store.history("b", "resp_b0")  # two of b's fill its 200 bytes: the oldest went
+    store.keep("b", "resp_huge", [{"role": "user", "content": "x" * 300}])  # larger than a tenant's bytes
+    with pytest.raises(Exception, match="not found"):
+        store.history("b", "resp_huge")
+    assert store.history("b", "resp_b2")
 
 
 @pytest.mark.slow
@@ -179,3 +188,31 @@ def test_other_speculative_profiles_answer_as_their_chat_route(profile_server, p
         model="target", max_tokens=24, messages=chat, extra_body={"temperature": 0}
     )
     assert messages.content[0].text == want and messages.model_extra["timings"]["draft_rounds"] >= 1
+
+
+TWO_CALLS = {  # an output of exactly two calls, f's then g's
+    "type": "array",
+    "prefixItems": [
+        {"type": "object", "properties": {"name": {"const": n}, "arguments": {"type": "object", "maxProperties": 0}},
+         "required": ["name", "arguments"], "additionalProperties": False}
+        for n in "fg"
+    ],
+    "items": False,
+    "minItems": 2,
+}  # fmt: skip
+
+
+def test_parallel_calls_are_several_items_unless_parallel_tool_calls_is_false(default_server) -> None:
+    """OpenAI's default parallel_tool_calls is true: an answer of two calls is two function_call items."""
+    tools = [{"type": "function", "name": n, "parameters": {"type": "object"}} for n in "fg"]
+    body = {"model": "target", "input": "call both", "max_output_tokens": 40, "temperature": 0, "tools": tools,
+            "text": {"format": {"type": "json_schema", "name": "calls", "schema": TWO_CALLS}}}  # fmt: skip
+    sdk = client(default_server)
+    both = sdk.responses.create(**body)
+    assert [(item.type, item.name) for item in both.output] == [("function_call", "f"), ("function_call", "g")]
+    assert len({item.call_id for item in both.output}) == 2
+    (first,) = sdk.responses.create(**body, parallel_tool_calls=False).output
+    assert (first.type, first.name) == ("function_call", "f")
+    events = list(sdk.responses.create(**body, stream=True))
+    done = [(e.item.name, e.output_index) for e in events if e.type == "response.output_item.done"]
+    assert done == [("f", 0), ("g", 1)]

@@ -33,7 +33,7 @@ class ChatController(Controller):
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[ChatRequest]
     ) -> Response | Stream:
         """Chat through the model's chat template; `timings` rides on the body or the finish chunk."""
-        tokens, plan = await conversation.prompt_tokens(engine, data)
+        tokens, plan = await conversation.prompt_tokens(request, engine, data)
         prompt_tail = engine.tokenizer.decode(tokens[-8:])
         # a continued message is the answer's text as is: llama-server parses no thinking in it
         prefill = requests.continues_final_message(data.messages, data.continue_final_message)
@@ -59,9 +59,11 @@ class ChatController(Controller):
         status_code=200,
         name="chat-input-tokens",
     )
-    async def input_tokens(self, engine: NamedDependency[EngineView], data: JSONBody[ChatRequest]) -> InputTokens:
+    async def input_tokens(
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[ChatRequest]
+    ) -> InputTokens:
         """The prompt's tokens as the chat template renders the messages and tools (llama-server's)."""
-        tokens, _ = await conversation.prompt_tokens(engine, data)
+        tokens, _ = await conversation.prompt_tokens(request, engine, data)
         return InputTokens(input_tokens=len(tokens))
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from litestar import Controller, Request, Response, post
@@ -10,8 +9,8 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
+from app.server import offload, shaping
 from app.server import prompts as prompt_shapes
-from app.server import shaping
 from app.server.bodies import json_response
 from app.server.engine_view import EngineView, require_ready
 from app.server.openapi import streamed_or
@@ -40,7 +39,7 @@ class OpenAICompletionController(Controller):
         prompt's text before its choices' text (in a stream, as each choice's first chunk);
         `logprobs` gives each choice its own (never with `echo`: requests.probs_request).
         """
-        prompts = await asyncio.to_thread(prompt_shapes.prompts, data.prompt, engine.tokenizer, engine.vocab_size)
+        prompts = await offload.run(request, prompt_shapes.prompts, data.prompt, engine.tokenizer, engine.vocab_size)
         rows = await start_rows(request, engine, data, [p.tokens for p in prompts], data.n, "/v1/completions")
         echoes = [prompt.text if data.echo else "" for prompt in prompts for _ in range(data.n)]
         head = shaping.openai_head("cmpl", rows.request_id, rows.settings[0].model)

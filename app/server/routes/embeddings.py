@@ -3,28 +3,36 @@ native routes answer them)."""
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Callable
+from typing import Any
 
-from litestar import Controller, Request, post
+from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from app.server import embeddings, shaping
+from app.server import embeddings, offload, shaping
+from app.server.bodies import encoded_response
 from app.server.embeddings import EmbeddingList, EmbeddingRequest, NativeEmbedding
 from app.server.engine_view import EngineView, require_ready
 
+FLOAT_BYTES = 10  # about what one vector entry takes in JSON (base64: 5.3)
 
-async def vectors(
-    request: Request, engine: EngineView, data: EmbeddingRequest
-) -> tuple[list[list[int]], list[list[list[float]]]]:
-    """The inputs' tokens and each one's vectors (one pooled, or one per token with pooling
-    `none`), one engine call per input (rows decode between them)."""
+
+async def answer(
+    request: Request,
+    engine: EngineView,
+    data: EmbeddingRequest,
+    body: Callable[[list[list[int]], list[list[list[float]]]], Any],
+) -> Response:
+    """The inputs' embedding rows (one pooled row each, or one per token with pooling `none`; one
+    engine call, a chunk at a time between ticks), shaped by `body` within server.max_response_bytes."""
     embeddings.check_on(engine.settings, request.url.path)
-    prompts = await asyncio.to_thread(
-        embeddings.token_inputs, data, engine.tokenizer, engine.settings, engine.vocab_size
+    prompts = await offload.run(
+        request, embeddings.token_inputs, data, engine.tokenizer, engine.settings, engine.vocab_size
     )
-    pooling = engine.settings.server.embeddings_pooling
-    return prompts, [await engine.embed(tokens, pooling) for tokens in prompts]
+    found = await engine.embed(prompts, engine.settings.server.embeddings_pooling, request.receive)
+    estimate = sum(len(row) for rows in found for row in rows) * FLOAT_BYTES
+    return await encoded_response(lambda: body(prompts, found), estimate, engine.settings.server.max_response_bytes)
 
 
 class EmbeddingsController(Controller):
@@ -34,19 +42,28 @@ class EmbeddingsController(Controller):
     @post("/v1/embeddings", status_code=200, name="embeddings")
     async def openai_embeddings(
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[EmbeddingRequest]
-    ) -> EmbeddingList:
+    ) -> Response[EmbeddingList]:
         """OpenAI's list of embeddings, floats or base64; 404 unless server.embeddings is on."""
-        embeddings.check_on(engine.settings, request.url.path)
         embeddings.check_pooled(engine.settings)
-        prompts, found = await vectors(request, engine, data)
-        pooled = [rows[0] for rows in found]
-        return embeddings.embedding_list(pooled, prompts, data.encoding_format, shaping.model_alias(engine.settings))
+        model = shaping.model_alias(engine.settings)
+        return await answer(
+            request,
+            engine,
+            data,
+            lambda prompts, found: embeddings.embedding_list(
+                [rows[0] for rows in found], prompts, data.encoding_format, model
+            ),
+        )
 
     @post(["/embedding", "/embeddings"], status_code=200, name="embedding")
     async def native_embedding(
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[EmbeddingRequest]
-    ) -> list[NativeEmbedding]:
+    ) -> Response[list[NativeEmbedding]]:
         """llama-server's: one entry per input, its pooled vector as `[[...]]` (pooling `none`:
         every token's vector)."""
-        _, found = await vectors(request, engine, data)
-        return [NativeEmbedding(index=i, embedding=rows) for i, rows in enumerate(found)]
+        return await answer(
+            request,
+            engine,
+            data,
+            lambda _, found: [NativeEmbedding(index=i, embedding=rows) for i, rows in enumerate(found)],
+        )

@@ -46,10 +46,10 @@ class MessagesController(Controller):
 
     @post("/v1/messages/count_tokens", status_code=200, name="messages-count-tokens")
     async def count_tokens(
-        self, engine: NamedDependency[EngineView], data: JSONBody[anthropic.MessagesRequest]
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[anthropic.MessagesRequest]
     ) -> anthropic.TokenCount:
         """The prompt's tokens as the model's chat template renders the messages, system and tools."""
-        tokens, _ = await conversation.prompt_tokens(engine, anthropic.chat_request(data), allow_empty=True)
+        tokens, _ = await conversation.prompt_tokens(request, engine, anthropic.chat_request(data), allow_empty=True)
         return anthropic.TokenCount(input_tokens=len(tokens))
 
 
@@ -67,8 +67,9 @@ async def message_events(chat: Conversation, model: str) -> AsyncIterator[bytes]
         elif isinstance(event, Finished):
             blocks = anthropic.content(event, chat.plan)
             if chat.may_call:
-                for frame in anthropic.block_whole(0, blocks[0]):
-                    yield frame
+                for index, block in enumerate(blocks):
+                    for frame in anthropic.block_whole(index, block):
+                        yield frame
             else:
                 yield anthropic.block_stop(0)
             for frame in anthropic.message_end(event, blocks):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from litestar import Controller, Request, Response, post
@@ -10,8 +9,8 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
+from app.server import offload, shaping
 from app.server import prompts as prompt_shapes
-from app.server import shaping
 from app.server.bodies import json_response
 from app.server.engine_view import EngineView, require_ready
 from app.server.openapi import streamed_or
@@ -41,7 +40,7 @@ class NativeCompletionController(Controller):
         A list of prompts (app/server/prompts.py) answers a list of objects, one per prompt in
         order, each with its `index`; its stream interleaves the prompts' frames.
         """
-        prompts = await asyncio.to_thread(prompt_shapes.prompts, data.prompt, engine.tokenizer, engine.vocab_size)
+        prompts = await offload.run(request, prompt_shapes.prompts, data.prompt, engine.tokenizer, engine.vocab_size)
         rows = await start_rows(request, engine, data, [p.tokens for p in prompts], 1, "/completion")
         texts = [p.text for p in prompts]
         logprobs = shaping.logprobs_for(engine.tokenizer, rows.row_requests)

@@ -89,7 +89,7 @@ class ResponsesController(Controller):
         `previous_response_id` continues, the input and the tools, as the chat template renders them."""
         store: ResponseStore = request.app.state.responses
         history = store.history(tenant_of(request), data.previous_response_id)
-        tokens, _ = await conversation.prompt_tokens(engine, responses_api.chat_request(data, history))
+        tokens, _ = await conversation.prompt_tokens(request, engine, responses_api.chat_request(data, history))
         return InputTokens(input_tokens=len(tokens))
 
 
@@ -111,8 +111,9 @@ async def response_events(answer: Answer) -> AsyncIterator[bytes]:
             if answer.chat.may_call and isinstance(items[0], MessageItem):  # held back, and no call after all
                 for frame in [*events.text_start(answer.item_id), events.text_delta(answer.item_id, event.text)]:
                     yield frame
-            for frame in events.item_done(items[0]):
-                yield frame
+            for index, item in enumerate(items):
+                for frame in events.item_done(item, index):
+                    yield frame
             done = answer.body(event, items)
             kind = "response.incomplete" if done.status == "incomplete" else "response.completed"
             yield events.event(kind, response=done)

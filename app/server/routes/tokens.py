@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
-
-from litestar import Controller, post
+from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency
+from litestar.enums import MediaType
 from litestar.params import JSONBody
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from app.server import requests
+from app.server import offload, requests
+from app.server.bodies import encoded, too_large
 from app.server.engine_view import EngineView, require_ready
 from app.server.responses import Detokenized, TemplatePrompt, TokenIds, TokenPiece, TokenPieces
 from app.server.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
+
+PIECE_BYTES = 20  # the least one {"id":N,"piece":"..."} entry takes: a body of more pieces is refused unbuilt
 
 
 class TokensController(Controller):
@@ -21,22 +23,28 @@ class TokensController(Controller):
 
     @post("/tokenize", status_code=200, name="tokenize")
     async def tokenize(
-        self, engine: NamedDependency[EngineView], data: JSONBody[TokenizeRequest]
-    ) -> TokenIds | TokenPieces:
-        return await asyncio.to_thread(tokens_of, engine.tokenizer, data)
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[TokenizeRequest]
+    ) -> Response[TokenIds | TokenPieces]:
+        limit = engine.settings.server.max_response_bytes
+        content = await offload.run(request, tokens_body, engine.tokenizer, data, limit)
+        return Response(content, media_type=MediaType.JSON)
 
     @post("/detokenize", status_code=200, name="detokenize")
-    async def detokenize(self, engine: NamedDependency[EngineView], data: JSONBody[DetokenizeRequest]) -> Detokenized:
-        requests.check_token_ids(data.tokens, engine.vocab_size)
-        return Detokenized(content=await asyncio.to_thread(engine.tokenizer.decode, data.tokens))
+    async def detokenize(
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[DetokenizeRequest]
+    ) -> Response[Detokenized]:
+        limit = engine.settings.server.max_response_bytes
+        content = await offload.run(request, detokenized_body, engine.tokenizer, data.tokens, engine.vocab_size, limit)
+        return Response(content, media_type=MediaType.JSON)
 
     @post("/apply-template", status_code=200, name="apply-template")
     async def apply_template(
-        self, engine: NamedDependency[EngineView], data: JSONBody[ApplyTemplateRequest]
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[ApplyTemplateRequest]
     ) -> TemplatePrompt:
         """The prompt text the chat template makes of these messages (a final assistant message
         continued, as the chat route continues it)."""
-        prompt = await asyncio.to_thread(
+        prompt = await offload.run(
+            request,
             requests.chat_prompt,
             data.messages,
             engine.tokenizer,
@@ -48,9 +56,18 @@ class TokensController(Controller):
         return TemplatePrompt(prompt=prompt)
 
 
-def tokens_of(tokenizer: TokenizerWrapper, data: TokenizeRequest) -> TokenIds | TokenPieces:
-    """Blocking: a megabyte of text takes seconds with pieces, so the route runs it on a thread."""
+def detokenized_body(tokenizer: TokenizerWrapper, tokens: list[int], vocab: int, limit: int) -> bytes:
+    """The encoded answer, within `limit` bytes (server.max_response_bytes); blocking."""
+    requests.check_token_ids(tokens, vocab)
+    return encoded(lambda: Detokenized(content=tokenizer.decode(tokens)), limit)
+
+
+def tokens_body(tokenizer: TokenizerWrapper, data: TokenizeRequest, limit: int) -> bytes:
+    """The encoded answer, within `limit` bytes (server.max_response_bytes). Blocking: a megabyte
+    of text takes seconds with pieces, so the route runs it off the event loop."""
     ids = list(tokenizer.encode(data.content, add_special_tokens=data.add_special))
     if not data.with_pieces:
-        return TokenIds(tokens=ids)
-    return TokenPieces(tokens=[TokenPiece(id=t, piece=tokenizer.decode([t])) for t in ids])
+        return encoded(lambda: TokenIds(tokens=ids), limit)
+    if len(ids) * PIECE_BYTES > limit:
+        raise too_large(f"at least {len(ids) * PIECE_BYTES} bytes ({len(ids)} pieces)", limit)
+    return encoded(lambda: TokenPieces(tokens=[TokenPiece(id=t, piece=tokenizer.decode([t])) for t in ids]), limit)

@@ -1,4 +1,4 @@
-"""A /health canary polled from a thread: how long the slowest answer took while a test ran."""
+"""A /health canary polled from a thread: how long the slowest answer took while a test or an attack ran."""
 
 from __future__ import annotations
 
