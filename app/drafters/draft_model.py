@@ -46,7 +46,7 @@ class DraftModelDrafter:
     def prefill(self, state: RowState, features: mx.array | None) -> bool:
         """One chunk of the prompt (every decided token but the last); True once all are in."""
         done = self.runner.prefill_chunk(state.tokens[:-1]) is not None
-        mx.eval([c.state for c in self.runner.cache])
+        self.runner.evaluate()
         return done
 
     def _fit(self, logits: mx.array) -> mx.array:

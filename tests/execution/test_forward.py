@@ -14,12 +14,12 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from app.execution import row_invariant
 from app.execution.device import backend
 from app.execution.forward import RowForward, batching, forward
 from app.execution.model import load_model
+from app.execution.prepare import prepare
 from app.execution.runner import ModelRunner
-from app.execution.target_taps import FINAL, taps_for
+from app.execution.target_taps import FINAL
 from ops.models.tiny import build_tiny_model
 
 ROWS = 16
@@ -53,9 +53,9 @@ def assert_same_rows(solo: list[ModelRunner], batched: list[ModelRunner], inputs
 
 def assert_same_caches(solo: list[ModelRunner], batched: list[ModelRunner]) -> None:
     for a, b in zip(solo, batched, strict=True):
-        for x, y in zip(a.cache, b.cache, strict=True):
-            assert x.offset == y.offset
-            for p, q in zip(x.keys_and_values(), y.keys_and_values(), strict=True):
+        assert a.length == b.length == a.cache_offset == b.cache_offset
+        for x, y in zip(a.rows(a.length), b.rows(b.length), strict=True):
+            for p, q in zip(x, y, strict=True):
                 assert mx.array_equal(p, q).item()
 
 
@@ -121,7 +121,7 @@ def test_other_models_give_their_solo_forwards(kind, tmp_path: Path) -> None:
 def test_taps_record_each_row_as_its_own_forward_would(embedded_target) -> None:
     """A capture open over a batched forward sees, per tapped module, each row's rows in row order."""
     model = embedded_target.model
-    taps = taps_for(model)
+    taps = prepare(model, taps=True).taps
     names = [1, 9, FINAL]
     solo, batched = twin_pools(model, np.random.default_rng(5))
     inputs = [[7, 8, 9], [300], [11, 12, 13, 14, 15], [42, 43]]
@@ -150,7 +150,7 @@ def tiny(architecture: str, bits: int | None = None, **config: object) -> nn.Mod
         nn.quantize(model, group_size=32, bits=bits)
     if backend().row_invariant_kernels:  # as load_model leaves a model on an NVIDIA GPU
         model.set_dtype(mx.bfloat16)
-        row_invariant.install(model)
+    prepare(model)
     mx.eval(model.parameters())
     return model
 

@@ -1,0 +1,142 @@
+// Matrix products whose every row is reduced the same way whatever the number of rows.
+//
+// Read once by app/execution/row_invariant.py and handed to `mx.fast.cuda_kernel` as the header of
+// the product kernels, whose bodies are one call each. One warp per output column n: lane l takes
+// the 16-byte chunks l, l + 32, ... of the weight row (8 values each), every input row m keeps its
+// own float sum over them in that fixed order, then the warp reduces each row by butterfly. So
+// row m's output is the same for one row as for MAX_ROWS (and for any MAX_ROWS), and a product of
+// several layers' weights side by side (q/k/v, gate/up) gives each layer's columns the bits of its
+// own product. Half-precision values are widened by bit operations, in registers; affine 4- and
+// 8-bit weights are widened as `scale * q + bias` of their group.
+
+namespace mlxcel {
+
+template <bool BF16>
+__device__ __forceinline__ void widen(const uint4& pack, float (&out)[8]) {
+  const unsigned int words[4] = {pack.x, pack.y, pack.z, pack.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (BF16) {
+      out[2 * i] = __uint_as_float(words[i] << 16);
+      out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    } else {
+      out[2 * i] = __half2float(__ushort_as_half((unsigned short)(words[i] & 0xffffu)));
+      out[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(words[i] >> 16)));
+    }
+  }
+}
+
+// Every input row m adds chunk c's 8 widened weights `wf` against its own 8 values, in order.
+template <bool BF16, int MAX_ROWS>
+__device__ __forceinline__ void accumulate(const uint4* xs, int rows, int chunks, int c, const float (&wf)[8],
+                                           float (&acc)[MAX_ROWS]) {
+#pragma unroll
+  for (int m = 0; m < MAX_ROWS; ++m) {
+    if (m < rows) {
+      float xf[8];
+      widen<BF16>(xs[(size_t)m * chunks + c], xf);
+      float sum = acc[m];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        sum = fmaf(wf[e], xf[e], sum);
+      }
+      acc[m] = sum;
+    }
+  }
+}
+
+// Each row's sum reduced over the warp; lane 0 stores column n in the output that holds it (the
+// columns [0, split1) go to out0, [split1, split2) to out1, the rest to out2).
+template <typename T, int MAX_ROWS>
+__device__ __forceinline__ void store(float (&acc)[MAX_ROWS], int rows, int lane, int n, int columns, T* out0,
+                                      T* out1, T* out2, int split1, int split2) {
+#pragma unroll
+  for (int m = 0; m < MAX_ROWS; ++m) {
+    if (m < rows) {
+      float sum = acc[m];
+      for (int offset = 16; offset > 0; offset /= 2) {
+        sum += __shfl_xor_sync(0xffffffff, sum, offset);
+      }
+      if (lane == 0) {
+        if (n < split1) {
+          out0[(size_t)m * split1 + n] = static_cast<T>(sum);
+        } else if (n < split2) {
+          out1[(size_t)m * (split2 - split1) + n - split1] = static_cast<T>(sum);
+        } else {
+          out2[(size_t)m * (columns - split2) + n - split2] = static_cast<T>(sum);
+        }
+      }
+    }
+  }
+}
+
+// x `[rows <= MAX_ROWS, depth]` times w `[columns, depth]` (half precision).
+template <typename T, bool BF16, int MAX_ROWS, int COLUMNS_PER_BLOCK>
+__device__ void row_matmul(const T* x, int rows, int depth, const T* w, int columns, T* out0, T* out1, T* out2,
+                           int split1, int split2) {
+  const int chunks = depth / 8;
+  const int lane = threadIdx.x % 32;
+  const int n = blockIdx.x * COLUMNS_PER_BLOCK + threadIdx.x / 32;
+  if (n >= columns) {
+    return;
+  }
+  const uint4* wn = reinterpret_cast<const uint4*>(w) + (size_t)n * chunks;
+  const uint4* xs = reinterpret_cast<const uint4*>(x);
+  float acc[MAX_ROWS];
+#pragma unroll
+  for (int m = 0; m < MAX_ROWS; ++m) {
+    acc[m] = 0.0f;
+  }
+#pragma unroll 4
+  for (int c = lane; c < chunks; c += 32) {
+    float wf[8];
+    widen<BF16>(wn[c], wf);
+    accumulate<BF16, MAX_ROWS>(xs, rows, chunks, c, wf, acc);
+  }
+  store<T, MAX_ROWS>(acc, rows, lane, n, columns, out0, out1, out2, split1, split2);
+}
+
+// The same walk over mlx-lm's affine-quantized weights (`QuantizedLinear`, BITS 4 or 8): a chunk
+// of 8 values is one 32-bit word at 4 bits and two at 8, each value `scale * q + bias` of its group.
+template <typename T, bool BF16, int MAX_ROWS, int COLUMNS_PER_BLOCK, int BITS, int GROUP_SIZE, typename S>
+__device__ void row_quantized_matmul(const T* x, int rows, int depth, const uint32_t* w, const S* scales,
+                                     const S* biases, int groups, int columns, T* out0, T* out1, T* out2, int split1,
+                                     int split2) {
+  constexpr int WORDS = BITS / 4;  // 32-bit words per chunk of 8 values
+  constexpr unsigned int MASK = (1u << BITS) - 1u;
+  const int chunks = depth / 8;
+  const int lane = threadIdx.x % 32;
+  const int n = blockIdx.x * COLUMNS_PER_BLOCK + threadIdx.x / 32;
+  if (n >= columns) {
+    return;
+  }
+  const uint32_t* wn = w + (size_t)n * chunks * WORDS;
+  const S* sn = scales + (size_t)n * groups;
+  const S* bn = biases + (size_t)n * groups;
+  const uint4* xs = reinterpret_cast<const uint4*>(x);
+  float acc[MAX_ROWS];
+#pragma unroll
+  for (int m = 0; m < MAX_ROWS; ++m) {
+    acc[m] = 0.0f;
+  }
+#pragma unroll 4
+  for (int c = lane; c < chunks; c += 32) {
+    const int g = (c * 8) / GROUP_SIZE;
+    const float scale = static_cast<float>(sn[g]);
+    const float bias = static_cast<float>(bn[g]);
+    float wf[8];
+#pragma unroll
+    for (int word = 0; word < WORDS; ++word) {
+      const uint32_t packed = wn[(size_t)c * WORDS + word];
+#pragma unroll
+      for (int e = 0; e < 8 / WORDS; ++e) {
+        const float q = static_cast<float>((packed >> (BITS * e)) & MASK);
+        wf[word * (8 / WORDS) + e] = fmaf(q, scale, bias);
+      }
+    }
+    accumulate<BF16, MAX_ROWS>(xs, rows, chunks, c, wf, acc);
+  }
+  store<T, MAX_ROWS>(acc, rows, lane, n, columns, out0, out1, out2, split1, split2);
+}
+
+}  // namespace mlxcel
