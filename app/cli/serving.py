@@ -91,6 +91,7 @@ def startup_fields(engine: Engine, address: tuple[str, int]) -> dict[str, object
         "governor_policy": plan.governor_policy if lookup else None,
         "env_overrides": dict(settings.env),
         "batching": engine.model.batching if engine.model is not None else None,
+        "exact": settings.execution.exact,
         "host": address[0],
         "port": address[1],
     }

@@ -154,6 +154,7 @@ class LoopBuilder:
             stats=RowStats(notes=list(choice.notes)),
             excluded_s=choice.setup_seconds,
             caching=self._caching(request, loop),
+            exact=self.plan.exact,
         )
 
     def _caching(self, request: RowRequest, loop: RoundLoop) -> RowCaching | None:

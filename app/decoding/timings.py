@@ -52,9 +52,12 @@ class Timings(msgspec.Struct, kw_only=True, omit_defaults=True):
     draft_rounds: int | None = None
     draft_kind: str | None = None
     speculative: SpeculativeDiagnostics | None = None  # only for a request that asked
+    # false where the server runs MLX's own kernels (`execution.exact = false`): this row's
+    # tokens may depend on the rows it shared ticks with; absent on an exact server
+    exact: bool | None = None
 
     def base(self) -> Timings:
-        """The nine base keys only (per-token frames never carry the draft block)."""
+        """The nine base keys (and `exact` where false): per-token frames never carry the draft block."""
         return msgspec.structs.replace(
             self, draft_n=None, draft_n_accepted=None, draft_rounds=None, draft_kind=None, speculative=None
         )
@@ -75,6 +78,7 @@ def make_timings(
     predicted_ms: float,
     stats: AcceptanceStats | None = None,
     draft_kind: str | None = None,
+    exact: bool = True,
 ) -> Timings:
     prompt_rate = _rate(prompt_n, prompt_ms)
     predicted_rate = _rate(predicted_n - 1, predicted_ms)
@@ -88,6 +92,7 @@ def make_timings(
         predicted_ms=predicted_ms,
         predicted_per_token_ms=predicted_rate[0],
         predicted_per_second=predicted_rate[1],
+        exact=None if exact else False,
     )
     if stats is None or stats.rounds == 0:
         return timings

@@ -96,7 +96,7 @@ class ModelHost:
         """One checkpoint, with `model_loading` before and `model_loaded` after (load progress)."""
         self._log.info("model_loading", role=role, path=path)
         started = time.perf_counter()
-        model = self._load_target() if role == "target" else load_model(path, role=role)
+        model = self._load_target() if role == "target" else load_model(path, role=role, exact=self.plan.exact)
         self._log.info("model_loaded", role=role, path=str(model.path), seconds=round(time.perf_counter() - started, 3))
         return model
 
@@ -104,7 +104,7 @@ class ModelHost:
         """The target, sharded over the ranks when the profile says tensor."""
         target = self.settings.target
         if target.parallel != "tensor":
-            return load_model(target.model)
+            return load_model(target.model, exact=self.plan.exact)
         from app.execution.tensor_parallel import load_leader
 
         loaded, self.lockstep = load_leader(target.model, target.world_size)

@@ -115,12 +115,18 @@ class ModelRunner:
         A chunk ends at the next multiple of PREFILL_CHUNK (a restored prefix ends on one). One
         call is one engine tick's worth of prefill, so a long prompt lets other rows advance
         between its chunks."""
-        end = chunk_end(self.length)
-        if len(tokens) > end:
-            self.forward(list(tokens[self.length : end]))
+        chunk, last = self.next_chunk(tokens)
+        logits = self.forward(chunk)
+        if not last:
             self.evaluate()
             return None
-        return self.forward(list(tokens[self.length :]))[-1:]
+        return logits[-1:]
+
+    def next_chunk(self, tokens: Sequence[int]) -> tuple[list[int], bool]:
+        """The prompt's tokens this row's next prefill chunk feeds (to the next multiple of
+        PREFILL_CHUNK), and whether they end the prompt."""
+        end = chunk_end(self.length)
+        return list(tokens[self.length : end]), len(tokens) <= end
 
     def evaluate(self) -> None:
         """Compute what the row's keys and values wait on now (a prefill chunk's, before the next)."""
