@@ -23,6 +23,7 @@ from app.execution.forward import batching
 from app.execution.lockstep import Lockstep
 from app.execution.model import LoadedModel, load_model
 from app.execution.prompt_cache import CacheCounters, PromptCache
+from app.execution.runner import reserve_rows
 from app.loading import chat_template
 from app.profiles.schema import Settings
 
@@ -63,6 +64,9 @@ class ModelHost:
             server.prompt_cache_entries,
             per_tenant=server.prompt_cache_scope == "tenant",
         )
+        for loaded in (target, drafter):  # every row at once, and the warm-up's and the probes' beside them
+            if loaded is not None:
+                reserve_rows(loaded.model, 2 * server.max_rows + 2)
         self.builder = LoopBuilder(target, drafter, self.plan, prompt_cache if server.prompt_cache_mb else None)
         self._log.info("models_loaded", target=str(target.path), seconds=round(time.perf_counter() - started, 3))
         self.info = ModelInfo(

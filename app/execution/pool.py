@@ -79,6 +79,13 @@ class KVPool:
     def release(self, slot: int) -> None:
         self._free.append(slot)
 
+    def reserve_slots(self, slots: int) -> None:
+        """Room for `slots` rows at once (scratch aside), made now rather than by doubling later."""
+        if slots + 1 > self.slots:
+            grown = self.slots
+            self._grow(slots=slots + 1)
+            self._free = list(range(slots, grown - 1, -1)) + self._free
+
     def reserve(self, rows: int) -> None:
         """Make every slot hold at least `rows` positions (the capacity doubles until it does)."""
         capacity = self.capacity

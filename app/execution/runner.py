@@ -180,6 +180,14 @@ def _pooled(model: nn.Module, max_kv_size: int | None) -> bool:
     return max_kv_size is None and prepared(model).unpooled() is None
 
 
+def reserve_rows(model: nn.Module, rows: int) -> None:
+    """Room in the model's KV pool for `rows` rows at once (nothing for a model that keeps a cache
+    per row): grown now rather than doubling under load, since every growth changes the shapes a
+    GPU's compiled ticks were made for."""
+    if _pooled(model, None):
+        prepared(model).pool().reserve_slots(rows)
+
+
 def require_rewindable(model: nn.Module, role: str, max_kv_size: int | None = None) -> None:
     """Speculation retracts rejected rows; refuse a model whose rows cannot give them back."""
     if _pooled(model, max_kv_size):

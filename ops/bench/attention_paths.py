@@ -34,6 +34,7 @@ from app.decoding import exactness
 from app.execution import row_invariant
 from app.execution.device import backend
 from app.execution.model import load_model
+from app.execution.prepare import prepare
 from app.execution.runner import ModelRunner
 from app.loading import EMBEDDED_TARGET
 
@@ -63,8 +64,7 @@ def big_model() -> nn.Module:
     model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
     model.set_dtype(mx.bfloat16)
     mx.eval(model.parameters())
-    if backend().row_invariant_kernels:
-        row_invariant.install(model)
+    prepare(model)  # the row-invariant kernels on CUDA, as load_model does
     return model
 
 

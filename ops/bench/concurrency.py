@@ -13,13 +13,17 @@ tokens it carries (a speculative round of 3 tokens after 30 ms counts as three 1
 
     python -m ops.bench.concurrency [--clients 1,2,4,8,16] [--tokens 64] [--repeats 2]
         [--profiles target-only,default,prompt-lookup,mtp] [--target DIR | --target random-1.2b]
-        [--no-fixed] [--no-mlx-lm] [--note TEXT] [--write] [--json FILE]
+        [--no-fixed] [--no-fast] [--no-mlx-lm] [--note TEXT] [--write] [--json FILE]
 
 Every profile with a drafter also runs as a fixed-width arm, `PROFILE@fixed`: the same profile
 with its widths held (no block-loop width trials, no governor, no goodput choice under load:
 the `FIXED_WIDTH` settings), the fixed k most servers draft whatever the batch. The goals
 compare each profile with the better of target-only and its fixed-width arm at every client
 count (issue 26: at least 0.95x).
+
+Every profile also runs as a fast-path arm, `PROFILE@fast`: the same profile with
+`execution.exact = false` (MLX's own kernels, a row's bits may depend on its batch-mates, as
+llama-server and vLLM by default), so every run measures the price of exactness beside it.
 
 `--target` serves every arm on another target: a model directory, or `random-1.2b`, issue 25's
 1.2 B random bf16 Qwen3 (ops/models/random_target.py), built into a temporary folder first.
@@ -53,6 +57,9 @@ from ops.models.random_target import SIZE_1_2B, build_random_target
 PROFILES = ["target-only", "default", "prompt-lookup", "mtp"]
 TARGET_ONLY = "target-only"
 FIXED = "@fixed"  # an arm's suffix: its profile with the widths held
+FAST = "@fast"  # an arm's suffix: its profile through MLX's own kernels (execution.exact = false)
+FAST_PATH = {"MLXCEL_EXECUTION__EXACT": "false"}
+EXACTNESS_PRICE = 1.25  # issue 35: the exact path within this of the fast path's throughput
 FIXED_WIDTH = {"MLXCEL_ADAPTIVE__ENABLED": "false", "MLXCEL_ADAPTIVE__UNDER_LOAD": "false",
                "MLXCEL_GOVERNOR__ADAPTIVE": "false"}  # fmt: skip
 GOODPUT_GOAL = 0.95
@@ -198,6 +205,48 @@ def fixed_arms(profiles: list[str]) -> list[str]:
     return [profile + FIXED for profile in profiles if profile != TARGET_ONLY]
 
 
+def fast_arms(profiles: list[str]) -> list[str]:
+    """The fast-path arm of every profile."""
+    return [profile + FAST for profile in profiles]
+
+
+def exactness_price(cells: dict[tuple[str, int], Cell]) -> list[str]:
+    """Issue 35: each profile's fast-path throughput over its exact one's, by clients."""
+    lines = []
+    for arm in dict.fromkeys(arm for arm, _ in cells):
+        if (arm + FAST, 1) not in cells:
+            continue
+        prices = [
+            (c, cells[arm + FAST, c].tokens_per_second / cells[arm, c].tokens_per_second)
+            for c in sorted(c for a, c in cells if a == arm)
+            if (arm + FAST, c) in cells and cells[arm, c].tokens_per_second
+        ]
+        met = all(price <= EXACTNESS_PRICE for _, price in prices)
+        listed = ", ".join(f"{c}: {price:.2f}x" for c, price in prices)
+        lines.append(f"- the price of exactness, `{arm}{FAST}` over `{arm}` by clients: {listed} "
+                     f"(goal ≤ {EXACTNESS_PRICE}x: {'met' if met else 'missed'}).")  # fmt: skip
+    return lines
+
+
+def target_only_goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
+    """Issue 35's goals for target-only at the widest wave, where this run measured them."""
+    widest = max((c for a, c in cells if a == TARGET_ONLY), default=0)
+    ours, one, theirs = cells.get((TARGET_ONLY, widest)), cells.get((TARGET_ONLY, 1)), cells.get((MLX_LM, widest))
+    if widest < 2 or not (ours and one):
+        return []
+    lines = [
+        f"- `{TARGET_ONLY}` single stream: {one.tokens_per_second:.0f} tokens/s (goal ≥ 250 on the 1.2 B target); "
+        f"{widest} clients against 1: {ratio(ours, one)} (goal ≥ 6x)."
+    ]
+    if theirs:
+        ttft = percentile(ours.first_token_s, 0.95) / percentile(theirs.first_token_s, 0.95)
+        lines.append(
+            f"- `{TARGET_ONLY}` against `{MLX_LM}` at {widest} clients: {ratio(ours, theirs)} (goal ≥ 2x, "
+            f"≥ 1.5x 4-bit); time to first token p95 {ttft:.2f}x theirs (goal ≤ 1x)."
+        )
+    return lines
+
+
 def goodput_goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
     """Issue 26: each profile against the better of target-only and its fixed-width arm."""
     lines = []
@@ -222,7 +271,7 @@ def goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
     """Issue 12's goals for the default profile at 8 clients, and issue 26's, where this run measured them."""
     one, eight, theirs = cells.get(("default", 1)), cells.get(("default", 8)), cells.get((MLX_LM, 8))
     if not (one and eight):
-        return goodput_goals(cells)
+        return target_only_goals(cells) + exactness_price(cells) + goodput_goals(cells)
     spread = percentile(eight.inter_token_s, 0.95) / percentile(one.inter_token_s, 0.95)
     lines = [
         f"- default profile, 8 clients against 1: {ratio(eight, one)} aggregate (goal ≥ 3x); "
@@ -230,7 +279,7 @@ def goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
     ]
     if theirs:
         lines.append(f"- default profile against `mlx_lm.server` at 8 clients: {ratio(eight, theirs)} (goal ≥ 1.5x).")
-    return lines + goodput_goals(cells)
+    return lines + target_only_goals(cells) + exactness_price(cells) + goodput_goals(cells)
 
 
 def render(cells: dict[tuple[str, int], Cell], n: int, repeats: int, note: str = "") -> str:
@@ -269,6 +318,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profiles", type=lambda text: text.split(","), default=PROFILES)
     parser.add_argument("--target", help=f"a model directory, or {RANDOM_1_2B} (built first); default: the embedded")
     parser.add_argument("--no-fixed", action="store_true", help=f"leave the fixed-width arms (PROFILE{FIXED}) out")
+    parser.add_argument("--no-fast", action="store_true", help=f"leave the fast-path arms (PROFILE{FAST}) out")
     parser.add_argument("--no-mlx-lm", action="store_true", help=f"leave {MLX_LM} out")
     parser.add_argument("--note", default="", help="a line for the section (e.g. the machine's state)")
     parser.add_argument("--write", action="store_true", help=WRITE_HELP)
@@ -294,6 +344,8 @@ def main(argv: list[str] | None = None) -> None:
         for arm in [] if args.no_fixed else fixed_arms(args.profiles):
             served = spawned_server(arm.removesuffix(FIXED), args=flags, env=FIXED_WIDTH)
             urls[arm] = servers.enter_context(served)[0]
+        for arm in [] if args.no_fast else fast_arms(args.profiles):
+            urls[arm] = servers.enter_context(spawned_server(arm.removesuffix(FAST), args=flags, env=FAST_PATH))[0]
         if not args.no_mlx_lm:
             # mlx_lm.server initialises mx.distributed, which needs more of the environment than PATH
             command = mlx_lm_command(max(args.clients), target)

@@ -169,6 +169,7 @@ def test_a_wrapped_layer_keeps_its_rows_off_the_pool(tmp_path) -> None:
     assert not runner.pooled and prepared(model).unpooled() == "layer Nudged is not qwen3's own"
 
 
+@pytest.mark.skipif(backend().gpu, reason="the CPU's attention (its products are the BLAS shim's)")
 def test_the_cpus_attention_ignores_the_keys_and_places_past_a_query() -> None:
     """The CPU's exact attention (app/execution/attention.py, ROWS) of a row of any length 1..90,
     widths 1..5, alone and beside a row 40 keys longer and wider: the same bits (every position's
