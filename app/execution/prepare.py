@@ -207,7 +207,7 @@ def _why_unpooled(record: Prepared) -> str | None:
             return reason
         dims = sorted({s.head_dim for s in record.shapes()} - set(row_invariant.HEAD_DIMS))
         if dims:
-            return f"head size {dims[0]}: the attention kernel takes {row_invariant.HEAD_DIMS}"
+            return f"head size {dims[0]}: the attention kernel takes multiples of 32 up to 256"
     return None
 
 

@@ -41,7 +41,7 @@ from app.execution.device import backend
 WARPS = 16
 ATTENTION_ROWS = 32  # queries per attention call of one row (wider ones keep MLX's kernel)
 MATMUL_ROWS = 16  # rows per kernel call (a slice of a wider product): the widest verify forward
-HEAD_DIMS = (64, 96, 128, 256)  # multiples of 32: a lane takes HEAD_DIM / 32 values
+HEAD_DIMS = tuple(range(32, 257, 32))  # a lane takes HEAD_DIM / 32 values; a warp's sums fit shared memory
 COLUMNS_PER_BLOCK = 8
 HALF_TYPES = (mx.bfloat16, mx.float16)
 QUANTIZED_BITS = (4, 8)  # packings whose chunks of 8 values are whole 32-bit words

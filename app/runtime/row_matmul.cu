@@ -70,17 +70,17 @@ __device__ __forceinline__ void store(float (&acc)[MAX_ROWS], int rows, int lane
   }
 }
 
-// x `[rows <= MAX_ROWS, depth]` times w `[columns, depth]` (half precision).
-template <typename T, bool BF16, int MAX_ROWS, int COLUMNS_PER_BLOCK>
-__device__ void row_matmul(const T* x, int rows, int depth, const T* w, int columns, T* out0, T* out1, T* out2,
-                           int split1, int split2) {
+// The walk both products share: this warp's column n, every row's sum over the chunks of K in
+// order (chunk c to lane c mod 32), `weights(n, c, wf)` widening chunk c of column n's weights.
+template <typename T, bool BF16, int MAX_ROWS, int COLUMNS_PER_BLOCK, typename Weights>
+__device__ __forceinline__ void walk(const T* x, int rows, int depth, int columns, T* out0, T* out1, T* out2,
+                                     int split1, int split2, Weights weights) {
   const int chunks = depth / 8;
   const int lane = threadIdx.x % 32;
   const int n = blockIdx.x * COLUMNS_PER_BLOCK + threadIdx.x / 32;
   if (n >= columns) {
     return;
   }
-  const uint4* wn = reinterpret_cast<const uint4*>(w) + (size_t)n * chunks;
   const uint4* xs = reinterpret_cast<const uint4*>(x);
   float acc[MAX_ROWS];
 #pragma unroll
@@ -90,10 +90,22 @@ __device__ void row_matmul(const T* x, int rows, int depth, const T* w, int colu
 #pragma unroll 4
   for (int c = lane; c < chunks; c += 32) {
     float wf[8];
-    widen<BF16>(wn[c], wf);
+    weights(n, c, wf);
     accumulate<BF16, MAX_ROWS>(xs, rows, chunks, c, wf, acc);
   }
   store<T, MAX_ROWS>(acc, rows, lane, n, columns, out0, out1, out2, split1, split2);
+}
+
+// x `[rows <= MAX_ROWS, depth]` times w `[columns, depth]` (half precision).
+template <typename T, bool BF16, int MAX_ROWS, int COLUMNS_PER_BLOCK>
+__device__ void row_matmul(const T* x, int rows, int depth, const T* w, int columns, T* out0, T* out1, T* out2,
+                           int split1, int split2) {
+  const int chunks = depth / 8;
+  const uint4* ws = reinterpret_cast<const uint4*>(w);
+  walk<T, BF16, MAX_ROWS, COLUMNS_PER_BLOCK>(x, rows, depth, columns, out0, out1, out2, split1, split2,
+                                            [&](int n, int c, float (&wf)[8]) {
+                                              widen<BF16>(ws[(size_t)n * chunks + c], wf);
+                                            });
 }
 
 // The same walk over mlx-lm's affine-quantized weights (`QuantizedLinear`, BITS 4 or 8): a chunk
@@ -105,38 +117,22 @@ __device__ void row_quantized_matmul(const T* x, int rows, int depth, const uint
   constexpr int WORDS = BITS / 4;  // 32-bit words per chunk of 8 values
   constexpr unsigned int MASK = (1u << BITS) - 1u;
   const int chunks = depth / 8;
-  const int lane = threadIdx.x % 32;
-  const int n = blockIdx.x * COLUMNS_PER_BLOCK + threadIdx.x / 32;
-  if (n >= columns) {
-    return;
-  }
-  const uint32_t* wn = w + (size_t)n * chunks * WORDS;
-  const S* sn = scales + (size_t)n * groups;
-  const S* bn = biases + (size_t)n * groups;
-  const uint4* xs = reinterpret_cast<const uint4*>(x);
-  float acc[MAX_ROWS];
+  walk<T, BF16, MAX_ROWS, COLUMNS_PER_BLOCK>(
+      x, rows, depth, columns, out0, out1, out2, split1, split2, [&](int n, int c, float (&wf)[8]) {
+        const int g = (c * 8) / GROUP_SIZE;
+        const float scale = static_cast<float>(scales[(size_t)n * groups + g]);
+        const float bias = static_cast<float>(biases[(size_t)n * groups + g]);
+        const uint32_t* wn = w + ((size_t)n * chunks + c) * WORDS;
 #pragma unroll
-  for (int m = 0; m < MAX_ROWS; ++m) {
-    acc[m] = 0.0f;
-  }
-#pragma unroll 4
-  for (int c = lane; c < chunks; c += 32) {
-    const int g = (c * 8) / GROUP_SIZE;
-    const float scale = static_cast<float>(sn[g]);
-    const float bias = static_cast<float>(bn[g]);
-    float wf[8];
+        for (int word = 0; word < WORDS; ++word) {
+          const uint32_t packed = wn[word];
 #pragma unroll
-    for (int word = 0; word < WORDS; ++word) {
-      const uint32_t packed = wn[(size_t)c * WORDS + word];
-#pragma unroll
-      for (int e = 0; e < 8 / WORDS; ++e) {
-        const float q = static_cast<float>((packed >> (BITS * e)) & MASK);
-        wf[word * (8 / WORDS) + e] = fmaf(q, scale, bias);
-      }
-    }
-    accumulate<BF16, MAX_ROWS>(xs, rows, chunks, c, wf, acc);
-  }
-  store<T, MAX_ROWS>(acc, rows, lane, n, columns, out0, out1, out2, split1, split2);
+          for (int e = 0; e < 8 / WORDS; ++e) {
+            const float q = static_cast<float>((packed >> (BITS * e)) & MASK);
+            wf[word * (8 / WORDS) + e] = fmaf(q, scale, bias);
+          }
+        }
+      });
 }
 
 }  // namespace mlxcel

@@ -141,7 +141,7 @@ def tiny(architecture: str, bits: int | None = None, **config: object) -> nn.Mod
     module = importlib.import_module(f"mlx_lm.models.{architecture}")
     shape = {
         "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 512, "head_dim": 16,
+        "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 512, "head_dim": 32,
     }  # fmt: skip
     args = module.ModelArgs.from_dict({"model_type": architecture, **shape, **config})
     mx.random.seed(7)
@@ -155,7 +155,7 @@ def tiny(architecture: str, bits: int | None = None, **config: object) -> nn.Mod
     return model
 
 
-LONGROPE = {"type": "longrope", "long_factor": [1.5] * 8, "short_factor": [1.1] * 8}  # SuScaledRoPE
+LONGROPE = {"type": "longrope", "long_factor": [1.5] * 16, "short_factor": [1.1] * 16}  # SuScaledRoPE
 QWEN3 = {"tie_word_embeddings": True, "rope_theta": 10000.0, "max_position_embeddings": 4096}
 ARCHITECTURES = {
     "qwen3": ("qwen3", QWEN3),
@@ -167,10 +167,18 @@ ARCHITECTURES = {
     ),
     "qwen2": ("qwen2", {"tie_word_embeddings": True}),
     "gemma3_text": ("gemma3_text", {"sliding_window": 8, "sliding_window_pattern": 2}),
-    "phi3": ("phi3", {}),
+    "phi3": (
+        "phi3",
+        {"hidden_size": 128},
+    ),  # its head size is hidden / heads: 32, as the others' (the GPU kernel's least)
     "phi3 longrope": (
         "phi3",
-        {"max_position_embeddings": 8192, "original_max_position_embeddings": 1024, "rope_scaling": LONGROPE},
+        {
+            "hidden_size": 128,
+            "max_position_embeddings": 8192,
+            "original_max_position_embeddings": 1024,
+            "rope_scaling": LONGROPE,
+        },
     ),
     "qwen3 4-bit": ("qwen3", {**QWEN3, "bits": 4}),  # QuantizedLinear, QuantizedEmbedding
     "llama 8-bit": ("llama", {"tie_word_embeddings": False, "bits": 8}),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import sys
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 import pytest
 
@@ -24,7 +23,7 @@ from app.execution.prompt_cache import PromptCache
 from app.execution.runner import PREFILL_CHUNK, ModelRunner
 from app.execution.target_taps import Tap
 from app.loading import EMBEDDED_TARGET
-from tests.execution.test_forward import QWEN3, tiny
+from tests.execution.test_forward import QWEN3, Nudged, tiny
 
 PROMPT = [(i * 37) % 500 + 3 for i in range(150)]
 
@@ -152,17 +151,8 @@ def test_preparing_twice_changes_nothing_more(embedded_target) -> None:
         assert type(q_proj) is row_invariant.RowInvariantLinear and row_invariant.siblings_of(q_proj) is joint
 
 
-def test_a_wrapped_layer_keeps_its_rows_off_the_pool(tmp_path) -> None:
+def test_a_wrapped_layer_keeps_its_rows_off_the_pool() -> None:
     """A layer the pool's checks do not know runs its rows with caches of their own."""
-
-    class Nudged(nn.Module):
-        def __init__(self, inner: nn.Module) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def __call__(self, x: mx.array, mask: object, cache: object) -> mx.array:
-            return self.inner(x, mask, cache) + 1e-3
-
     model = tiny("qwen3", **QWEN3)
     model.model.layers[0] = Nudged(model.model.layers[0])
     runner = ModelRunner(model)
