@@ -41,6 +41,11 @@ from app.execution.device import backend
 WARPS = 16
 ATTENTION_ROWS = 32  # queries per attention call of one row (wider ones keep MLX's kernel)
 MATMUL_ROWS = 16  # rows per kernel call (a slice of a wider product): the widest verify forward
+# Products of more than WIDE_PRODUCT rows (prefill chunks, wide ticks) run in slices of this many
+# instead, reading each weight half as often. A row's bits are the same in either: the kernel
+# adds its chunks in the same order whatever MAX_ROWS (app/runtime/row_matmul.cu).
+MATMUL_WIDE_ROWS = 32
+WIDE_PRODUCT = 64
 HEAD_DIMS = tuple(range(32, 257, 32))  # a lane takes HEAD_DIM / 32 values; a warp's sums fit shared memory
 COLUMNS_PER_BLOCK = 8
 HALF_TYPES = (mx.bfloat16, mx.float16)
@@ -279,26 +284,32 @@ def _row_products(
     extra: list[tuple[str, int]] | None = None,
 ) -> list[mx.array]:
     """The product of `x` `[..., K]` by `weights` (whose rows are the output columns, in parts of
-    `widths` columns, one output each), MATMUL_ROWS rows of `x` per kernel call."""
+    `widths` columns, one output each), MATMUL_ROWS rows of `x` per kernel call (MATMUL_WIDE_ROWS
+    past WIDE_PRODUCT rows)."""
     kernel = kernel_of(len(widths))
     flat = x.reshape(-1, x.shape[-1])
+    step = MATMUL_WIDE_ROWS if flat.shape[0] > WIDE_PRODUCT else MATMUL_ROWS
     calls = [
-        _matmul_call(kernel, [flat[i : i + MATMUL_ROWS], *weights], widths, extra or [])
-        for i in range(0, flat.shape[0], MATMUL_ROWS)
+        _matmul_call(kernel, [flat[i : i + step], *weights], widths, extra or [], step)
+        for i in range(0, flat.shape[0], step)
     ]
     parts = calls[0] if len(calls) == 1 else [mx.concatenate(part) for part in zip(*calls, strict=True)]
     return [part.reshape(*x.shape[:-1], width) for part, width in zip(parts, widths, strict=True)]
 
 
 def _matmul_call(
-    kernel: Callable[..., list[mx.array]], inputs: list[mx.array], widths: list[int], extra: list[tuple[str, int]]
+    kernel: Callable[..., list[mx.array]],
+    inputs: list[mx.array],
+    widths: list[int],
+    extra: list[tuple[str, int]],
+    max_rows: int,
 ) -> list[mx.array]:
-    """One kernel call: rows `inputs[0]` `[M <= MATMUL_ROWS, K]` times the weights that follow."""
+    """One kernel call: rows `inputs[0]` `[M <= max_rows, K]` times the weights that follow."""
     rows = inputs[0]
     columns = sum(widths)
     return kernel(
         inputs=inputs,
-        template=_matmul_template(rows.dtype, tuple(widths), tuple(extra)),
+        template=_matmul_template(rows.dtype, tuple(widths), tuple(extra), max_rows),
         grid=(-(-columns // COLUMNS_PER_BLOCK) * MATMUL_THREADS, 1, 1),
         threadgroup=(MATMUL_THREADS, 1, 1),
         output_shapes=[(rows.shape[0], width) for width in widths],
@@ -311,17 +322,17 @@ MATMUL_THREADS = 32 * COLUMNS_PER_BLOCK  # a warp per output column
 
 @cache
 def _matmul_template(
-    dtype: mx.Dtype, widths: tuple[int, ...], extra: tuple[tuple[str, int], ...]
+    dtype: mx.Dtype, widths: tuple[int, ...], extra: tuple[tuple[str, int], ...], max_rows: int
 ) -> list[tuple[str, object]]:
-    """A product's compile-time constants, made once per (dtype, layer widths, packing): where
-    each output's columns start (SPLIT1, SPLIT2; the product's width where it has fewer outputs)."""
+    """A product's compile-time constants, made once per (dtype, layer widths, packing, rows):
+    where each output's columns start (SPLIT1, SPLIT2; the product's width where it has fewer)."""
     columns = sum(widths)
     starts = [sum(widths[:i]) for i in range(1, len(widths))]
     splits = [*starts, columns, columns][:2]
     return [
         ("T", dtype),
         ("BF16", dtype == mx.bfloat16),
-        ("MAX_ROWS", MATMUL_ROWS),
+        ("MAX_ROWS", max_rows),
         ("COLUMNS_PER_BLOCK", COLUMNS_PER_BLOCK),
         *extra,
         ("SPLIT1", splits[0]),

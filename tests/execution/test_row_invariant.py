@@ -63,9 +63,9 @@ def test_row_matmul_rows_do_not_depend_on_the_row_count() -> None:
     mx.random.seed(0)
     for depth, columns in ((256, 1024), (256, 4096), (512, 256), (2048, 6144)):
         weight = mx.random.normal((columns, depth)).astype(mx.bfloat16)
-        x = mx.random.normal((70, depth)).astype(mx.bfloat16)  # past one kernel call's 16 rows: slices
+        x = mx.random.normal((140, depth)).astype(mx.bfloat16)  # past one call's 16 rows, and past 64: 32-row slices
         single = mx.concatenate([row_invariant.row_matmul(x[i : i + 1], weight) for i in range(x.shape[0])])
-        for rows in (2, 3, 5, 8, row_invariant.MATMUL_ROWS, 17, 40, 70):
+        for rows in (2, 3, 5, 8, row_invariant.MATMUL_ROWS, 17, 40, 70, 100, 140):
             assert mx.array_equal(row_invariant.row_matmul(x[:rows], weight), single[:rows]).item(), (depth, rows)
         # and it is a matrix product: within bf16 rounding of MLX's
         assert mx.allclose(single.astype(mx.float32), (x @ weight.T).astype(mx.float32), atol=0.5, rtol=0.02).item()
@@ -79,10 +79,10 @@ def test_quantized_row_matmul_rows_do_not_depend_on_the_row_count(bits: int) -> 
         layer = nn.QuantizedLinear(depth, columns, bias=False, group_size=64, bits=bits)
         layer.update({"scales": layer.scales.astype(mx.bfloat16), "biases": layer.biases.astype(mx.bfloat16)})
         layer.__class__ = row_invariant.RowInvariantQuantizedLinear
-        x = mx.random.normal((70, depth)).astype(mx.bfloat16)
+        x = mx.random.normal((140, depth)).astype(mx.bfloat16)
         with row_invariant.exact_forward():
             single = mx.concatenate([layer(x[i : i + 1]) for i in range(x.shape[0])])
-            for rows in (2, 3, 5, 8, row_invariant.MATMUL_ROWS, 17, 40, 70):
+            for rows in (2, 3, 5, 8, row_invariant.MATMUL_ROWS, 17, 40, 70, 100, 140):
                 assert mx.array_equal(layer(x[:rows]), single[:rows]).item(), (bits, depth, rows)
         # and it is the layer's product: within bf16 rounding of MLX's quantized matmul
         reference = nn.QuantizedLinear.__call__(layer, x).astype(mx.float32)
