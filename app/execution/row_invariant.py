@@ -1,26 +1,29 @@
 """GPU kernels whose every row is computed the same way whatever the forward's width.
 
 Speculative decoding verifies w tokens in one forward and is exact at T = 0 only if that forward
-gives, bit for bit, the logits of w single-token steps. On MLX's CUDA backend it does not: a
-one-row matrix product runs a vector kernel and a wider one runs cuBLAS (different reduction
-order), and attention with more than one query runs a fused kernel that reduces differently from
-the one-query kernel and costs about twenty single steps whenever the key length changes, which
-it does on every call while decoding. The two kernels here replace both inside the project's own
-forwards (`exact_forward()`, entered by `ModelRunner`):
+gives, bit for bit, the logits of w single-token steps; rows of many requests share a tick only
+if each row's bits do not depend on the others. On MLX's CUDA backend neither holds: a one-row
+matrix product runs a vector kernel and a wider one runs cuBLAS (different reduction order), and
+attention with more than one query runs a fused kernel that reduces differently from the
+one-query kernel and costs about twenty single steps whenever the key length changes. The
+kernels here replace both inside the project's own forwards (`exact_forward()`, entered by the
+ticks and the runners). Their CUDA sources are app/runtime/row_attention.cu and row_matmul.cu,
+read once; each kernel object is made once, and its compile-time constants once per shape.
 
-- attention: one thread block per (row, head, query) walks the query's visible keys in a fixed
+- attention: one thread block per (query, head) walks the query's visible keys in a fixed
   order (key j to warp j mod WARPS, an online softmax per warp, warps merged in index order), so a
-  query's output depends only on its vector and the keys it may see;
+  query's output depends only on its vector and the keys it may see: over one row's own keys
+  (`row_attention`), or over the KV pool, every query of a tick in one call (`pool_attention`);
 - matrix products: one warp per output column reads the weight row once and reduces every input
   row over K in the same lane order, so row m's output is the same for one row as for sixteen,
-  and a 5-row product costs about what a 1-row product costs. A product of more rows runs in
-  slices of MATMUL_ROWS (each row reduced the same way in any slice), up to the backend's
-  `row_stable_rows`: what lets many rows' tokens share one forward (app/execution/forward.py).
+  and a 5-row product costs about what a 1-row product costs. A product of more rows is one
+  launch whose thread blocks take MATMUL_ROWS rows each (each row reduced the same way in any
+  block), up to the backend's `row_stable_rows`: what lets many rows' tokens share one tick.
   mlx-lm's affine 4- and 8-bit layers take the same walk, widening each weight from its group's
   scale and bias in registers.
 
-Anything else (prefill of long prompts, float32 models, other quantizations, masks other than
-causal) keeps MLX's kernels; the block loops' exactness probe then reports what remains.
+Anything else (float32 models, other quantizations, masks other than causal or a window) keeps
+MLX's kernels; the block loops' exactness probe then reports what remains.
 """
 
 from __future__ import annotations
@@ -40,12 +43,7 @@ from app.execution.device import backend
 
 WARPS = 16
 ATTENTION_ROWS = 32  # queries per attention call of one row (wider ones keep MLX's kernel)
-MATMUL_ROWS = 16  # rows per kernel call (a slice of a wider product): the widest verify forward
-# Products of more than WIDE_PRODUCT rows (prefill chunks, wide ticks) run in slices of this many
-# instead, reading each weight half as often. A row's bits are the same in either: the kernel
-# adds its chunks in the same order whatever MAX_ROWS (app/runtime/row_matmul.cu).
-MATMUL_WIDE_ROWS = 32
-WIDE_PRODUCT = 64
+MATMUL_ROWS = 16  # rows per thread block (a product of more rows is one launch of several blocks' rows)
 HEAD_DIMS = tuple(range(32, 257, 32))  # a lane takes HEAD_DIM / 32 values; a warp's sums fit shared memory
 COLUMNS_PER_BLOCK = 8
 HALF_TYPES = (mx.bfloat16, mx.float16)
@@ -102,8 +100,8 @@ def _matmul_kernel(outputs: int = 1) -> Callable[..., list[mx.array]]:
         input_names=["x", "w"],
         output_names=[f"out{i}" for i in range(outputs)],
         header=_source("row_matmul.cu"),
-        source="mlxcel::row_matmul<T, BF16, MAX_ROWS, COLUMNS_PER_BLOCK>(x, x_shape[0], x_shape[1], w, "
-        f"w_shape[0], {_outputs(outputs)}, SPLIT1, SPLIT2);",
+        source="mlxcel::row_matmul<T, BF16, MAX_ROWS, COLUMNS_PER_BLOCK, DEPTH>(x, x_shape[0], w, w_shape[0], "
+        f"{_outputs(outputs)}, SPLIT1, SPLIT2);",
     )
 
 
@@ -114,8 +112,8 @@ def _quantized_matmul_kernel(outputs: int = 1) -> Callable[..., list[mx.array]]:
         input_names=["x", "w", "scales", "biases"],
         output_names=[f"out{i}" for i in range(outputs)],
         header=_source("row_matmul.cu"),
-        source="mlxcel::row_quantized_matmul<T, BF16, MAX_ROWS, COLUMNS_PER_BLOCK, BITS, GROUP_SIZE>(x, x_shape[0], "
-        f"x_shape[1], w, scales, biases, scales_shape[1], w_shape[0], {_outputs(outputs)}, SPLIT1, SPLIT2);",
+        source="mlxcel::row_quantized_matmul<T, BF16, MAX_ROWS, COLUMNS_PER_BLOCK, DEPTH, BITS, GROUP_SIZE>(x, "
+        f"x_shape[0], w, scales, biases, w_shape[0], {_outputs(outputs)}, SPLIT1, SPLIT2);",
     )
 
 
@@ -284,37 +282,18 @@ def _row_products(
     extra: list[tuple[str, int]] | None = None,
 ) -> list[mx.array]:
     """The product of `x` `[..., K]` by `weights` (whose rows are the output columns, in parts of
-    `widths` columns, one output each), MATMUL_ROWS rows of `x` per kernel call (MATMUL_WIDE_ROWS
-    past WIDE_PRODUCT rows)."""
-    kernel = kernel_of(len(widths))
+    `widths` columns, one output each): one launch, MATMUL_ROWS rows of `x` to a thread block."""
     flat = x.reshape(-1, x.shape[-1])
-    step = MATMUL_WIDE_ROWS if flat.shape[0] > WIDE_PRODUCT else MATMUL_ROWS
-    calls = [
-        _matmul_call(kernel, [flat[i : i + step], *weights], widths, extra or [], step)
-        for i in range(0, flat.shape[0], step)
-    ]
-    parts = calls[0] if len(calls) == 1 else [mx.concatenate(part) for part in zip(*calls, strict=True)]
-    return [part.reshape(*x.shape[:-1], width) for part, width in zip(parts, widths, strict=True)]
-
-
-def _matmul_call(
-    kernel: Callable[..., list[mx.array]],
-    inputs: list[mx.array],
-    widths: list[int],
-    extra: list[tuple[str, int]],
-    max_rows: int,
-) -> list[mx.array]:
-    """One kernel call: rows `inputs[0]` `[M <= max_rows, K]` times the weights that follow."""
-    rows = inputs[0]
-    columns = sum(widths)
-    return kernel(
-        inputs=inputs,
-        template=_matmul_template(rows.dtype, tuple(widths), tuple(extra), max_rows),
-        grid=(-(-columns // COLUMNS_PER_BLOCK) * MATMUL_THREADS, 1, 1),
+    rows, columns = flat.shape[0], sum(widths)
+    parts = kernel_of(len(widths))(
+        inputs=[flat, *weights],
+        template=_matmul_template(flat.dtype, flat.shape[1], tuple(widths), tuple(extra or [])),
+        grid=(-(-columns // COLUMNS_PER_BLOCK) * MATMUL_THREADS, -(-rows // MATMUL_ROWS), 1),
         threadgroup=(MATMUL_THREADS, 1, 1),
-        output_shapes=[(rows.shape[0], width) for width in widths],
-        output_dtypes=[rows.dtype] * len(widths),
+        output_shapes=[(rows, width) for width in widths],
+        output_dtypes=[flat.dtype] * len(widths),
     )
+    return [part.reshape(*x.shape[:-1], width) for part, width in zip(parts, widths, strict=True)]
 
 
 MATMUL_THREADS = 32 * COLUMNS_PER_BLOCK  # a warp per output column
@@ -322,18 +301,20 @@ MATMUL_THREADS = 32 * COLUMNS_PER_BLOCK  # a warp per output column
 
 @cache
 def _matmul_template(
-    dtype: mx.Dtype, widths: tuple[int, ...], extra: tuple[tuple[str, int], ...], max_rows: int
+    dtype: mx.Dtype, depth: int, widths: tuple[int, ...], extra: tuple[tuple[str, int], ...]
 ) -> list[tuple[str, object]]:
-    """A product's compile-time constants, made once per (dtype, layer widths, packing, rows):
-    where each output's columns start (SPLIT1, SPLIT2; the product's width where it has fewer)."""
+    """A product's compile-time constants, made once per (dtype, depth, layer widths, packing):
+    K as DEPTH (a fixed stride between rows: fewer registers), and where each output's columns
+    start (SPLIT1, SPLIT2; the product's width where it has fewer outputs)."""
     columns = sum(widths)
     starts = [sum(widths[:i]) for i in range(1, len(widths))]
     splits = [*starts, columns, columns][:2]
     return [
         ("T", dtype),
         ("BF16", dtype == mx.bfloat16),
-        ("MAX_ROWS", max_rows),
+        ("MAX_ROWS", MATMUL_ROWS),
         ("COLUMNS_PER_BLOCK", COLUMNS_PER_BLOCK),
+        ("DEPTH", depth),
         *extra,
         ("SPLIT1", splits[0]),
         ("SPLIT2", splits[1]),
