@@ -101,6 +101,23 @@ class Placement:
             self._derived[key] = self.positions + 1
         return self._derived[key]
 
+    def seen(self, window: int | None, group: int) -> mx.array:
+        """[R, 1, group * W, L]: which keys each place of the row layout sees (its row's keys up
+        to its position, in its window), in the places' order (g, i) of `_rows_exact`."""
+        key = ("seen", window, group)
+        if key not in self._derived:
+            layout = self.layout
+            assert layout is not None
+            positions = layout.positions.reshape(layout.rows, 1, 1, layout.width, 1)
+            keys = layout.keys.reshape(1, 1, 1, 1, -1)
+            seen = keys <= positions
+            if window is not None:
+                seen = seen & (keys > positions - window)
+            length = keys.shape[-1]
+            seen = mx.broadcast_to(seen, (layout.rows, 1, group, layout.width, length))
+            self._derived[key] = seen.reshape(layout.rows, 1, group * layout.width, length)
+        return self._derived[key]
+
 
 @dataclass(frozen=True)
 class Window:
@@ -152,10 +169,8 @@ class PoolLayer:
                 placement.visible(),
                 scale,
             )
-        layout = placement.layout
-        assert layout is not None
         attend = _rows_exact if placement.attending is Attending.ROWS else _rows_stock
-        return attend(queries, self.keys, self.values, layout, scale, window)
+        return attend(queries, self.keys, self.values, placement, scale, window)
 
 
 def _by_row(queries: mx.array, layout: RowLayout) -> mx.array:
@@ -176,22 +191,12 @@ def _row_keys(buffer: mx.array, layout: RowLayout) -> mx.array:
     return mx.take(buffer, layout.slots, axis=0)[:, :, : layout.keys.shape[0]]
 
 
-def _visible(layout: RowLayout, window: int | None, group: int) -> mx.array:
-    """[R, 1, group * W, L]: which keys each place sees (its row's keys up to its position, in
-    its window), in the places' order (g, i) of `_rows_exact`."""
-    positions = layout.positions.reshape(layout.rows, 1, 1, layout.width, 1)
-    keys = layout.keys.reshape(1, 1, 1, 1, -1)
-    seen = keys <= positions
-    if window is not None:
-        seen = seen & (keys > positions - window)
-    shape = (layout.rows, 1, group, layout.width, keys.shape[-1])
-    return mx.broadcast_to(seen, shape).reshape(layout.rows, 1, group * layout.width, keys.shape[-1])
-
-
 def _rows_exact(
-    queries: mx.array, keys: mx.array, values: mx.array, layout: RowLayout, scale: float, window: int | None
+    queries: mx.array, keys: mx.array, values: mx.array, placement: Placement, scale: float, window: int | None
 ) -> mx.array:
     """The CPU's exact attention (see the module's docstring: `ROWS`)."""
+    layout = placement.layout
+    assert layout is not None
     rows, width = layout.rows, layout.width
     heads, dim, kv_heads = queries.shape[1], queries.shape[3], keys.shape[1]
     group = heads // kv_heads
@@ -199,7 +204,7 @@ def _rows_exact(
     q = q.reshape(rows, width, kv_heads, group, dim).transpose(0, 2, 3, 1, 4).reshape(rows, kv_heads, -1, dim)
     row_keys, row_values = _row_keys(keys, layout), _row_keys(values, layout)
     scores = q @ row_keys.swapaxes(-1, -2)  # [R, kv_heads, group * W, L]
-    scores = mx.where(_visible(layout, window, group), scores, -mx.inf)
+    scores = mx.where(placement.seen(window, group), scores, -mx.inf)
     weights = mx.exp(scores - scores.max(axis=-1, keepdims=True))
     # Both sums as products whose K loop runs over the keys in order: a batched column of ones
     # (one product per row and head, as every product here: never one product of all rows)
@@ -210,11 +215,13 @@ def _rows_exact(
 
 
 def _rows_stock(
-    queries: mx.array, keys: mx.array, values: mx.array, layout: RowLayout, scale: float, window: int | None
+    queries: mx.array, keys: mx.array, values: mx.array, placement: Placement, scale: float, window: int | None
 ) -> mx.array:
     """MLX's own attention over the regrouped rows (`STOCK`)."""
+    layout = placement.layout
+    assert layout is not None
     q = _by_row(queries, layout).transpose(0, 2, 1, 3)  # [R, H, W, D]
-    mask = _visible(layout, window, 1)
+    mask = placement.seen(window, 1)
     out = mx.fast.scaled_dot_product_attention(
         q, _row_keys(keys, layout), _row_keys(values, layout), scale=scale, mask=mask
     )

@@ -159,6 +159,11 @@ def test_a_wrapped_layer_keeps_its_rows_off_the_pool() -> None:
     assert not runner.pooled and prepared(model).unpooled() == "layer Nudged is not qwen3's own"
 
 
+def placed(layout: attention.RowLayout) -> attention.Placement:
+    """A tick's placement around a row layout (the token arrays play no part in its attention)."""
+    return attention.Placement(mx.array([0]), mx.array([0]), attention.Attending.ROWS, layout)
+
+
 @pytest.mark.skipif(backend().gpu, reason="the CPU's attention (its products are the BLAS shim's)")
 def test_the_cpus_attention_ignores_the_keys_and_places_past_a_query() -> None:
     """The CPU's exact attention (app/execution/attention.py, ROWS) of a row of any length 1..90,
@@ -181,6 +186,6 @@ def test_the_cpus_attention_ignores_the_keys_and_places_past_a_query() -> None:
             mx.arange(width),
             mx.arange(length + 40),
         )
-        one = attention._rows_exact(queries[:width], keys, values, alone, 0.125, None)
-        two = attention._rows_exact(queries, keys, values, both, 0.125, None)
+        one = attention._rows_exact(queries[:width], keys, values, placed(alone), 0.125, None)
+        two = attention._rows_exact(queries, keys, values, placed(both), 0.125, None)
         assert same(one, two[:width]), length

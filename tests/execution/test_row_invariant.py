@@ -63,7 +63,7 @@ def test_row_matmul_rows_do_not_depend_on_the_row_count() -> None:
     mx.random.seed(0)
     for depth, columns in ((256, 1024), (256, 4096), (512, 256), (2048, 6144)):
         weight = mx.random.normal((columns, depth)).astype(mx.bfloat16)
-        x = mx.random.normal((140, depth)).astype(mx.bfloat16)  # past one call's 16 rows, and past 64: 32-row slices
+        x = mx.random.normal((140, depth)).astype(mx.bfloat16)  # past one thread block's 16 rows: nine of them
         single = mx.concatenate([row_invariant.row_matmul(x[i : i + 1], weight) for i in range(x.shape[0])])
         for rows in (2, 3, 5, 8, row_invariant.MATMUL_ROWS, 17, 40, 70, 100, 140):
             assert mx.array_equal(row_invariant.row_matmul(x[:rows], weight), single[:rows]).item(), (depth, rows)
