@@ -62,7 +62,7 @@ def assert_same_caches(solo: list[ModelRunner], batched: list[ModelRunner]) -> N
 @pytest.mark.parametrize("role", ["target", "drafter"])
 def test_rows_match_their_solo_forwards_over_rounds_with_rewinds(role, embedded_target, embedded_drafter) -> None:
     """B = 1..16 rows of widths 1..8 (some given as arrays), rewound between rounds; one round
-    carries a row wider than a flattened group may hold."""
+    carries a row of 40 tokens among the others."""
     model = (embedded_target if role == "target" else embedded_drafter).model
     rng = np.random.default_rng(12)
     solo, batched = twin_pools(model, rng)
