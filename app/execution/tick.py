@@ -7,7 +7,7 @@ scatter and attends once for all of them (app/execution/attention.py). What the 
 know of the rows is a few small arrays made on the host: each token's id, position and slot
 (and, for the CPU's and the stock kernels' attention, the rows' layout).
 
-On CUDA the step is compiled (`mx.compile`), per shape bucket: the graph of a 24-layer model is
+On CUDA the step is compiled (`mx.compile`), per shape bucket (`bucket`): the graph of a 24-layer model is
 built in Python once per bucket and replayed after, so a tick costs the host a few array
 conversions and the replay. Every tick of the model, a lone row's included, goes through the
 same compiled step: a tick of N tokens runs at the next bucket, the tokens past N being padding
@@ -62,10 +62,12 @@ def compiled() -> bool:
 
 def bucket(n: int) -> int:
     """The compiled size a tick of n tokens (or rows, or places) runs at: powers of two up to 16,
-    then multiples of 16 up to 128, then of 128 (at most an eighth of padding past 16)."""
+    then multiples of 8 up to 128 and of 64 past it. Padding tokens cost what real ones do in the
+    row-invariant products (their work grows with the rows), so the steps are fine; each bucket
+    is one trace, the first time it runs (the warm-up runs the usual ones)."""
     if n <= 16:
         return 1 << max(0, n - 1).bit_length()
-    step = 16 if n <= 128 else 128
+    step = 8 if n <= 128 else 64
     return -(-n // step) * step
 
 
