@@ -16,7 +16,8 @@ Three ways to attend, chosen per model when it is prepared (`Attending`):
 - `KERNEL` (CUDA, exact): the row-invariant kernel walks each query's keys in the pool, key j
   to warp j mod 16 (app/runtime/row_attention.cu): a query's bits depend on its vector and the
   keys it sees only.
-- `ROWS` (CPU, exact): queries regrouped by row `[R, kv_heads, group * W, D]`, each row's keys
+- `ROWS` (CPU, exact): queries regrouped by row `[R, kv_heads, group * W, D]` (decode and verify
+  rows in one group, prompt chunks in another, so a chunk does not widen every row), each row's keys
   `[R, kv_heads, L, D]` gathered up to the longest row's length L; scores by the BLAS shim's
   row-stable product (a dot product over D in a fixed order, whatever the shapes), masked to
   `-inf`, the maximum (exact in any order), `exp`, and one product of the weights with `[values,
@@ -46,13 +47,12 @@ class Attending(StrEnum):
 
 
 @dataclass(frozen=True)
-class RowLayout:
-    """The tick's tokens regrouped by row (`ROWS`, `STOCK`): R rows of W places each."""
+class RowGroup:
+    """Rows of a tick regrouped (`ROWS`, `STOCK`): R rows of W places each."""
 
     slots: mx.array  # [R] each row's slot
     gather: mx.array  # [R * W] the token at each place (a row's padding places repeat its first token)
     positions: mx.array  # [R * W] each place's position (0 for padding places: they see key 0 alone)
-    back: mx.array  # [N] each token's place
     keys: mx.array  # [L] 0 .. L - 1: the positions attended, up to the longest row's length
 
     @property
@@ -62,6 +62,16 @@ class RowLayout:
     @property
     def width(self) -> int:
         return int(self.gather.shape[0]) // self.rows
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """The tick's rows in groups of like widths (decode and verify rows, and prompt chunks, so
+    one row's chunk does not widen every other row's places), and each token's place in the
+    groups' places one after another."""
+
+    groups: tuple[RowGroup, ...]
+    back: mx.array  # [N] each token's place
 
 
 @dataclass(frozen=True)
@@ -101,21 +111,21 @@ class Placement:
             self._derived[key] = self.positions + 1
         return self._derived[key]
 
-    def seen(self, window: int | None, group: int) -> mx.array:
-        """[R, 1, group * W, L]: which keys each place of the row layout sees (its row's keys up
-        to its position, in its window), in the places' order (g, i) of `_rows_exact`."""
-        key = ("seen", window, group)
+    def seen(self, index: int, window: int | None, group: int) -> mx.array:
+        """[R, 1, group * W, L]: which keys each place of row group `index` sees (its row's keys
+        up to its position, in its window), in the places' order (g, i) of `_rows_exact`."""
+        key = ("seen", index, window, group)
         if key not in self._derived:
-            layout = self.layout
-            assert layout is not None
-            positions = layout.positions.reshape(layout.rows, 1, 1, layout.width, 1)
-            keys = layout.keys.reshape(1, 1, 1, 1, -1)
+            assert self.layout is not None
+            rows = self.layout.groups[index]
+            positions = rows.positions.reshape(rows.rows, 1, 1, rows.width, 1)
+            keys = rows.keys.reshape(1, 1, 1, 1, -1)
             seen = keys <= positions
             if window is not None:
                 seen = seen & (keys > positions - window)
             length = keys.shape[-1]
-            seen = mx.broadcast_to(seen, (layout.rows, 1, group, layout.width, length))
-            self._derived[key] = seen.reshape(layout.rows, 1, group * layout.width, length)
+            seen = mx.broadcast_to(seen, (rows.rows, 1, group, rows.width, length))
+            self._derived[key] = seen.reshape(rows.rows, 1, group * rows.width, length)
         return self._derived[key]
 
 
@@ -169,63 +179,59 @@ class PoolLayer:
                 placement.visible(),
                 scale,
             )
-        attend = _rows_exact if placement.attending is Attending.ROWS else _rows_stock
-        return attend(queries, self.keys, self.values, placement, scale, window)
+        layout = placement.layout
+        assert layout is not None
+        exact = placement.attending is Attending.ROWS
+        attend = _rows_exact if exact else _rows_stock
+        n, heads, _, dim = queries.shape
+        group = heads // self.keys.shape[1] if exact else 1  # the exact path's places, (g, i) per kv head
+        flat = queries.reshape(n, heads, dim)
+        places = [
+            attend(flat[rows.gather], self.keys, self.values, rows, placement.seen(i, window, group), scale)
+            for i, rows in enumerate(layout.groups)
+        ]
+        out = places[0] if len(places) == 1 else mx.concatenate(places)  # [places, H, D]
+        return out[layout.back][:, :, None, :]
 
 
-def _by_row(queries: mx.array, layout: RowLayout) -> mx.array:
-    """The tick's queries `[N, H, 1, D]` regrouped `[R, W, H, D]`."""
-    n, heads, _, dim = queries.shape
-    return queries.reshape(n, heads, dim)[layout.gather].reshape(layout.rows, layout.width, heads, dim)
-
-
-def _back(out: mx.array, layout: RowLayout) -> mx.array:
-    """Per-row outputs `[R, W, H, D]` as the tick's `[N, H, 1, D]`."""
-    rows, width, heads, dim = out.shape
-    return out.reshape(rows * width, heads, dim)[layout.back][:, :, None, :]
-
-
-def _row_keys(buffer: mx.array, layout: RowLayout) -> mx.array:
+def _row_keys(buffer: mx.array, rows: RowGroup) -> mx.array:
     """Each row's first L positions `[R, kv_heads, L, D]`: its whole slot copied (one contiguous
     copy per row, far cheaper than gathering a strided slice), seen up to L."""
-    return mx.take(buffer, layout.slots, axis=0)[:, :, : layout.keys.shape[0]]
+    return mx.take(buffer, rows.slots, axis=0)[:, :, : rows.keys.shape[0]]
 
 
 def _rows_exact(
-    queries: mx.array, keys: mx.array, values: mx.array, placement: Placement, scale: float, window: int | None
+    queries: mx.array, keys: mx.array, values: mx.array, rows: RowGroup, seen: mx.array, scale: float
 ) -> mx.array:
-    """The CPU's exact attention (see the module's docstring: `ROWS`)."""
-    layout = placement.layout
-    assert layout is not None
-    rows, width = layout.rows, layout.width
-    heads, dim, kv_heads = queries.shape[1], queries.shape[3], keys.shape[1]
+    """The CPU's exact attention (see the module's docstring: `ROWS`) of one row group's places
+    `[R * W, H, D]`: their outputs, in the same order."""
+    count, width = rows.rows, rows.width
+    heads, dim, kv_heads = queries.shape[1], queries.shape[2], keys.shape[1]
     group = heads // kv_heads
-    q = _by_row(queries, layout) * scale  # [R, W, H, D], H = kv_heads * group
-    q = q.reshape(rows, width, kv_heads, group, dim).transpose(0, 2, 3, 1, 4).reshape(rows, kv_heads, -1, dim)
-    row_keys, row_values = _row_keys(keys, layout), _row_keys(values, layout)
+    q = queries.reshape(count, width, heads, dim) * scale  # H = kv_heads * group
+    q = q.reshape(count, width, kv_heads, group, dim).transpose(0, 2, 3, 1, 4).reshape(count, kv_heads, -1, dim)
+    row_keys, row_values = _row_keys(keys, rows), _row_keys(values, rows)
     scores = q @ row_keys.swapaxes(-1, -2)  # [R, kv_heads, group * W, L]
-    scores = mx.where(placement.seen(window, group), scores, -mx.inf)
+    scores = mx.where(seen, scores, -mx.inf)
     weights = mx.exp(scores - scores.max(axis=-1, keepdims=True))
     # Both sums as products whose K loop runs over the keys in order: a batched column of ones
     # (one product per row and head, as every product here: never one product of all rows)
     ones = mx.ones((*row_values.shape[:3], 1), row_values.dtype)
     out = (weights @ row_values) / (weights @ ones)
-    out = out.reshape(rows, kv_heads, group, width, dim).transpose(0, 3, 1, 2, 4).reshape(rows, width, heads, dim)
-    return _back(out, layout)
+    out = out.reshape(count, kv_heads, group, width, dim).transpose(0, 3, 1, 2, 4)
+    return out.reshape(count * width, heads, dim)
 
 
 def _rows_stock(
-    queries: mx.array, keys: mx.array, values: mx.array, placement: Placement, scale: float, window: int | None
+    queries: mx.array, keys: mx.array, values: mx.array, rows: RowGroup, seen: mx.array, scale: float
 ) -> mx.array:
-    """MLX's own attention over the regrouped rows (`STOCK`)."""
-    layout = placement.layout
-    assert layout is not None
-    q = _by_row(queries, layout).transpose(0, 2, 1, 3)  # [R, H, W, D]
-    mask = placement.seen(window, 1)
+    """MLX's own attention over one row group's places (`STOCK`)."""
+    heads, dim = queries.shape[1], queries.shape[2]
+    q = queries.reshape(rows.rows, rows.width, heads, dim).transpose(0, 2, 1, 3)  # [R, H, W, D]
     out = mx.fast.scaled_dot_product_attention(
-        q, _row_keys(keys, layout), _row_keys(values, layout), scale=scale, mask=mask
+        q, _row_keys(keys, rows), _row_keys(values, rows), scale=scale, mask=seen
     )
-    return _back(out.transpose(0, 2, 1, 3), layout)
+    return out.transpose(0, 2, 1, 3).reshape(rows.rows * rows.width, heads, dim)
 
 
 def dispatcher(original: Callable[..., mx.array]) -> Callable[..., mx.array]:

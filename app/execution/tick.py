@@ -27,7 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from app.execution import row_invariant
-from app.execution.attention import Attending, Placement, PoolLayer, RowLayout
+from app.execution.attention import Attending, Placement, PoolLayer, RowGroup, RowLayout
 from app.execution.device import backend
 from app.execution.pool import SCRATCH
 from app.execution.prepare import Prepared
@@ -84,9 +84,12 @@ def run_tick(model: nn.Module, record: Prepared, rows: Sequence[TickRow], taps: 
     slots = [row.slot for row in rows for _ in range(row.width)] + [SCRATCH] * pad
     inputs = [_token_ids(rows, pad), mx.array(positions, dtype=mx.int32), mx.array(slots, dtype=mx.int32)]
     attending = record.attending
+    groups = 0
     if attending is not Attending.KERNEL:
-        inputs += _layout(rows, size, is_compiled)
-    step = _step(model, record, attending, taps, is_compiled)
+        layout = _layout(rows, size, is_compiled)
+        inputs += layout
+        groups = (len(layout) - 1) // 4
+    step = _step(model, record, attending, taps, is_compiled, groups)
     out = step(*inputs, *pool.state())
     layers = 2 * len(pool.shapes)
     pool.replace(out[1 : 1 + layers])
@@ -109,40 +112,52 @@ def _token_ids(rows: Sequence[TickRow], pad: int) -> mx.array:
     return mx.concatenate(parts)
 
 
+NARROW = 16  # rows this wide or narrower (decode steps, verify rounds) share a row group; prompt chunks another
+
+
 def _layout(rows: Sequence[TickRow], size: int, compiled: bool) -> list[mx.array]:
-    """The arrays of a `RowLayout`: the rows' slots, each place's token and position, each token's
-    place, and the key positions attended (compiled: rows, width and keys at bucket sizes)."""
-    count = bucket(len(rows)) if compiled else len(rows)
-    width = max(row.width for row in rows)
-    width = bucket(width) if compiled else width
-    keys = max(row.start + row.width for row in rows)
-    keys = -(-keys // KEY_STEP) * KEY_STEP if compiled else keys
-    gather, positions, back, first = [], [], [], 0
-    for r, row in enumerate(rows):
-        gather += [first + i for i in range(row.width)] + [first] * (width - row.width)
-        positions += [row.start + i for i in range(row.width)] + [0] * (width - row.width)
-        back += [r * width + i for i in range(row.width)]
+    """The arrays of a `RowLayout`: per group of like widths, the rows' slots, each place's token
+    and position, and the key positions attended; then each token's place (compiled: rows,
+    widths and keys at bucket sizes)."""
+    groups = [[i for i, row in enumerate(rows) if (row.width > NARROW) == wide] for wide in (False, True)]
+    starts, first = [], 0
+    for row in rows:
+        starts.append(first)
         first += row.width
-    empty = count - len(rows)
-    gather += [0] * (empty * width)
-    positions += [0] * (empty * width)
-    back += [0] * (size - len(back))
-    slots = [row.slot for row in rows] + [SCRATCH] * empty
-    return [
-        mx.array(slots, dtype=mx.int32),
-        mx.array(gather, dtype=mx.int32),
-        mx.array(positions, dtype=mx.int32),
-        mx.array(back, dtype=mx.int32),
-        mx.arange(keys, dtype=mx.int32),
-    ]
+    arrays, back, base = [], [0] * size, 0
+    for members in (group for group in groups if group):
+        count = bucket(len(members)) if compiled else len(members)
+        width = max(rows[i].width for i in members)
+        width = bucket(width) if compiled else width
+        keys = max(rows[i].start + rows[i].width for i in members)
+        keys = -(-keys // KEY_STEP) * KEY_STEP if compiled else keys
+        gather, positions = [], []
+        for r, i in enumerate(members):
+            row = rows[i]
+            gather += [starts[i] + k for k in range(row.width)] + [starts[i]] * (width - row.width)
+            positions += [row.start + k for k in range(row.width)] + [0] * (width - row.width)
+            for k in range(row.width):
+                back[starts[i] + k] = base + r * width + k
+        gather += [0] * ((count - len(members)) * width)
+        positions += [0] * ((count - len(members)) * width)
+        slots = [rows[i].slot for i in members] + [SCRATCH] * (count - len(members))
+        arrays += [
+            mx.array(slots, dtype=mx.int32),
+            mx.array(gather, dtype=mx.int32),
+            mx.array(positions, dtype=mx.int32),
+            mx.arange(keys, dtype=mx.int32),
+        ]
+        base += count * width
+    return [*arrays, mx.array(back, dtype=mx.int32)]
 
 
 def _step(
-    model: nn.Module, record: Prepared, attending: Attending, taps: tuple[int | str, ...], compiled: bool
+    model: nn.Module, record: Prepared, attending: Attending, taps: tuple[int | str, ...], compiled: bool, groups: int
 ) -> Callable[..., list[mx.array]]:
-    """The tick's function of (token ids, positions, slots[, layout], *pool state), made once per
-    model, attention and taps collected; compiled where ticks are."""
-    key = (attending, taps, compiled)
+    """The tick's function of (token ids, positions, slots[, the layout's `groups` row groups and
+    places], *pool state), made once per model, attention, taps collected and row groups;
+    compiled where ticks are."""
+    key = (attending, taps, compiled, groups)
     if key in record.ticks:
         return record.ticks[key]
     exact = attending is not Attending.STOCK
@@ -150,8 +165,11 @@ def _step(
     tapped = record.taps
 
     def step(tokens: mx.array, positions: mx.array, slots: mx.array, *rest: mx.array) -> list[mx.array]:
-        layout = RowLayout(*rest[:5]) if layered else None
-        state = rest[5:] if layered else rest
+        layout, state = None, rest
+        if layered:
+            arrays, state = rest[: 4 * groups + 1], rest[4 * groups + 1 :]
+            row_groups = tuple(RowGroup(*arrays[4 * g : 4 * g + 4]) for g in range(groups))
+            layout = RowLayout(row_groups, arrays[-1])
         placement = Placement(positions, slots, attending, layout)
         half = len(state) // 2
         layers = [PoolLayer(state[i], state[half + i], placement) for i in range(half)]

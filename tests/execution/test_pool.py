@@ -159,9 +159,13 @@ def test_a_wrapped_layer_keeps_its_rows_off_the_pool() -> None:
     assert not runner.pooled and prepared(model).unpooled() == "layer Nudged is not qwen3's own"
 
 
-def placed(layout: attention.RowLayout) -> attention.Placement:
-    """A tick's placement around a row layout (the token arrays play no part in its attention)."""
-    return attention.Placement(mx.array([0]), mx.array([0]), attention.Attending.ROWS, layout)
+def attended(queries: mx.array, keys: mx.array, values: mx.array, rows: attention.RowGroup) -> mx.array:
+    """The CPU's exact attention of one row group's places, as a tick's layer runs it."""
+    layout = attention.RowLayout((rows,), mx.arange(rows.gather.shape[0]))
+    placement = attention.Placement(mx.array([0]), mx.array([0]), attention.Attending.ROWS, layout)
+    seen = placement.seen(0, None, queries.shape[1] // keys.shape[1])
+    return attention._rows_exact(queries.reshape(queries.shape[0], queries.shape[1], -1)[rows.gather], keys, values,
+                                 rows, seen, 0.125)  # fmt: skip
 
 
 @pytest.mark.skipif(backend().gpu, reason="the CPU's attention (its products are the BLAS shim's)")
@@ -175,17 +179,16 @@ def test_the_cpus_attention_ignores_the_keys_and_places_past_a_query() -> None:
     for length in range(1, 91):
         width = min(1 + length % 5, length)
         queries = mx.random.normal((width + 7, 4, 1, 64))
-        alone = attention.RowLayout(
-            mx.array([1]), mx.arange(width), mx.arange(length - width, length), mx.arange(width), mx.arange(length)
+        alone = attention.RowGroup(
+            mx.array([1]), mx.arange(width), mx.arange(length - width, length), mx.arange(length)
         )
         wide = 7  # the neighbour: 7 queries at the end of 40 more keys
-        both = attention.RowLayout(
+        both = attention.RowGroup(
             mx.array([1, 2]),
             mx.array([*range(width), *[0] * (wide - width), *range(width, width + wide)]),
             mx.array([*range(length - width, length), *[0] * (wide - width), *range(length + 33, length + 40)]),
-            mx.arange(width),
             mx.arange(length + 40),
         )
-        one = attention._rows_exact(queries[:width], keys, values, placed(alone), 0.125, None)
-        two = attention._rows_exact(queries, keys, values, placed(both), 0.125, None)
+        one = attended(queries[:width], keys, values, alone)
+        two = attended(queries, keys, values, both)
         assert same(one, two[:width]), length
