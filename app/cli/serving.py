@@ -106,6 +106,7 @@ def startup_fields(engine: Engine, address: tuple[str, int]) -> dict[str, object
         "batching": engine.model.batching if engine.model is not None else None,
         # false: the chat template drops a request's tools, so `auto` never answers a call
         "template_renders_tools": caps.supports_tools if (caps := template_caps(engine)) is not None else None,
+        "exact": settings.execution.exact,
         "host": address[0],
         "port": address[1],
     }

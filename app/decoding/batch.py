@@ -45,7 +45,9 @@ def run_together(steps: Sequence[Steps[T]]) -> list[T | Exception]:
         for group in _by_model(served, waiting):
             requests = [waiting.pop(i) for i in group]
             try:
-                if drafting:  # a draft model's chain stays lazy: its next step is queued meanwhile
+                # a draft model's chain stays lazy (its next step is queued meanwhile), and so do
+                # the next steps pipelining rows queue (`ahead`): both go to the device at once
+                if drafting or all(request.ahead for request in requests):
                     logits = forward(requests)
                     mx.async_eval(logits)
                 else:  # the rows judge on these logits next; their cost is what the width policy weighs

@@ -20,7 +20,7 @@ from app.drafters.kinds import DrafterKind
 from app.drafters.prompt_lookup import PromptLookupDrafter
 from app.execution.model import LoadedModel
 from app.execution.prompt_cache import PrefixRows, PromptCache, RowCaching
-from app.execution.runner import ModelRunner
+from app.execution.runner import ModelRunner, require_rewindable, restorable
 from app.loading import ModelLoadError
 from app.loading.pairing import require_pairing
 from app.profiles.tenants import ANONYMOUS
@@ -66,8 +66,8 @@ class LoopBuilder:
             if drafter is None:
                 raise ModelLoadError("drafter kind draft-model needs a drafter model (--draft-model)")
             require_pairing(target.checkpoint, drafter.checkpoint)
-            ModelRunner(drafter.model).require_rewindable("drafter")
-            ModelRunner(target.model).require_rewindable("target")
+            require_rewindable(drafter.model, "drafter")
+            require_rewindable(target.model, "target")
         self.target = target
         self.drafter = drafter
         self.plan = plan
@@ -76,11 +76,10 @@ class LoopBuilder:
         if plan.drafter_kind.is_block_loop:
             if plan.drafter_model is None:
                 raise ModelLoadError(f"drafter kind {plan.drafter_kind} needs a drafter model")
-            ModelRunner(target.model).require_rewindable("target")
+            require_rewindable(target.model, "target")
             self.block = BlockLoops(target, plan)
         # A target cache that is not plain KV rows (max_kv_size, recurrent layers) runs without it.
-        restorable = ModelRunner(target.model, max_kv_size=plan.max_kv_size).can_restore
-        self.prompt_cache = prompt_cache if restorable else None
+        self.prompt_cache = prompt_cache if restorable(target.model, plan.max_kv_size) else None
 
     @property
     def context_limit(self) -> int:
@@ -158,6 +157,7 @@ class LoopBuilder:
             stats=RowStats(notes=list(choice.notes)),
             excluded_s=choice.setup_seconds,
             caching=self._caching(request, loop),
+            exact=self.plan.exact,
         )
 
     def _caching(self, request: RowRequest, loop: RoundLoop) -> RowCaching | None:

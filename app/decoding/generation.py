@@ -14,7 +14,7 @@ from app.decoding.outcome import Note, RoundOutcome, RowStats
 from app.decoding.speculation import Speculation
 from app.decoding.timings import Timings
 from app.decoding.width import WidthPolicy
-from app.drafters.base import Steps
+from app.drafters.base import Steps, run_alone
 from app.execution.prompt_cache import RowCaching
 from app.sampling.logprobs import TokenLogprob
 from app.sampling.state import RowState
@@ -80,6 +80,7 @@ class Generation:
     stats: RowStats = field(default_factory=RowStats)  # the notes of the loop's choice already in
     excluded_s: float = 0.0  # a drafter's first load, paid by this request, kept out of its timings
     caching: RowCaching | None = None  # the row's use of the prompt cache (None: it does not use it)
+    exact: bool = True  # the plan's execution.exact: whether its tokens are independent of its batch-mates
 
     def __post_init__(self) -> None:
         self.prompt_n = len(self.state.tokens)
@@ -139,13 +140,17 @@ class Generation:
 
     def prefill_chunk(self) -> Delta:
         """One chunk of the prefill (one engine tick); the first token once the prompt is in."""
+        return run_alone(self.prefilling())
+
+    def prefilling(self) -> Steps[Delta]:
+        """`prefill_chunk` as the forwards it asks for (the engine batches many rows' chunks)."""
         if not self.prefill_started:
             self.prefill_started = time.perf_counter()
         if self._limit <= 0:
             self.prefill_finished = self.last_token_at = self.prefill_started
             self.stop_type = StopType.LIMIT
             return Delta([], "")
-        token = self.loop.prefill_chunk(self.state)
+        token = yield from self.loop.prefilling(self.state)
         if token is None:
             return Delta([], "")
         self.prefill_finished = self.last_token_at = time.perf_counter()
@@ -165,6 +170,11 @@ class Generation:
         """CPU seconds its grammar's masks took so far (0: no grammar)."""
         constraint = self.state.constraint
         return constraint.spent_s if constraint is not None else 0.0
+
+    def ticking(self) -> Steps[Delta]:
+        """What one engine tick advances, as the forwards it asks for: a prefill chunk until the
+        first token, then a decode step or round."""
+        return (yield from (self.steps() if self.prefilled else self.prefilling()))
 
     def positions(self) -> int:
         """Target positions the next tick forwards at most (a prefill chunk, or a step's)."""

@@ -18,11 +18,11 @@ import mlx.core as mx
 from app.acceptance import Rule
 from app.decoding.outcome import RoundOutcome
 from app.decoding.speculation import Speculation
-from app.decoding.verify import VerifyRow, observed, verifying
+from app.decoding.verify import VerifyRow, verifying
 from app.decoding.width import WidthPolicy
 from app.drafters.base import Forward, Proposal, Proposer, Steps, run_alone
-from app.execution.forward import forward
 from app.execution.runner import PREFILL_CHUNK, ModelRunner
+from app.execution.target_taps import FeatureHook
 from app.sampling.grammar import Constraint, masked
 from app.sampling.state import RowState
 from app.sampling.streams import sampled_rows
@@ -43,6 +43,10 @@ class RoundLoop(Protocol):
 
     def prefill_chunk(self, state: RowState) -> int | None:
         """Feed one chunk of the prompt; once it is all in, decide the first token and return it."""
+        ...
+
+    def prefilling(self, state: RowState) -> Steps[int | None]:
+        """`prefill_chunk` as the forwards it asks for, for a batch to serve (many rows' chunks in one tick)."""
         ...
 
     def step(self, state: RowState, budget: int) -> RoundOutcome:
@@ -122,42 +126,62 @@ def positions(target: ModelRunner, state: RowState, proposals: int) -> int:
     return min(PREFILL_CHUNK, max(1, len(state.tokens) - target.length) + proposals)
 
 
+def prefill_target(
+    target: ModelRunner, state: RowState, hook: FeatureHook | None = None, features: list[mx.array] | None = None
+) -> Steps[mx.array | None]:
+    """One chunk of the prompt through the target (with a block drafter's hook, whose rows of the
+    chunk join `features`): the last position's logits `[1, V]` once the prompt is in, None while
+    chunks remain (their keys and values are computed now, before the next chunk's is built)."""
+    chunk, last = target.next_chunk(state.tokens)
+    request = Forward(target, chunk, hook=hook)
+    logits = yield request
+    if features is not None:
+        features.extend(request.features)
+    if not last:
+        target.evaluate()
+        return None
+    return logits[-1:]
+
+
 class TargetLoop:
     """Target-only decoding: one forward and one sampler decision per step.
 
     When the sampler needs nothing from the host (no penalty windows, no XTC coin), each step
-    also queues the next one before reading its own token, so the forward of token n+1 computes
-    while the host streams token n. Keys are drawn in the same order either way, so the output
-    does not depend on it; the queued step is simply dropped when the row stops.
+    also queues the next one before reading its own token (an `ahead` forward, whose input is
+    this step's token still lazy), so the forward of token n+1 computes while the host reads and
+    streams token n and builds the next tick: alone or in a batch, every pipelining row's next
+    forward of a tick goes in one tick sent at once. Keys are drawn in the same order either
+    way, so the output does not depend on it; the queued step is simply dropped when the row
+    stops.
     """
 
     def __init__(self, target: ModelRunner) -> None:
         self.target = target
-        self._ahead: mx.array | None = None
+        self._ahead: mx.array | None = None  # the next step's token, decided lazily on the queued forward
 
     def prefill_chunk(self, state: RowState) -> int | None:
-        logits = self.target.prefill_chunk(state.tokens)
+        return run_alone(self.prefilling(state))
+
+    def prefilling(self, state: RowState) -> Steps[int | None]:
+        logits = yield from prefill_target(self.target, state)
         return None if logits is None else sample_next(state, logits)
 
     def step(self, state: RowState, budget: int) -> RoundOutcome:
-        if not self._can_pipeline(state):
-            return run_alone(self.steps(state, budget))
-        current = self._ahead if self._ahead is not None else self._decide_lazily(state, state.tokens[-1:])
-        self._ahead = self._decide_lazily(state, current) if budget > 1 else None
-        if self._ahead is not None:
-            mx.async_eval(self._ahead)
-        token = int(current.item())
-        state.decide([token])
-        return RoundOutcome((token,))
+        return run_alone(self.steps(state, budget))
 
     def steps(self, state: RowState, budget: int) -> Steps[RoundOutcome]:
-        """A plain step for a batch (no pipelining); a step queued by `step` is taken first."""
         forced = jump_forward(state, budget)
         if ends_here(state):
             return RoundOutcome(tuple(forced), jumped=len(forced))
-        if self._ahead is None:
-            return RoundOutcome((*forced, *(yield from decode_one(self.target, state))), jumped=len(forced))
-        token, self._ahead = int(self._ahead.item()), None
+        pipelined = self._can_pipeline(state)
+        current, self._ahead = self._ahead, None
+        if current is None:
+            if not pipelined:
+                return RoundOutcome((*forced, *(yield from decode_one(self.target, state))), jumped=len(forced))
+            current = self._decide_lazily(state, (yield Forward(self.target, state.tokens[self.target.length :])))
+        if pipelined and budget > 1:
+            self._ahead = self._decide_lazily(state, (yield Forward(self.target, current, ahead=True)))
+        token = int(current.item())
         state.decide([token])
         return RoundOutcome((token,))
 
@@ -170,11 +194,12 @@ class TargetLoop:
         host_free = state.probs is None and state.constraint is None
         return not state.sampler.needs_context and not state.sampler.uses_coin and host_free
 
-    def _decide_lazily(self, state: RowState, inputs: mx.array | list[int]) -> mx.array:
-        logits = forward([Forward(self.target, inputs)])[0][-1:]
+    def _decide_lazily(self, state: RowState, logits: mx.array) -> mx.array:
+        """The token after the last of `logits`' rows, left on the device."""
+        last = logits[-1:]
         if state.sampler.is_greedy:
-            return state.sampler.greedy(logits)
-        return state.sampler.distribution(logits).draw(state.rng.next_key())
+            return state.sampler.greedy(last)
+        return state.sampler.distribution(last).draw(state.rng.next_key())
 
 
 class SpeculativeLoop:
@@ -196,18 +221,19 @@ class SpeculativeLoop:
         self._prompt_features: list[mx.array] = []  # the hook's rows of the prefill chunks so far
 
     def prefill_chunk(self, state: RowState) -> int | None:
+        return run_alone(self.prefilling(state))
+
+    def prefilling(self, state: RowState) -> Steps[int | None]:
         """A chunk of the target's prefill, then (from the tick it decides) one of the proposer's."""
         if self._first is None:
-            with observed(self.proposer.hook) as features:
-                logits = self.target.prefill_chunk(state.tokens)
-            self._prompt_features += features
+            logits = yield from prefill_target(self.target, state, self.proposer.hook, self._prompt_features)
             if logits is None:
                 return None
             # Under argmax-against-argmax every later token is the target's argmax, so the first
             # is too: the whole stream is the greedy one, not a sampled token and a greedy tail.
             self._first = sample_next(state, logits, greedy=self.speculation.rule is Rule.ARGMAX_AGAINST_ARGMAX)
         chunks = self._prompt_features
-        if not self.proposer.prefill(state, mx.concatenate(chunks, axis=1) if chunks else None):
+        if not (yield from self.proposer.prefilling(state, mx.concatenate(chunks, axis=1) if chunks else None)):
             return None
         self._prompt_features = []
         return self._first

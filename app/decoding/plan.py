@@ -81,6 +81,7 @@ class LoopPlan:
     governor_adaptive: bool = True
     governor_floor: float = DEFAULT_FLOOR
     max_kv_size: int | None = None
+    exact: bool = True  # execution.exact: the batch-invariant kernels (False: MLX's own, the fast path)
     switches: Switches = Switches()
     coupled: bool = True  # speculative.coupled: sampler-match drafts draw with the target's keys
     rules: Mapping[SamplerClass, Rule | None] = field(init=False)
@@ -181,6 +182,7 @@ def plan_from_settings(settings: Settings, environ: Mapping[str, str] | None = N
         governor_policy=settings.governor.policy,
         governor_adaptive=settings.governor.adaptive,
         governor_floor=settings.governor.floor,
+        exact=settings.execution.exact,
         switches=Switches.read(settings.env, environ),
         coupled=settings.speculative.coupled,
     )

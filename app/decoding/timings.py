@@ -56,10 +56,13 @@ class Timings(msgspec.Struct, kw_only=True, omit_defaults=True):
     draft_rounds: int | None = None
     draft_kind: str | None = None
     speculative: SpeculativeDiagnostics | None = None  # only for a request that asked
+    # false where the server runs MLX's own kernels (`execution.exact = false`): this row's
+    # tokens may depend on the rows it shared ticks with; absent on an exact server
+    exact: bool | None = None
 
     def partial(self) -> Timings:
-        """So far, as a per-token frame carries them: the base keys and the draft block once the
-        row drafted (as llama-server's), not the request's speculative diagnostics."""
+        """So far, as a per-token frame carries them: the base keys (and `exact` where false) and the
+        draft block once the row drafted (as llama-server's), not the request's speculative diagnostics."""
         return msgspec.structs.replace(self, speculative=None)
 
 
@@ -78,6 +81,7 @@ def make_timings(
     predicted_ms: float,
     stats: AcceptanceStats | None = None,
     draft_kind: str | None = None,
+    exact: bool = True,
 ) -> Timings:
     prompt_rate = _rate(prompt_n, prompt_ms)
     predicted_rate = _rate(predicted_n - 1, predicted_ms)
@@ -91,6 +95,7 @@ def make_timings(
         predicted_ms=predicted_ms,
         predicted_per_token_ms=predicted_rate[0],
         predicted_per_second=predicted_rate[1],
+        exact=None if exact else False,
     )
     if stats is None or stats.rounds == 0:
         return timings

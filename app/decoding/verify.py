@@ -16,9 +16,7 @@ with its hook, and gets the hook's rows of its own positions with its logits, ba
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
@@ -32,12 +30,6 @@ from app.sampling import Distribution
 from app.sampling.grammar import masked
 from app.sampling.state import RowState
 from app.sampling.streams import position_keys, sampled_rows, xtc_coins
-
-if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
-    from app.execution.target_taps import FeatureHook
-
 
 ARGMAX_RULES = {Rule.GREEDY_ARGMAX: rules.greedy_argmax, Rule.ARGMAX_AGAINST_ARGMAX: rules.argmax_against_argmax}
 
@@ -60,11 +52,6 @@ class Verified:
 
     verdict: Verdict
     closed_forms: ClosedForms | None = None
-
-
-def observed(hook: FeatureHook | None) -> AbstractContextManager[list[mx.array]]:
-    """Run a target forward inside: afterwards the list holds the hook's rows (empty without one)."""
-    return hook.capture() if hook is not None else nullcontext([])
 
 
 def verify(rows: Sequence[VerifyRow]) -> list[Verified]:

@@ -1,13 +1,14 @@
 """Running the forwards a server will run, once, before it says it is ready.
 
 On CUDA every kernel (MLX's and the row-invariant ones) is compiled the first time a shape or a
-template needs it: the first requests after a cold start paid tens of seconds each on a 4-bit
-target while `/health` already answered 200. The warm-up runs rows of the server's own loop
-through every batch size the scheduler can form, by power-of-two bucket up to `server.max_rows`,
-greedy and sampled, at every draft width up to the plan's, with one prompt longer than a prefill
-chunk. What later requests run differs from these only in sizes the kernels take as arguments
-(row counts, key lengths), not in what is compiled. The rows skip the prompt cache and report
-nowhere.
+template needs it, and every tick is compiled per shape bucket (app/execution/tick.py): the first
+requests after a cold start paid tens of seconds each on a 4-bit target while `/health` already
+answered 200. The warm-up runs rows of the server's own loop through every batch size the
+scheduler can form, by power-of-two bucket up to `server.max_rows`, greedy and sampled, at every
+draft width up to the plan's, each batch prefilling its prompts (all longer than a prefill chunk)
+together as the engine's ticks do. What later requests run differs from these only in sizes the
+kernels take as arguments (row counts, key lengths), not in what is compiled. The rows skip the
+prompt cache and report nowhere.
 """
 
 from __future__ import annotations
@@ -56,10 +57,8 @@ def warm(builder: LoopBuilder, shapes: WarmShapes) -> int:
     rows = 0
     for size in shapes.batch_sizes:
         batch = [_row(builder, shapes, rows + i, vocab) for i in range(size)]
-        for generation in batch:
-            generation.prefill()
         while live := [generation for generation in batch if not generation.finished]:
-            for outcome in run_together([generation.steps() for generation in live]):
+            for outcome in run_together([generation.ticking() for generation in live]):
                 if isinstance(outcome, Exception):
                     raise outcome
         rows += size
@@ -67,7 +66,7 @@ def warm(builder: LoopBuilder, shapes: WarmShapes) -> int:
 
 
 def _row(builder: LoopBuilder, shapes: WarmShapes, index: int, vocab: int) -> Generation:
-    length = PREFILL_CHUNK + SHORT_PROMPT if index == 0 else SHORT_PROMPT + index % 5
+    length = PREFILL_CHUNK + SHORT_PROMPT + index % 5  # a whole chunk, then a short one: both tick shapes
     prompt = [(index * 7919 + j * 104729) % vocab for j in range(length)]  # any tokens: only shapes matter
     request = RowRequest(
         prompt,

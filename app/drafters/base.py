@@ -47,10 +47,13 @@ class Forward(RowForward):
     Steps are generators of these, so the engine can serve many rows' forwards on one model in
     one batched pass (app/decoding/batch.py) and a lone row can serve its own (`run_alone`).
     `drafting` forwards (a draft model's steps) are served before the target's, so every row's
-    target forward of a tick goes in one pass.
+    target forward of a tick goes in one pass. An `ahead` forward is the next step's, queued
+    before this step's token is read (its input is that token, still lazy): it is sent to the
+    device at once and its logits are not waited for.
     """
 
     drafting: bool = False
+    ahead: bool = False
 
 
 Steps = Generator[Forward, mx.array, T]
@@ -62,6 +65,8 @@ def run_alone(steps: Steps[T]) -> T:
         request = next(steps)
         while True:
             (logits,) = forward([request])
+            if request.ahead:
+                mx.async_eval(logits)
             request = steps.send(logits)
     except StopIteration as done:
         return done.value
@@ -87,6 +92,10 @@ class Proposer(Protocol):
         (a model drafter feeds one chunk per call)."""
         ...
 
+    def prefilling(self, state: RowState, features: mx.array | None) -> Steps[bool]:
+        """`prefill` as the forwards it asks for, so a batch can share a model drafter's chunks."""
+        ...
+
     def propose(self, state: RowState, width: int) -> Proposal:
         """Up to `width` proposals continuing `state.tokens` (fewer, or none, is allowed)."""
         ...
@@ -110,3 +119,7 @@ class ProposesAtOnce:
     def proposing(self, state: RowState, width: int) -> Steps[Proposal]:
         yield from ()
         return self.propose(state, width)
+
+    def prefilling(self, state: RowState, features: mx.array | None) -> Steps[bool]:
+        yield from ()
+        return self.prefill(state, features)

@@ -21,8 +21,10 @@ from app.drafters.block_model import DFlashModel, DraftShape, MtpHead
 from app.drafters.kinds import DETECTED, DrafterKind
 from app.execution.device import backend
 from app.execution.model import LoadedModel
-from app.execution.runner import chunk_end, restore_rows
-from app.execution.target_taps import FINAL, FeatureHook, TargetTaps, taps_for
+from app.execution.pool import Layers
+from app.execution.prepare import prepare
+from app.execution.runner import chunk_end, copy_rows, restore_rows
+from app.execution.target_taps import FINAL, FeatureHook, TargetTaps
 from app.loading import CheckpointKind, ModelLoadError, read_checkpoint
 from app.loading.pairing import require_pairing
 from app.sampling import Distribution
@@ -87,7 +89,7 @@ def load_block_drafter(path: str | Path, target: LoadedModel) -> BlockDrafterMod
         raise ModelLoadError(f"{checkpoint.path} is a standalone model, not an MTP or DFlash-family drafter")
     config = checkpoint.config
     shape = DraftShape.from_config(config)
-    taps = taps_for(target.model)
+    taps = prepare(target.model, taps=True).taps
     if any(not 0 <= i < taps.num_layers for i in shape.target_layer_ids):
         raise ModelLoadError(f"{checkpoint.path}: target_layer_ids {shape.target_layer_ids} exceed the target's layers")
     require_pairing(target.checkpoint, checkpoint)
@@ -137,6 +139,9 @@ class ContextRows:
     @property
     def can_restore(self) -> bool:
         return True
+
+    def rows(self, n: int) -> Layers:
+        return copy_rows(self.cache, n)
 
     def restore(self, layers: Sequence[tuple[mx.array, mx.array]], n: int) -> None:
         restore_rows(self.cache, layers, n)

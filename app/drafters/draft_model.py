@@ -45,10 +45,15 @@ class DraftModelDrafter:
         return state.tokens[self.runner.length : -1]
 
     def prefill(self, state: RowState, features: mx.array | None) -> bool:
+        return run_alone(self.prefilling(state, features))
+
+    def prefilling(self, state: RowState, features: mx.array | None) -> Steps[bool]:
         """One chunk of the prompt (every decided token but the last); True once all are in."""
-        done = self.runner.prefill_chunk(state.tokens[:-1]) is not None
-        mx.eval([c.state for c in self.runner.cache])
-        return done
+        chunk, last = self.runner.next_chunk(state.tokens[:-1])
+        if chunk:
+            yield Forward(self.runner, chunk, drafting=True)
+            self.runner.evaluate()
+        return last
 
     def _fit(self, logits: mx.array) -> mx.array:
         """Align the drafter's output rows with the target's vocabulary (padding rows differ)."""

@@ -23,6 +23,7 @@ from app.execution.forward import batching
 from app.execution.lockstep import Lockstep
 from app.execution.model import LoadedModel, load_model
 from app.execution.prompt_cache import CacheCounters, PromptCache
+from app.execution.runner import reserve_rows
 from app.loading import chat_template
 from app.profiles.schema import Settings
 
@@ -73,6 +74,9 @@ class ModelHost:
             server.prompt_cache_entries,
             per_tenant=server.prompt_cache_scope == "tenant",
         )
+        for loaded in (target, drafter):  # every row at once, and the warm-up's and the probes' beside them
+            if loaded is not None:
+                reserve_rows(loaded.model, 2 * server.max_rows + 2)
         self.builder = LoopBuilder(target, drafter, self.plan, prompt_cache if server.prompt_cache_mb else None)
         self._log.info("models_loaded", target=str(target.path), seconds=round(time.perf_counter() - started, 3))
         self.info = ModelInfo(
@@ -111,7 +115,7 @@ class ModelHost:
         """One checkpoint, with `model_loading` before and `model_loaded` after (load progress)."""
         self._log.info("model_loading", role=role, path=path)
         started = time.perf_counter()
-        model = self._load_target() if role == "target" else load_model(path, role=role)
+        model = self._load_target() if role == "target" else load_model(path, role=role, exact=self.plan.exact)
         self._log.info("model_loaded", role=role, path=str(model.path), seconds=round(time.perf_counter() - started, 3))
         return model
 
@@ -119,7 +123,7 @@ class ModelHost:
         """The target, sharded over the ranks when the profile says tensor."""
         target = self.settings.target
         if target.parallel != "tensor":
-            return load_model(target.model)
+            return load_model(target.model, exact=self.plan.exact)
         from app.execution.tensor_parallel import load_leader
 
         loaded, self.lockstep = load_leader(target.model, target.world_size)

@@ -92,13 +92,10 @@ class Row:
         self._reported = -1  # the prompt tokens the last Progress counted (-1: none sent yet)
         self.mask_cost = 0.0  # CPU seconds its grammar's masks took in its last tick (the scheduler weighs it)
 
-    def advance(self) -> Delta:
-        """One tick on its own: a prefill chunk or a step, with the timings so far if wanted."""
-        return self._timed(next(self.generation))
-
     def steps(self) -> Steps[Delta]:
-        """One tick's decode step as the forwards it asks for (the engine batches many rows')."""
-        return self._timed((yield from self.generation.steps()))
+        """One tick's prefill chunk or decode step as the forwards it asks for (the engine
+        batches many rows')."""
+        return self._timed((yield from self.generation.ticking()))
 
     def _timed(self, delta: Delta) -> Delta:
         if not self.job.per_token_timings:
@@ -129,6 +126,7 @@ class Row:
             predicted_ms=(last - first) * 1000.0,
             stats=generation.stats.acceptance,
             draft_kind=generation.speculation.draft_kind,
+            exact=generation.exact,
         )
 
     def finished(self) -> Finished:

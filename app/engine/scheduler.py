@@ -1,9 +1,11 @@
 """The scheduler: the queue, its lock, admission, ticks and cancellation.
 
-Each tick advances the active rows by one step each: a prefilling row feeds one chunk on its
-own, and the decoding rows take one step (a decode step or a verify round) together, their
-forwards batched (app/decoding/batch.py: every row's draft step j in one pass on the drafter,
-every row's target forward in one pass). A lone decoding row steps on its own, pipelined.
+Each tick advances the active rows by one step each, all together, their forwards batched
+(app/decoding/batch.py: every row's draft step j in one pass on the drafter, every row's target
+forward in one tick of the target): a prefilling row feeds one chunk of its prompt, a decoding
+row takes a decode step or a verify round, so prompts that arrive together are prefilled
+together and time to first token does not grow with the queue of prompts. Target-only rows
+pipeline: each queues its next forward before its token is read.
 Rows never share state (caches, samplers, key streams), so each row's output is exactly what
 it would be alone. A tick forwards at most `max_batch_tokens` target positions (at least one
 row); rows left over go first next tick, so none starves. Requests beyond `max_rows` wait in
@@ -25,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from concurrent.futures import Future
 from enum import StrEnum
 
@@ -298,6 +300,8 @@ class Scheduler:
             job.cancelled = True
 
     def _tick(self) -> None:
+        """Every chosen row's prefill chunk or step, their forwards batched: one tick of the
+        target serves every row's (a prompt's chunk beside the other rows' steps)."""
         self._sweep_cancelled()
         rows, heavy = self._this_tick()
         masks_before = [row.generation.mask_seconds for row in rows]
@@ -310,15 +314,10 @@ class Scheduler:
 
     def _step(self, rows: list[Row]) -> None:
         decoding = [row for row in rows if row.generation.prefilled]  # before this tick's prefills end
-        for row in rows:
-            if not row.generation.prefilled:
-                self._settle(row, _outcome(row.advance))
-        if len(decoding) == 1:
-            self._settle(decoding[0], _outcome(decoding[0].advance))
-        elif decoding:
+        if len(decoding) > 1:
             self._weigh_widths(decoding)
-            for row, outcome in zip(decoding, run_together([row.steps() for row in decoding]), strict=True):
-                self._settle(row, outcome)
+        for row, outcome in zip(rows, run_together([row.steps() for row in rows]), strict=True):
+            self._settle(row, outcome)
 
     def _weigh_widths(self, decoding: list[Row]) -> None:
         """The goodput choice of this tick's width cap (app/decoding/width.py), logged when it moves."""
@@ -402,11 +401,3 @@ def _refuse(future: Future, message: str) -> None:
     """End a waiting call's future with UnavailableError, unless its caller cancelled it."""
     if future.set_running_or_notify_cancel():
         future.set_exception(UnavailableError(message))
-
-
-def _outcome(advance: Callable[[], Delta]) -> Delta | Exception:
-    """A row's own step, or the exception it raised."""
-    try:
-        return advance()
-    except Exception as exc:
-        return exc

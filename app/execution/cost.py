@@ -10,12 +10,12 @@ the widths as they are.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import mlx.nn as nn
 
 EMA = 0.2  # weight of the newest measurement in its bucket (costs drift as caches grow)
-COST = "_mlxcel_forward_cost"  # where `cost_of` keeps a model's measurements
 
 
 @dataclass
@@ -53,9 +53,13 @@ class ForwardCost:
         return max(0.0, mean_y - slope * mean_x), slope
 
 
+_COSTS: dict[int, ForwardCost] = {}  # id(model): its measurements (an entry goes with its model)
+
+
 def cost_of(model: nn.Module) -> ForwardCost:
-    """The model's measured forward costs (one record per loaded model, whoever forwards it)."""
-    known = vars(model)  # the object's own attributes, not the module tree (a Module is a dict)
-    if COST not in known:
-        known[COST] = ForwardCost()
-    return known[COST]
+    """The model's measured forward costs (one record per loaded model, whoever forwards it),
+    kept beside the model, not on it."""
+    if id(model) not in _COSTS:
+        _COSTS[id(model)] = ForwardCost()
+        weakref.finalize(model, _COSTS.pop, id(model), None)
+    return _COSTS[id(model)]

@@ -134,12 +134,3 @@ class Lockstep:
 
     def _all_sum(self, values: mx.array) -> mx.array:
         return mx.distributed.all_sum(values, group=self.group)
-
-
-def attach(model: object, lockstep: Lockstep) -> None:
-    """Rank 0's sharded target: every ModelRunner on it sends its forwards and rewinds as orders."""
-    model._lockstep = lockstep  # type: ignore[attr-defined]  # nn.Module keeps plain objects as attributes
-
-
-def lockstep_of(model: object) -> Lockstep | None:
-    return getattr(model, "_lockstep", None)

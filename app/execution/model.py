@@ -12,8 +12,8 @@ import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load as mlx_lm_load
 
-from app.execution import row_invariant
-from app.execution.device import backend, compute_dtype
+from app.execution.device import compute_dtype, keep_buffers
+from app.execution.prepare import prepare
 from app.loading.checkpoint import Checkpoint, ModelLoadError, read_checkpoint, require_standalone
 
 
@@ -38,9 +38,15 @@ class LoadedModel:
 
 
 def load_model(
-    path: str | Path, *, role: str = "target", dtype: str = "auto", shard_group: mx.distributed.Group | None = None
+    path: str | Path,
+    *,
+    role: str = "target",
+    dtype: str = "auto",
+    shard_group: mx.distributed.Group | None = None,
+    exact: bool = True,
 ) -> LoadedModel:
-    """Load a standalone mlx-lm model directory, refusing anything else with ModelLoadError.
+    """Load a standalone mlx-lm model directory, refusing anything else with ModelLoadError, and
+    prepare it (app/execution/prepare.py: `exact` picks the row-invariant kernels or MLX's own).
 
     With `shard_group`, only this rank's shard is kept: mlx-lm's own `shard()` splits attention
     heads and the MLP over the group, and its sharded products meet in all_sum collectives."""
@@ -65,6 +71,6 @@ def load_model(
         model.set_dtype(target_dtype)
     if target_dtype is not None or shard_group is not None:
         mx.eval(model.parameters())
-    if backend().row_invariant_kernels:
-        row_invariant.install(model)
+    prepare(model, exact=exact, sharded=shard_group is not None)
+    keep_buffers()
     return LoadedModel(checkpoint=checkpoint, model=model, tokenizer=tokenizer)

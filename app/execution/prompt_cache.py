@@ -47,14 +47,14 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any, Protocol
+from typing import Protocol
 
 import mlx.core as mx
 
 from app.execution.device import backend
+from app.execution.pool import Layers
 from app.execution.runner import PREFILL_CHUNK
 
-Layers = list[tuple[mx.array, mx.array]]  # per layer: keys and values `[1, heads, rows, D]`
 SHARED = ""  # the one partition of a cache shared by all tenants
 
 
@@ -62,7 +62,6 @@ class PrefixRows(Protocol):
     """One model's KV caches in a row, as the cache reads and restores them (a `ModelRunner`, a
     block drafter's context)."""
 
-    cache: Sequence[Any]  # one plain KVCache per layer
     lookahead: int  # tokens past its rows that its rows depend on
 
     @property
@@ -70,6 +69,10 @@ class PrefixRows(Protocol):
 
     @property
     def can_restore(self) -> bool: ...
+
+    def rows(self, n: int) -> Layers:
+        """Its first n rows of every layer, copied out (evaluated)."""
+        ...
 
     def restore(self, layers: Sequence[tuple[mx.array, mx.array]], n: int) -> None:
         """Start its empty caches from the first n rows of `layers`."""
@@ -175,8 +178,7 @@ class PromptCache:
             if models.keys() <= entry.models.keys() and entry.rows >= n and entry.tokens[: len(key)] == key:
                 self._entries.move_to_end(existing)  # it already serves this prefix
                 return
-        layers = {role: _copied(m.cache, n) for role, m in models.items()}
-        mx.eval(layers)
+        layers = {role: m.rows(n) for role, m in models.items()}
         nbytes = sum(k.nbytes + v.nbytes for rows in layers.values() for k, v in rows)
         if nbytes > self.budget_bytes:
             return
@@ -193,11 +195,6 @@ class PromptCache:
 
     def _drop(self, key: EntryKey) -> None:
         self.counters.bytes -= self._entries.pop(key).nbytes
-
-
-def _copied(caches: Sequence[Any], n: int) -> Layers:
-    """The first n rows of each cache, copied out (the row's caches go on changing)."""
-    return [(mx.contiguous(c.keys[..., :n, :]), mx.contiguous(c.values[..., :n, :])) for c in caches]
 
 
 @dataclass

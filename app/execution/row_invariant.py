@@ -1,36 +1,40 @@
 """GPU kernels whose every row is computed the same way whatever the forward's width.
 
 Speculative decoding verifies w tokens in one forward and is exact at T = 0 only if that forward
-gives, bit for bit, the logits of w single-token steps. On MLX's CUDA backend it does not: a
-one-row matrix product runs a vector kernel and a wider one runs cuBLAS (different reduction
-order), and attention with more than one query runs a fused kernel that reduces differently from
-the one-query kernel and costs about twenty single steps whenever the key length changes, which
-it does on every call while decoding. The two kernels here replace both inside the project's own
-forwards (`exact_forward()`, entered by `ModelRunner`):
+gives, bit for bit, the logits of w single-token steps; rows of many requests share a tick only
+if each row's bits do not depend on the others. On MLX's CUDA backend neither holds: a one-row
+matrix product runs a vector kernel and a wider one runs cuBLAS (different reduction order), and
+attention with more than one query runs a fused kernel that reduces differently from the
+one-query kernel and costs about twenty single steps whenever the key length changes. The
+kernels here replace both inside the project's own forwards (`exact_forward()`, entered by the
+ticks and the runners). Their CUDA sources are app/runtime/row_attention.cu and row_matmul.cu,
+read once; each kernel object is made once, and its compile-time constants once per shape.
 
-- attention: one thread block per (row, head, query) walks the query's visible keys in a fixed
+- attention: one thread block per (query, head) walks the query's visible keys in a fixed
   order (key j to warp j mod WARPS, an online softmax per warp, warps merged in index order), so a
-  query's output depends only on its vector and the keys it may see;
+  query's output depends only on its vector and the keys it may see: over one row's own keys
+  (`row_attention`), or over the KV pool, every query of a tick in one call (`pool_attention`);
 - matrix products: one warp per output column reads the weight row once and reduces every input
   row over K in the same lane order, so row m's output is the same for one row as for sixteen,
-  and a 5-row product costs about what a 1-row product costs. A product of more rows runs in
-  slices of MATMUL_ROWS (each row reduced the same way in any slice), up to the backend's
-  `row_stable_rows`: what lets many rows' tokens share one forward (app/execution/forward.py).
+  and a 5-row product costs about what a 1-row product costs. A product of more rows is one
+  launch whose thread blocks take MATMUL_ROWS rows each (each row reduced the same way in any
+  block), up to the backend's `row_stable_rows`: what lets many rows' tokens share one tick.
   mlx-lm's affine 4- and 8-bit layers take the same walk, widening each weight from its group's
   scale and bias in registers.
 
-Anything else (prefill of long prompts, float32 models, other quantizations, masks other than
-causal) keeps MLX's kernels; the block loops' exactness probe then reports what remains.
+Anything else (float32 models, other quantizations, masks other than causal or a window) keeps
+MLX's kernels; the block loops' exactness probe then reports what remains.
 """
 
 from __future__ import annotations
 
 import struct
-import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -38,311 +42,91 @@ import mlx.nn as nn
 from app.execution.device import backend
 
 WARPS = 16
-ATTENTION_ROWS = 32  # queries per attention call
-MATMUL_ROWS = 16  # rows per kernel call (a slice of a wider product): the widest verify forward
-HEAD_DIMS = (64, 96, 128, 256)  # multiples of 32: a lane takes HEAD_DIM / 32 values
-
-# What each thread of both attention kernels knows first: its lane and warp, the scale's bits.
-_ATTENTION_LANES = """
-    constexpr int PER_LANE = HEAD_DIM / 32;
-    const float scale = __int_as_float(SCALE_BITS);
-    const float minus_inf = __int_as_float(0xff800000);
-    const int lane = threadIdx.x % 32;
-    const int warp = threadIdx.x / 32;
-"""
-# One thread block per (query, head): the query's visible keys are walked in a fixed order (key j
-# to warp j mod WARPS, an online softmax per warp, warps merged in index order). The walk is one
-# text for both kernels below, so a query's output has the same bits whichever kernel ran it.
-_ATTENTION_WALK = """    float qv[PER_LANE];
-    float acc[PER_LANE];
-    for (int e = 0; e < PER_LANE; ++e) {
-        qv[e] = static_cast<float>(qp[e]) * scale;
-        acc[e] = 0.0f;
-    }
-    float m = minus_inf;
-    float l = 0.0f;
-    for (int j = warp; j < visible; j += WARPS) {
-        const T* kj = kp + j * k_step;
-        const T* vj = vp + j * v_step;
-        float s = 0.0f;
-        for (int e = 0; e < PER_LANE; ++e) {
-            s += qv[e] * static_cast<float>(kj[e]);
-        }
-        for (int offset = 16; offset > 0; offset /= 2) {
-            s += __shfl_xor_sync(0xffffffff, s, offset);
-        }
-        const float m_new = fmaxf(m, s);
-        const float carry = __expf(m - m_new);
-        const float p = __expf(s - m_new);
-        l = l * carry + p;
-        for (int e = 0; e < PER_LANE; ++e) {
-            acc[e] = acc[e] * carry + p * static_cast<float>(vj[e]);
-        }
-        m = m_new;
-    }
-
-    __shared__ float warp_max[WARPS];
-    __shared__ float warp_sum[WARPS];
-    __shared__ float warp_acc[WARPS][HEAD_DIM];
-    if (lane == 0) {
-        warp_max[warp] = m;
-        warp_sum[warp] = l;
-    }
-    for (int e = 0; e < PER_LANE; ++e) {
-        warp_acc[warp][lane * PER_LANE + e] = acc[e];
-    }
-    __syncthreads();
-    const int d = threadIdx.x;
-    if (d < HEAD_DIM) {
-        float top = minus_inf;
-        for (int w = 0; w < WARPS; ++w) {
-            top = fmaxf(top, warp_max[w]);
-        }
-        float total = 0.0f;
-        float value = 0.0f;
-        for (int w = 0; w < WARPS; ++w) {
-            const float weight = warp_max[w] == minus_inf ? 0.0f : __expf(warp_max[w] - top);
-            total += warp_sum[w] * weight;
-            value += warp_acc[w][d] * weight;
-        }
-        out[(size_t)blockIdx.x * HEAD_DIM + d] = static_cast<T>(value / total);
-    }
-"""
-_ATTENTION_SOURCE = (
-    _ATTENTION_LANES
-    + """    const int queries = q_shape[2];
-    const int heads = q_shape[1];
-    const int kv_heads = k_shape[1];
-    const int keys = k_shape[2];
-    const int row = blockIdx.x;
-    const int i = row % queries;
-    const int h = (row / queries) % heads;
-    const int b = row / (queries * heads);
-    const int hk = h / (heads / kv_heads);
-    const int visible = CAUSAL ? keys - queries + i + 1 : keys;
-    const long long k_step = k_strides[2];
-    const long long v_step = v_strides[2];
-
-    const T* qp = q + b * q_strides[0] + h * q_strides[1] + i * q_strides[2] + lane * PER_LANE;
-    const T* kp = k + b * k_strides[0] + hk * k_strides[1] + lane * PER_LANE;
-    const T* vp = v + b * v_strides[0] + hk * v_strides[1] + lane * PER_LANE;
-"""
-    + _ATTENTION_WALK
-)
-
-# Many rows' queries in one call: queries `[N, H, 1, D]` of a flattened batch, row r's keys and
-# values its own cache's `k{r}`, `v{r}` `[1, Hk, S_r, D]`; token t belongs to row `token_rows[t]`
-# and has `token_tails[t]` later tokens of its row in the batch, so it sees keys `[0, S_r - tail)`,
-# as its row's causal call would. `{cases}` picks row r's arrays (the kernel is made per row count).
-_ROWS_ATTENTION_SOURCE = (
-    _ATTENTION_LANES
-    + """    const int heads = q_shape[1];
-    const int t = blockIdx.x / heads;
-    const int h = blockIdx.x % heads;
-    const T* kp = nullptr;
-    const T* vp = nullptr;
-    int keys = 0;
-    long long k_step = 0;
-    long long v_step = 0;
-    switch (token_rows[t]) {
-{cases}
-    }
-    const int visible = keys - token_tails[t];
-    const T* qp = q + t * q_strides[0] + h * q_strides[1] + lane * PER_LANE;
-    kp += lane * PER_LANE;
-    vp += lane * PER_LANE;
-"""
-)
-_ROWS_ATTENTION_CASE = """        case {r}: {{
-            const int hk = h / (heads / k{r}_shape[1]);
-            kp = k{r} + hk * k{r}_strides[1];
-            vp = v{r} + hk * v{r}_strides[1];
-            keys = k{r}_shape[2];
-            k_step = k{r}_strides[2];
-            v_step = v{r}_strides[2];
-            break;
-        }}"""
-ROWS_PER_ATTENTION = 16  # rows (each its own keys) one call takes; calls are made for 2, 4, 8, 16
-
-
-# One warp per output column n: lane l takes the 16-byte chunks l, l + 32, ... of the weight row
-# (8 values each), every input row m accumulates its own float sum over them in that fixed order,
-# then the warp reduces by butterfly. Half-precision values are widened by bit operations, in
-# registers.
-_MATMUL_HEADER = """
-template <bool BF16>
-__device__ __forceinline__ void mlxcel_widen(const uint4& pack, float (&out)[8]) {
-    const unsigned int words[4] = {pack.x, pack.y, pack.z, pack.w};
-    #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        if (BF16) {
-            out[2 * i] = __uint_as_float(words[i] << 16);
-            out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-        } else {
-            out[2 * i] = __half2float(__ushort_as_half((unsigned short)(words[i] & 0xffffu)));
-            out[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(words[i] >> 16)));
-        }
-    }
-}
-"""
-# Both products' second half: every input row m accumulates the chunk's 8 widened weights `wf`
-# against its own 8 values in a fixed order, then the warp reduces each row by butterfly.
-_ROWS_TIMES_WEIGHTS = """        #pragma unroll
-        for (int m = 0; m < MAX_ROWS; ++m) {
-            if (m < rows) {
-                float xf[8];
-                mlxcel_widen<BF16>(xs[(size_t)m * chunks + c], xf);
-                float sum = acc[m];
-                #pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    sum = fmaf(wf[e], xf[e], sum);
-                }
-                acc[m] = sum;
-            }
-        }
-    }
-    #pragma unroll
-    for (int m = 0; m < MAX_ROWS; ++m) {
-        if (m < rows) {
-            float sum = acc[m];
-            for (int offset = 16; offset > 0; offset /= 2) {
-                sum += __shfl_xor_sync(0xffffffff, sum, offset);
-            }
-            if (lane == 0) {
-{store}
-            }
-        }
-    }
-"""
-_MATMUL_SOURCE = (
-    """
-    const int rows = x_shape[0];
-    const int chunks = x_shape[1] / 8;
-    const int columns = w_shape[0];
-    const int lane = threadIdx.x % 32;
-    const int n = blockIdx.x * COLUMNS_PER_BLOCK + threadIdx.x / 32;
-    if (n >= columns) {
-        return;
-    }
-    const uint4* wn = reinterpret_cast<const uint4*>(w) + (size_t)n * chunks;
-    const uint4* xs = reinterpret_cast<const uint4*>(x);
-    float acc[MAX_ROWS];
-    #pragma unroll
-    for (int m = 0; m < MAX_ROWS; ++m) {
-        acc[m] = 0.0f;
-    }
-    #pragma unroll 4
-    for (int c = lane; c < chunks; c += 32) {
-        float wf[8];
-        mlxcel_widen<BF16>(wn[c], wf);
-"""
-    + _ROWS_TIMES_WEIGHTS
-)
-# The same walk over mlx-lm's affine-quantized weights (`QuantizedLinear`, 4 or 8 bits): a chunk of
-# 8 values is one 32-bit word at 4 bits and two at 8, widened as `scale * q + bias` of its group,
-# then reduced exactly as above, so a quantized model's rows are as row-invariant as a bf16 one's.
-_QUANTIZED_MATMUL_SOURCE = (
-    """
-    constexpr int WORDS = BITS / 4;  // 32-bit words per chunk of 8 values
-    constexpr unsigned int MASK = (1u << BITS) - 1u;
-    const int rows = x_shape[0];
-    const int chunks = x_shape[1] / 8;
-    const int columns = w_shape[0];
-    const int groups = scales_shape[1];
-    const int lane = threadIdx.x % 32;
-    const int n = blockIdx.x * COLUMNS_PER_BLOCK + threadIdx.x / 32;
-    if (n >= columns) {
-        return;
-    }
-    const uint32_t* wn = w + (size_t)n * chunks * WORDS;
-    const auto* sn = scales + (size_t)n * groups;
-    const auto* bn = biases + (size_t)n * groups;
-    const uint4* xs = reinterpret_cast<const uint4*>(x);
-    float acc[MAX_ROWS];
-    #pragma unroll
-    for (int m = 0; m < MAX_ROWS; ++m) {
-        acc[m] = 0.0f;
-    }
-    #pragma unroll 4
-    for (int c = lane; c < chunks; c += 32) {
-        const int g = (c * 8) / GROUP_SIZE;
-        const float scale = static_cast<float>(sn[g]);
-        const float bias = static_cast<float>(bn[g]);
-        float wf[8];
-        #pragma unroll
-        for (int word = 0; word < WORDS; ++word) {
-            const uint32_t packed = wn[(size_t)c * WORDS + word];
-            #pragma unroll
-            for (int e = 0; e < 8 / WORDS; ++e) {
-                const float q = static_cast<float>((packed >> (BITS * e)) & MASK);
-                wf[word * (8 / WORDS) + e] = fmaf(q, scale, bias);
-            }
-        }
-"""
-    + _ROWS_TIMES_WEIGHTS
-)
+ATTENTION_ROWS = 32  # queries per attention call of one row (wider ones keep MLX's kernel)
+MATMUL_ROWS = 16  # rows per thread block (a product of more rows is one launch of several blocks' rows)
+HEAD_DIMS = tuple(range(32, 257, 32))  # a lane takes HEAD_DIM / 32 values; a warp's sums fit shared memory
 COLUMNS_PER_BLOCK = 8
 HALF_TYPES = (mx.bfloat16, mx.float16)
 QUANTIZED_BITS = (4, 8)  # packings whose chunks of 8 values are whole 32-bit words
+SOURCES = Path(__file__).resolve().parents[1] / "runtime"  # the .cu files, beside sgemm_rows.c
 
 
 @cache
-def _attention_kernel() -> object:
+def _source(name: str) -> str:
+    """A kernel file's text, read once per process."""
+    return (SOURCES / name).read_text()
+
+
+# Each kernel is made once (`mx.fast.cuda_kernel` keeps its name, source and argument layout); a
+# call hands it arrays and the compile-time constants, and the project's ticks are compiled
+# (app/execution/tick.py), so on the GPU a tick replays these launches without building them.
+@cache
+def _row_attention_kernel() -> Callable[..., list[mx.array]]:
     return mx.fast.cuda_kernel(
         name="mlxcel_row_attention",
         input_names=["q", "k", "v"],
         output_names=["out"],
-        source=_ATTENTION_SOURCE,
+        header=_source("row_attention.cu"),
+        source="mlxcel::row_attention<T, HEAD_DIM, WARPS, CAUSAL>(q, q_shape[1], q_shape[2], q_strides[0], "
+        "q_strides[1], q_strides[2], k, k_shape[1], k_shape[2], k_strides[0], k_strides[1], k_strides[2], v, "
+        "v_strides[0], v_strides[1], v_strides[2], __int_as_float(SCALE_BITS), out);",
         ensure_row_contiguous=False,
     )
 
 
 @cache
-def _rows_attention_kernel(rows: int) -> object:
-    cases = "\n".join(_ROWS_ATTENTION_CASE.format(r=r) for r in range(rows))
+def _pool_attention_kernel() -> Callable[..., list[mx.array]]:
     return mx.fast.cuda_kernel(
-        name=f"mlxcel_rows_attention_{rows}",
-        input_names=["q", "token_rows", "token_tails", *(f"{x}{r}" for r in range(rows) for x in "kv")],
+        name="mlxcel_pool_attention",
+        input_names=["q", "k", "v", "slots", "first", "visible"],
         output_names=["out"],
-        source=_ROWS_ATTENTION_SOURCE.replace("{cases}", cases) + _ATTENTION_WALK,
+        header=_source("row_attention.cu"),
+        source="mlxcel::pool_attention<T, HEAD_DIM, WARPS>(q, q_shape[1], q_strides[0], q_strides[1], k, "
+        "k_shape[1], k_strides[0], k_strides[1], k_strides[2], v, v_strides[0], v_strides[1], v_strides[2], "
+        "slots, first, visible, __int_as_float(SCALE_BITS), out);",
         ensure_row_contiguous=False,
     )
 
 
-def _store(outputs: int) -> str:
-    """Where column n of row m goes: one output, or (a fused product) the output whose columns
-    hold n, split at the template's SPLIT1, SPLIT2, ..."""
-    if outputs == 1:
-        return "                out0[(size_t)m * columns + n] = static_cast<T>(sum);"
-    bounds = ["0", *(f"SPLIT{i}" for i in range(1, outputs)), "columns"]
-    cases = [
-        f"if (n < {bounds[i + 1]}) {{ out{i}[(size_t)m * ({bounds[i + 1]} - {bounds[i]}) + n - {bounds[i]}] = "
-        "static_cast<T>(sum); }"
-        for i in range(outputs)
-    ]
-    return "                " + " else ".join(cases)
+def _outputs(outputs: int) -> str:
+    """The three output pointers a product's entry call passes (unused ones repeat out0)."""
+    return ", ".join(f"out{i}" if i < outputs else "out0" for i in range(3))
 
 
 @cache
-def _matmul_kernel(outputs: int = 1) -> object:
+def _matmul_kernel(outputs: int = 1) -> Callable[..., list[mx.array]]:
     return mx.fast.cuda_kernel(
         name=f"mlxcel_row_matmul_{outputs}",
         input_names=["x", "w"],
         output_names=[f"out{i}" for i in range(outputs)],
-        source=_MATMUL_SOURCE.replace("{store}", _store(outputs)),
-        header=_MATMUL_HEADER,
+        header=_source("row_matmul.cu"),
+        source="mlxcel::row_matmul<T, BF16, MAX_ROWS, COLUMNS_PER_BLOCK, DEPTH>(x, x_shape[0], w, w_shape[0], "
+        f"{_outputs(outputs)}, SPLIT1, SPLIT2);",
     )
 
 
 @cache
-def _quantized_matmul_kernel(outputs: int = 1) -> object:
+def _quantized_matmul_kernel(outputs: int = 1) -> Callable[..., list[mx.array]]:
     return mx.fast.cuda_kernel(
         name=f"mlxcel_row_quantized_matmul_{outputs}",
         input_names=["x", "w", "scales", "biases"],
         output_names=[f"out{i}" for i in range(outputs)],
-        source=_QUANTIZED_MATMUL_SOURCE.replace("{store}", _store(outputs)),
-        header=_MATMUL_HEADER,
+        header=_source("row_matmul.cu"),
+        source="mlxcel::row_quantized_matmul<T, BF16, MAX_ROWS, COLUMNS_PER_BLOCK, DEPTH, BITS, GROUP_SIZE>(x, "
+        f"x_shape[0], w, scales, biases, w_shape[0], {_outputs(outputs)}, SPLIT1, SPLIT2);",
     )
+
+
+@cache
+def _attention_template(dtype: mx.Dtype, head_dim: int, scale: float, causal: bool | None) -> list[tuple[str, object]]:
+    """A kernel's compile-time constants, made once per (dtype, head size, scale)."""
+    template: list[tuple[str, object]] = [
+        ("T", dtype),
+        ("HEAD_DIM", head_dim),
+        ("WARPS", WARPS),
+        ("SCALE_BITS", _float_bits(scale)),
+    ]
+    return template if causal is None else [*template, ("CAUSAL", causal)]
 
 
 def applies(queries: mx.array, keys: mx.array, mask: object, sinks: object) -> bool:
@@ -369,52 +153,42 @@ def takes(query_shape: tuple[int, ...], keys: mx.array, cache: object, mask: obj
     return _active() and not hasattr(cache, "bits") and _applies(query_shape, keys, mask, sinks)
 
 
+THREADS = 32 * WARPS  # one attention block: a warp per key lane of the walk
+
+
 def row_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, causal: bool = True) -> mx.array:
     """`[B, H, L, D]` attention output over `keys` `[B, Hk, S, D]`: query l sees keys `[0, S - L + l]`
     when causal, all S otherwise."""
     batch, heads, width, head_dim = queries.shape
-    rows = batch * heads * width
-    threads = 32 * WARPS
-    (out,) = _attention_kernel()(
+    (out,) = _row_attention_kernel()(
         inputs=[queries, keys, values],
-        template=[
-            ("T", queries.dtype),
-            ("HEAD_DIM", head_dim),
-            ("WARPS", WARPS),
-            ("SCALE_BITS", _float_bits(scale)),
-            ("CAUSAL", causal),
-        ],
-        grid=(rows * threads, 1, 1),
-        threadgroup=(threads, 1, 1),
+        template=_attention_template(queries.dtype, head_dim, scale, causal),
+        grid=(batch * heads * width * THREADS, 1, 1),
+        threadgroup=(THREADS, 1, 1),
         output_shapes=[queries.shape],
         output_dtypes=[queries.dtype],
     )
     return out
 
 
-def rows_attention(
+def pool_attention(
     queries: mx.array,
-    fetched: list[tuple[mx.array, mx.array]],
-    token_rows: mx.array,
-    token_tails: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    slots: mx.array,
+    first: mx.array,
+    visible: mx.array,
     scale: float,
 ) -> mx.array:
-    """Causal attention of a flattened batch's queries `[N, H, 1, D]` over each row's own keys and
-    values (`fetched[r]`, `[1, Hk, S_r, D]`), in one kernel call: each query's output has the bits
-    `row_attention` gives it in its row's own call. At most ROWS_PER_ATTENTION rows; the kernel is
-    made for the next power of two (padded with the last row's arrays, which no token reads), so
-    a few shapes cover every batch."""
-    padded = 2
-    while padded < len(fetched):
-        padded *= 2
-    arrays = [a for pair in fetched + [fetched[-1]] * (padded - len(fetched)) for a in pair]
+    """A tick's queries `[N, H, 1, D]` over the KV pool `[slots, Hk, capacity, D]` in one call:
+    token t sees keys `[first[t], visible[t])` of slot `slots[t]`, each query with the bits
+    `row_attention` gives it over the same keys."""
     tokens, heads, _, head_dim = queries.shape
-    threads = 32 * WARPS
-    (out,) = _rows_attention_kernel(padded)(
-        inputs=[queries, token_rows, token_tails, *arrays],
-        template=[("T", queries.dtype), ("HEAD_DIM", head_dim), ("WARPS", WARPS), ("SCALE_BITS", _float_bits(scale))],
-        grid=(tokens * heads * threads, 1, 1),
-        threadgroup=(threads, 1, 1),
+    (out,) = _pool_attention_kernel()(
+        inputs=[queries, keys, values, slots, first, visible],
+        template=_attention_template(queries.dtype, head_dim, scale, None),
+        grid=(tokens * heads * THREADS, 1, 1),
+        threadgroup=(THREADS, 1, 1),
         output_shapes=[queries.shape],
         output_dtypes=[queries.dtype],
     )
@@ -508,68 +282,72 @@ def _row_products(
     extra: list[tuple[str, int]] | None = None,
 ) -> list[mx.array]:
     """The product of `x` `[..., K]` by `weights` (whose rows are the output columns, in parts of
-    `widths` columns, one output each), MATMUL_ROWS rows of `x` per kernel call."""
-    kernel = kernel_of(len(widths))
+    `widths` columns, one output each): one launch, MATMUL_ROWS rows of `x` to a thread block."""
     flat = x.reshape(-1, x.shape[-1])
-    calls = [
-        _matmul_call(kernel, [flat[i : i + MATMUL_ROWS], *weights], widths, extra or [])
-        for i in range(0, flat.shape[0], MATMUL_ROWS)
-    ]
-    parts = calls[0] if len(calls) == 1 else [mx.concatenate(part) for part in zip(*calls, strict=True)]
+    rows, columns = flat.shape[0], sum(widths)
+    parts = kernel_of(len(widths))(
+        inputs=[flat, *weights],
+        template=_matmul_template(flat.dtype, flat.shape[1], tuple(widths), tuple(extra or [])),
+        grid=(-(-columns // COLUMNS_PER_BLOCK) * MATMUL_THREADS, -(-rows // MATMUL_ROWS), 1),
+        threadgroup=(MATMUL_THREADS, 1, 1),
+        output_shapes=[(rows, width) for width in widths],
+        output_dtypes=[flat.dtype] * len(widths),
+    )
     return [part.reshape(*x.shape[:-1], width) for part, width in zip(parts, widths, strict=True)]
 
 
-def _matmul_call(
-    kernel: Callable[..., list[mx.array]], inputs: list[mx.array], widths: list[int], extra: list[tuple[str, int]]
-) -> list[mx.array]:
-    """One kernel call: rows `inputs[0]` `[M <= MATMUL_ROWS, K]` times the weights that follow."""
-    rows = inputs[0]
+MATMUL_THREADS = 32 * COLUMNS_PER_BLOCK  # a warp per output column
+
+
+@cache
+def _matmul_template(
+    dtype: mx.Dtype, depth: int, widths: tuple[int, ...], extra: tuple[tuple[str, int], ...]
+) -> list[tuple[str, object]]:
+    """A product's compile-time constants, made once per (dtype, depth, layer widths, packing):
+    K as DEPTH (a fixed stride between rows: fewer registers), and where each output's columns
+    start (SPLIT1, SPLIT2; the product's width where it has fewer outputs)."""
     columns = sum(widths)
-    splits = [(f"SPLIT{i}", sum(widths[:i])) for i in range(1, len(widths))]
-    threads = 32 * COLUMNS_PER_BLOCK
-    return kernel(
-        inputs=inputs,
-        template=[
-            ("T", rows.dtype),
-            ("BF16", rows.dtype == mx.bfloat16),
-            ("MAX_ROWS", MATMUL_ROWS),
-            ("COLUMNS_PER_BLOCK", COLUMNS_PER_BLOCK),
-            *extra,
-            *splits,
-        ],
-        grid=(-(-columns // COLUMNS_PER_BLOCK) * threads, 1, 1),
-        threadgroup=(threads, 1, 1),
-        output_shapes=[(rows.shape[0], width) for width in widths],
-        output_dtypes=[rows.dtype] * len(widths),
-    )
+    starts = [sum(widths[:i]) for i in range(1, len(widths))]
+    splits = [*starts, columns, columns][:2]
+    return [
+        ("T", dtype),
+        ("BF16", dtype == mx.bfloat16),
+        ("MAX_ROWS", MATMUL_ROWS),
+        ("COLUMNS_PER_BLOCK", COLUMNS_PER_BLOCK),
+        ("DEPTH", depth),
+        *extra,
+        ("SPLIT1", splits[0]),
+        ("SPLIT2", splits[1]),
+    ]
 
 
 class Siblings:
     """Layers that take the same input (q/k/v, gate/up) in one kernel call: a column's bits depend
     only on its weight row and the input row, so each layer's part has the bits of its own call,
-    at a third (or half) of the calls. Each layer keeps a view of its rows of the joined weights
-    (no second copy); the first layer called with an input computes every part, the others take
-    theirs."""
+    at a third (or half) of the calls. `joined` holds the layers' weights side by side; once the
+    model is prepared (app/execution/prepare.py) each layer's own weights are views of its rows of
+    them (no second copy). The first layer called with an input computes every part, the others
+    take theirs."""
 
     def __init__(self, layers: list[nn.Module]) -> None:
         self.layers = layers
         self.widths = [layer["weight"].shape[0] for layer in layers]
         quantized = isinstance(layers[0], nn.QuantizedLinear)
-        names = ["weight", "scales", "biases"] if quantized else ["weight"]
+        self.names = ["weight", "scales", "biases"] if quantized else ["weight"]
         self.kernel_of = _quantized_matmul_kernel if quantized else _matmul_kernel
         self.extra = _packing(layers[0]) if quantized else []
-        self.weights = [mx.concatenate([layer[name] for layer in layers]) for name in names]
+        self.weights = [mx.concatenate([layer[name] for layer in layers]) for name in self.names]
         mx.eval(self.weights)
-        start = 0
-        for layer, width in zip(layers, self.widths, strict=True):
-            layer.update(
-                {name: joined[start : start + width] for name, joined in zip(names, self.weights, strict=True)}
-            )
-            layer.siblings = self
-            start += width
-        mx.eval([layer.parameters() for layer in layers])
         self._input: mx.array | None = None
         self._parts: dict[int, mx.array] = {}
+
+    def views(self) -> list[dict[str, mx.array]]:
+        """Each layer's rows of the joined weights, by parameter name."""
+        starts = [sum(self.widths[:i]) for i in range(len(self.widths))]
+        return [
+            {name: joined[start : start + width] for name, joined in zip(self.names, self.weights, strict=True)}
+            for start, width in zip(starts, self.widths, strict=True)
+        ]
 
     def product(self, layer: nn.Module, x: mx.array) -> mx.array:
         if x is not self._input or id(layer) not in self._parts:
@@ -582,21 +360,28 @@ class Siblings:
 
 
 SIBLING_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+_joined: dict[int, Siblings] = {}  # id(layer): the product it shares (an entry goes with its layer)
 
 
-def _join_siblings(model: nn.Module) -> None:
-    """Join each attention's q/k/v and each MLP's gate/up layers that the kernels take alike."""
-    for _, module in model.named_modules():
-        for names in SIBLING_NAMES:
-            layers = [getattr(module, name, None) for name in names]
-            if _joinable(layers):
-                Siblings(layers)
+def joined(layers: list[nn.Module]) -> Siblings:
+    """The layers' joint product, remembered for each of them (app/execution/prepare.py makes it)."""
+    siblings = Siblings(layers)
+    for layer in layers:
+        _joined[id(layer)] = siblings
+        weakref.finalize(layer, _joined.pop, id(layer), None)
+    return siblings
 
 
-def _joinable(layers: list[object]) -> bool:
+def siblings_of(layer: nn.Module) -> Siblings | None:
+    return _joined.get(id(layer))
+
+
+def joinable(layers: list[object]) -> bool:
     """Layers of one kind, depth and dtype that a row kernel reads (half-precision, or affine
-    4- and 8-bit of one packing)."""
+    4- and 8-bit of one packing), not joined yet."""
     first = layers[0]
+    if any(isinstance(layer, nn.Module) and siblings_of(layer) is not None for layer in layers):
+        return False
     if isinstance(first, RowInvariantQuantizedLinear):
         kind_ok = first.mode == "affine" and first.bits in QUANTIZED_BITS
         same = all(
@@ -624,12 +409,11 @@ def _active() -> bool:
 class RowInvariantLinear(nn.Linear):
     """nn.Linear whose product goes through `row_matmul` inside `exact_forward()`."""
 
-    siblings: Siblings | None = None
-
     def __call__(self, x: mx.array) -> mx.array:
         if not (_active() and matmul_applies(x, self.weight)):
             return super().__call__(x)
-        y = self.siblings.product(self, x) if self.siblings is not None else row_matmul(x, self.weight)
+        siblings = siblings_of(self)
+        y = siblings.product(self, x) if siblings is not None else row_matmul(x, self.weight)
         return y + self.bias if "bias" in self else y
 
 
@@ -645,12 +429,11 @@ class RowInvariantEmbedding(nn.Embedding):
 class RowInvariantQuantizedLinear(nn.QuantizedLinear):
     """nn.QuantizedLinear whose product goes through `row_quantized_matmul` inside `exact_forward()`."""
 
-    siblings: Siblings | None = None
-
     def __call__(self, x: mx.array) -> mx.array:
         if not (_active() and quantized_matmul_applies(x, self)):
             return super().__call__(x)
-        y = self.siblings.product(self, x) if self.siblings is not None else row_quantized_matmul(x, self)
+        siblings = siblings_of(self)
+        y = siblings.product(self, x) if siblings is not None else row_quantized_matmul(x, self)
         return y + self["bias"] if "bias" in self else y
 
 
@@ -663,6 +446,8 @@ class RowInvariantQuantizedEmbedding(nn.QuantizedEmbedding):
         return row_quantized_matmul(x, self)
 
 
+# mlx-lm's layer classes and the ones whose products take the kernels (app/execution/prepare.py
+# gives a model's layers these classes: the same parameters, another __call__)
 ROUTED = {
     nn.Linear: RowInvariantLinear,
     nn.Embedding: RowInvariantEmbedding,
@@ -673,7 +458,7 @@ ROUTED = {
 
 def uncovered(model: nn.Module) -> str | None:
     """Why some product of `model` would not take the row-invariant kernel (None: every one does):
-    a layer `install` did not reach, or weights the kernels do not read."""
+    a layer the routing did not reach, or weights the kernels do not read."""
     for name, module in model.named_modules():
         if type(module) in ROUTED:
             return f"{name} is MLX's own {type(module).__name__}, not the row-invariant one"
@@ -683,28 +468,3 @@ def uncovered(model: nn.Module) -> str | None:
         elif isinstance(module, RowInvariantLinear | RowInvariantEmbedding) and module.weight.dtype not in HALF_TYPES:
             return f"{name} computes in {module.weight.dtype}: the kernel reads half-precision weights"
     return None
-
-
-def install(model: nn.Module) -> bool:
-    """Route `model`'s projections and its architecture's attention through these kernels inside
-    `exact_forward()`. False where the architecture module has no attention function of mlx-lm's
-    shape (the projections are routed all the same)."""
-    for _, module in model.named_modules():
-        if type(module) in ROUTED:
-            module.__class__ = ROUTED[type(module)]
-    _join_siblings(model)
-    architecture = sys.modules.get(type(model).__module__)
-    fused = getattr(architecture, "scaled_dot_product_attention", None)
-    if architecture is None or fused is None:
-        return False
-    if getattr(fused, "row_invariant", False):
-        return True
-
-    def attention(queries, keys, values, cache, scale, mask, sinks=None):  # noqa: ANN001, ANN202
-        if takes(queries.shape, keys, cache, mask, sinks):
-            return row_attention(queries, keys, values, scale)
-        return fused(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-
-    attention.row_invariant = True  # type: ignore[attr-defined]
-    architecture.scaled_dot_product_attention = attention
-    return True

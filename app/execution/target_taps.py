@@ -1,10 +1,15 @@
 """Reading hidden states out of a target's forward, for drafters that condition on them.
 
 DFlash-family drafters read the outputs of chosen decoder layers; MTP heads read the final
-hidden state (after the last norm, what the lm_head sees). `TargetTaps` wraps those modules of
-an mlx-lm model in place: the forward itself is untouched (same ops, same bits), and a tap only
-records while a capture is open. One engine thread runs all MLX work, so the open capture is
-plain state on the taps object.
+hidden state (after the last norm, what the lm_head sees). The target's decoder layers and final
+norm are wrapped in `Tap`s (by app/execution/prepare.py, once): the forward itself is untouched
+(same ops, same bits), and a tap only hands its output on while a forward collects it.
+
+A forward (app/execution/forward.py, app/execution/tick.py) collects the taps that an open
+capture or a row's hook names (`collecting`), then delivers each row its own slices (`deliver`):
+a tick may be compiled, so what a tap saw must leave the forward as its output, never as a side
+effect. One engine thread runs all MLX work, so the open capture is plain state on the taps
+object.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ import mlx.core as mx
 import mlx.nn as nn
 
 FINAL = "final"
+Span = tuple[int, int]
 
 
-class _Tap(nn.Module):
-    passes_through = True  # its output is `inner`'s (what app/execution/forward.py checks layers by)
+class Tap(nn.Module):
+    """A module whose output a forward may collect (its output is `inner`'s)."""
 
     def __init__(self, inner: nn.Module, name: int | str, taps: TargetTaps) -> None:
         super().__init__()
@@ -36,52 +42,57 @@ class _Tap(nn.Module):
 
 
 class TargetTaps:
-    """Installed once per loaded target; `capture(names)` collects outputs of `layer index | "final"`."""
+    """A target's taps: what an open `capture(names)` wants, and the taps' outputs of `layer index
+    | "final"` a forward collected."""
+
+    FINAL = FINAL
 
     def __init__(self, model: nn.Module) -> None:
-        inner = model.model
-        if not hasattr(inner, "layers") or not hasattr(inner, "norm"):
-            raise ValueError(f"{type(model).__name__} has no model.layers and model.norm to read hidden states from")
-        self._wanted: set[int | str] = set()
-        self._seen: dict[int | str, mx.array] = {}
-        self._spans: list[tuple[int, int]] | None = None  # a flattened batch's rows, while one runs
-        for i, layer in enumerate(inner.layers):
-            if not isinstance(layer, _Tap):
-                inner.layers[i] = _Tap(layer, i, self)
-        if not isinstance(inner.norm, _Tap):
-            inner.norm = _Tap(inner.norm, FINAL, self)
-        self.num_layers = len(inner.layers)
-        self.embed_tokens = inner.embed_tokens
+        self.num_layers = len(model.model.layers)
+        self.embed_tokens = model.model.embed_tokens
         self._model = model
+        self._wanted: tuple[int | str, ...] = ()  # the open capture's names, in order
+        self._seen: dict[int | str, list[mx.array]] = {}
+        self._collected: dict[int | str, mx.array] | None = None
+
+    @property
+    def wanted(self) -> tuple[int | str, ...]:
+        return self._wanted
 
     def record(self, name: int | str, value: mx.array) -> None:
-        if name not in self._wanted:
-            return
-        if self._spans is None:
-            self._seen.setdefault(name, []).append(value)
-            return
-        for start, end in self._spans:  # a flattened batch `[N, 1, H]`: each row as its own forward's `[1, w, H]`
-            self._seen.setdefault(name, []).append(value[start:end].reshape(1, end - start, -1))
+        """A tap's output, kept while a forward collects it."""
+        if self._collected is not None and name in self._collected:
+            self._collected[name] = value
 
     @contextmanager
-    def flattened(self, spans: list[tuple[int, int]]) -> Iterator[None]:
-        """Within this block the model runs a flattened batch whose rows are these spans of it."""
-        self._spans = spans
+    def collecting(self, names: tuple[int | str, ...]) -> Iterator[dict[int | str, mx.array]]:
+        """Within this block (one forward of the model), the named taps' outputs are kept."""
+        self._collected = dict.fromkeys(names)
+        collected = self._collected
         try:
-            yield
+            yield collected
         finally:
-            self._spans = None
+            self._collected = None
+
+    def deliver(self, name: int | str, value: mx.array, spans: list[Span]) -> None:
+        """A tap's output of a forward (`[N, 1, H]` of a tick, `[1, T, H]` of one row's own), cut at
+        the rows' `spans` of its positions: each row's `[1, w, H]`, in row order, to the open
+        capture that wants it."""
+        if name not in self._wanted:
+            return
+        flat = value.reshape(-1, value.shape[-1])
+        self._seen.setdefault(name, []).extend(flat[a:b][None] for a, b in spans)
 
     @contextmanager
     def capture(self, names: list[int | str]) -> Iterator[dict[int | str, list[mx.array]]]:
-        """Everything the named modules output inside the block, in call order (a chunked
-        prefill calls them once per chunk)."""
-        self._wanted, self._seen = set(names), {}
+        """Everything the named taps output inside the block, per row in call order (a chunked
+        prefill delivers once per chunk)."""
+        self._wanted, self._seen = tuple(names), {}
         seen = self._seen
         try:
             yield seen
         finally:
-            self._wanted = set()
+            self._wanted = ()
 
     @staticmethod
     def rows(seen: dict[int | str, list[mx.array]], names: list[int | str]) -> mx.array:
@@ -109,17 +120,3 @@ class FeatureHook:
         with self.taps.capture(list(self.names)) as seen:
             yield rows
         rows.append(TargetTaps.rows(seen, list(self.names)))
-
-
-def taps_of(model: nn.Module) -> TargetTaps | None:
-    """The model's taps, if a drafter installed them."""
-    return getattr(model, "_mlxcel_taps", None)
-
-
-def taps_for(model: nn.Module) -> TargetTaps:
-    """The model's taps, installing them on first use."""
-    taps = taps_of(model)
-    if taps is None:
-        taps = TargetTaps(model)
-        object.__setattr__(model, "_mlxcel_taps", taps)
-    return taps

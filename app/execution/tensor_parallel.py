@@ -12,8 +12,9 @@ from __future__ import annotations
 import mlx.core as mx
 import structlog
 
-from app.execution.lockstep import Lockstep, Order, attach
+from app.execution.lockstep import Lockstep, Order
 from app.execution.model import LoadedModel, load_model
+from app.execution.prepare import prepare
 from app.execution.runner import ModelRunner
 from app.loading.checkpoint import ModelLoadError
 
@@ -36,7 +37,7 @@ def load_leader(path: str, world_size: int) -> tuple[LoadedModel, Lockstep]:
     group = join_group(world_size)
     target = load_model(path, shard_group=group)
     lockstep = Lockstep(group)
-    attach(target.model, lockstep)
+    prepare(target.model, lockstep=lockstep)  # its runners send their forwards and rewinds as orders
     return target, lockstep
 
 

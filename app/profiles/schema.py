@@ -68,6 +68,15 @@ class AdaptiveSettings(Group):
     max_width: Annotated[int, msgspec.Meta(ge=2, le=33)] = 16
 
 
+class ExecutionSettings(Group):
+    """How forwards compute (app/execution/prepare.py decides the kernels from it)."""
+
+    # true: batch-invariant kernels, a row's bits never depend on its batch-mates (T = 0 speculation
+    # byte-identical to target-only); false: MLX's and mlx-lm's own kernels, as llama-server and vLLM
+    # by default (faster on a GPU; a row's bits may depend on the others in its tick)
+    exact: bool = True
+
+
 class GovernorSettings(Group):
     floor: Annotated[float, msgspec.Meta(gt=1.0, le=64.0)] = 4.0  # break-even tokens per verify
     policy: Literal["break-even", "graded", "gated"] = "break-even"
@@ -231,6 +240,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     drafter: DrafterSettings = msgspec.field(default_factory=DrafterSettings)
     speculative: SpeculativeSettings = msgspec.field(default_factory=SpeculativeSettings)
     adaptive: AdaptiveSettings = msgspec.field(default_factory=AdaptiveSettings)
+    execution: ExecutionSettings = msgspec.field(default_factory=ExecutionSettings)
     governor: GovernorSettings = msgspec.field(default_factory=GovernorSettings)
     sampling: SamplingDefaults = msgspec.field(default_factory=SamplingDefaults)
     env: dict[str, str] = msgspec.field(default_factory=dict)

@@ -58,6 +58,25 @@ def row_stable_rows() -> int:
     return int(limit()) if limit is not None else 0
 
 
+def time_products(on: bool) -> bool:
+    """Start (or stop) adding up the seconds MLX's CPU products spend in the shim's kernel, from
+    zero; False where MLX does not run on the shim."""
+    switch = getattr(_shim, "mlxcel_time_products", None)
+    if switch is None:
+        return False
+    switch(int(on))
+    return True
+
+
+def product_seconds() -> float:
+    """The seconds added up since `time_products(True)` (0.0 without the shim)."""
+    read = getattr(_shim, "mlxcel_product_seconds", None)
+    if read is None:
+        return 0.0
+    read.restype = ctypes.c_double
+    return float(read())
+
+
 def build() -> Path | None:
     """Compile the shim against the scipy-openblas32 wheel; None where it does not apply."""
     if sys.platform != "linux" or platform.machine() != "x86_64":

@@ -17,6 +17,7 @@
  */
 #include <stddef.h>
 #include <stdlib.h>
+#include <time.h>
 
 typedef int blasint;
 enum { ROW_MAJOR = 101, NO_TRANS = 111 };
@@ -245,11 +246,32 @@ void mlxcel_row_stable_sgemm(int trans_a, int trans_b, blasint m, blasint n, bla
    only up to this many tokens. */
 int mlxcel_row_stable_max(void) { return ROW_STABLE_MAX; }
 
+/* The seconds products spend in the kernel while timing is on (ops/bench/tick.py reports its
+   share of a tick): one clock read before and after each product, nothing while off. MLX's CPU
+   stream runs every product on one thread. */
+static int timing;
+static double timed_seconds;
+
+void mlxcel_time_products(int on) {
+  timing = on;
+  timed_seconds = 0.0;
+}
+
+double mlxcel_product_seconds(void) { return timed_seconds; }
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 void cblas_sgemm(int order, int trans_a, int trans_b, blasint m, blasint n, blasint k, float alpha,
                  const float *a, blasint lda, const float *b, blasint ldb, float beta, float *c,
                  blasint ldc) {
   if (order == ROW_MAJOR && m > 0 && m <= ROW_STABLE_MAX) {
+    const double started = timing ? now() : 0.0;
     mlxcel_row_stable_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (timing) timed_seconds += now() - started;
     return;
   }
   scipy_cblas_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

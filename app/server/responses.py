@@ -173,6 +173,7 @@ class DrafterInfo(msgspec.Struct, kw_only=True):
     block_widths: list[int] | None
     governor: GovernorSettings | None  # prompt lookup only
     env_overrides: dict[str, str]
+    exact: bool  # execution.exact: batch-invariant kernels (false: MLX's own, a row may depend on its batch-mates)
 
 
 class Modalities(msgspec.Struct, kw_only=True):

@@ -130,6 +130,7 @@ def drafter_info(settings: Settings, plan: LoopPlan) -> DrafterInfo:
         block_widths=list(plan.block_widths) if plan.block_widths else None,
         governor=settings.governor if plan.drafter_kind is DrafterKind.PROMPT_LOOKUP else None,
         env_overrides=dict(settings.env),
+        exact=settings.execution.exact,
     )
 
 

@@ -34,6 +34,7 @@ from app.decoding import exactness
 from app.execution import row_invariant
 from app.execution.device import backend
 from app.execution.model import load_model
+from app.execution.prepare import prepare
 from app.execution.runner import ModelRunner
 from app.loading import EMBEDDED_TARGET
 
@@ -47,7 +48,7 @@ def emit(sink: list[dict], **record: object) -> None:
     print(line, flush=True)
 
 
-def big_model() -> nn.Module:
+def big_model(exact: bool = True) -> nn.Module:
     from mlx_lm.models import qwen3
 
     config = json.loads((EMBEDDED_TARGET / "config.json").read_text())
@@ -63,8 +64,7 @@ def big_model() -> nn.Module:
     model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
     model.set_dtype(mx.bfloat16)
     mx.eval(model.parameters())
-    if backend().row_invariant_kernels:
-        row_invariant.install(model)
+    prepare(model, exact=exact)  # the row-invariant kernels on CUDA where exact, as load_model does
     return model
 
 
@@ -186,37 +186,27 @@ def attention(sink: list[dict], label: str, heads: int, kv_heads: int, head_dim:
             emit(sink, part="attention", model=label, path=name, error=f"{type(exc).__name__}: {exc}")
 
 
-def runner_policies(sink: list[dict], label: str, model: nn.Module) -> None:
-    """`ModelRunner` forwards with MLX's kernels, then with the row-invariant ones."""
-    policies = (
-        [("MLX kernels", False), ("row-invariant kernels", True)]
-        if backend().row_invariant_kernels
-        else [("MLX kernels", False)]
-    )
-    limits = row_invariant.ATTENTION_ROWS, row_invariant.MATMUL_ROWS
-    for name, use_rows in policies:
-        # Row limits of 0 switch the kernels off: every call falls back to MLX's own.
-        row_invariant.ATTENTION_ROWS, row_invariant.MATMUL_ROWS = limits if use_rows else (0, 0)
-        try:
-            costs = {}
-            for width in WIDTHS:
-                runner = ModelRunner(model)
-                mx.eval(runner.prefill(list(range(10, 74))))
-                tokens = list(range(5, 5 + width))
+def runner_policies(sink: list[dict], label: str, models: dict[str, nn.Module]) -> None:
+    """`ModelRunner` forwards through each policy's model: MLX's kernels (prepared with
+    `exact=False`) and, on CUDA, the row-invariant ones."""
+    for name, model in models.items():
+        costs = {}
+        for width in WIDTHS:
+            runner = ModelRunner(model)
+            mx.eval(runner.prefill(list(range(10, 74))))
+            tokens = list(range(5, 5 + width))
 
-                def step(runner: ModelRunner = runner, tokens: list[int] = tokens) -> mx.array:
-                    logits = runner.forward(tokens)
-                    runner.rewind(len(tokens) - 1)
-                    return logits
+            def step(runner: ModelRunner = runner, tokens: list[int] = tokens) -> mx.array:
+                logits = runner.forward(tokens)
+                runner.rewind(len(tokens) - 1)
+                return logits
 
-                costs[width] = cost(step, STEPS)
-            verdicts = {}
-            for width in (5, 8, 16):
-                verdict = exactness.probe_width(model, width)
-                verdicts[width] = "exact" if verdict.exact else f"row {verdict.position}: {verdict.max_difference:.4g}"
-            emit(sink, part="runner", model=label, policy=name, ms_by_width=costs, probe=verdicts)
-        finally:
-            row_invariant.ATTENTION_ROWS, row_invariant.MATMUL_ROWS = limits
+            costs[width] = cost(step, STEPS)
+        verdicts = {}
+        for width in (5, 8, 16):
+            verdict = exactness.probe_width(model, width)
+            verdicts[width] = "exact" if verdict.exact else f"row {verdict.position}: {verdict.max_difference:.4g}"
+        emit(sink, part="runner", model=label, policy=name, ms_by_width=costs, probe=verdicts)
 
 
 def report(sink: list[dict], header_line: str) -> str:
@@ -268,15 +258,25 @@ def main() -> None:
     header_line = machine()
     print(header_line, flush=True)
     sink: list[dict] = []
-    embedded = load_model(EMBEDDED_TARGET).model
-    models = [("embedded target", embedded, (4, 2, 64), [(256, 1024), (256, 4096), (512, 256)])]
+
+    def policies(load: Callable[[bool], nn.Module]) -> dict[str, nn.Module]:
+        exact = {"row-invariant kernels": load(True)} if backend().row_invariant_kernels else {}
+        return {"MLX kernels": load(False), **exact}
+
+    models = [
+        ("embedded target", policies(lambda exact: load_model(EMBEDDED_TARGET, exact=exact).model), (4, 2, 64),
+         [(256, 1024), (256, 4096), (512, 256)]),
+    ]  # fmt: skip
     if args.big:
-        models.append(("qwen3 2048x24 bf16", big_model(), (16, 4, 128), [(2048, 6144), (2048, 4096), (6144, 2048)]))
-    for label, model, (heads, kv_heads, head_dim), shapes in models:
+        models.append(
+            ("qwen3 2048x24 bf16", policies(big_model), (16, 4, 128), [(2048, 6144), (2048, 4096), (6144, 2048)])
+        )
+    for label, by_policy, (heads, kv_heads, head_dim), shapes in models:
+        model = next(iter(by_policy.values()))
         dtype = next(iter(v.dtype for _, v in nn.utils.tree_flatten(model.parameters())))
         matmul_rows(sink, label, shapes, dtype)
         attention(sink, label, heads, kv_heads, head_dim)
-        runner_policies(sink, label, model)
+        runner_policies(sink, label, by_policy)
     if args.json:
         Path(args.json).write_text(json.dumps(sink, indent=1))
     body = report(sink, header_line)

@@ -1,4 +1,4 @@
-"""One flattened forward of B rows (`forward`) against the same B rows' solo forwards.
+"""One tick of B rows (`forward`) against the same B rows' solo forwards.
 
 Rows sit at different cache lengths (prompts of 100 to 250 tokens); each repeat times both arms
 back to back (the machine is shared and noisy), evaluating all B rows' logits at once, then

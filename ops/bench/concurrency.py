@@ -13,7 +13,7 @@ tokens it carries (a speculative round of 3 tokens after 30 ms counts as three 1
 
     python -m ops.bench.concurrency [--clients 1,2,4,8,16] [--tokens 64] [--repeats 2]
         [--profiles target-only,default,prompt-lookup,mtp] [--target DIR | --target random-1.2b]
-        [--temperature 0.7] [--no-fixed] [--no-mlx-lm] [--note TEXT] [--write] [--json FILE]
+        [--temperature 0.7] [--no-fixed] [--no-fast] [--no-mlx-lm] [--note TEXT] [--write] [--json FILE]
 
 A profile may carry variants after `+`, each a few settings in the server's environment
 (`VARIANTS`): `mtp+lossless` (drafter.block_rule = "lossless"), `default+uncoupled`
@@ -27,6 +27,10 @@ with its widths held (no block-loop width trials, no governor, no goodput choice
 the `FIXED_WIDTH` settings), the fixed k most servers draft whatever the batch. The goals
 compare each profile with the better of target-only and its fixed-width arm at every client
 count (issue 26: at least 0.95x).
+
+Every profile also runs as a fast-path arm, `PROFILE@fast`: the same profile with
+`execution.exact = false` (MLX's own kernels, a row's bits may depend on its batch-mates, as
+llama-server and vLLM by default), so every run measures the price of exactness beside it.
 
 `--target` serves every arm on another target: a model directory, or `random-1.2b`, issue 25's
 1.2 B random bf16 Qwen3 (ops/models/random_target.py), built into a temporary folder first.
@@ -61,6 +65,9 @@ from ops.models.random_target import SIZE_1_2B, build_random_target
 PROFILES = ["target-only", "default", "prompt-lookup", "mtp"]
 TARGET_ONLY = "target-only"
 FIXED = "@fixed"  # an arm's suffix: its profile with the widths held
+FAST = "@fast"  # an arm's suffix: its profile through MLX's own kernels (execution.exact = false)
+FAST_PATH = {"MLXCEL_EXECUTION__EXACT": "false"}
+EXACTNESS_PRICE = 1.25  # issue 35: the exact path within this of the fast path's throughput
 FIXED_WIDTH = {"MLXCEL_ADAPTIVE__ENABLED": "false", "MLXCEL_ADAPTIVE__UNDER_LOAD": "false",
                "MLXCEL_GOVERNOR__ADAPTIVE": "false"}  # fmt: skip
 GOODPUT_GOAL = 0.95
@@ -120,10 +127,11 @@ def request_body(prompt: str, n: int, arm: str, temperature: float = 0.0) -> byt
 
 
 def arm_settings(arm: str) -> tuple[str, dict[str, str]]:
-    """An arm's profile and the environment its server runs with (its variants, its fixed widths)."""
-    base = arm.removesuffix(FIXED)
+    """An arm's profile and the environment its server runs with (its variants, its fixed widths,
+    MLX's own kernels)."""
+    base = arm.removesuffix(FIXED).removesuffix(FAST)
     profile, *variants = base.split(VARIANT)
-    env = FIXED_WIDTH if arm.endswith(FIXED) else {}
+    env = FIXED_WIDTH if arm.endswith(FIXED) else FAST_PATH if arm.endswith(FAST) else {}
     for variant in variants:
         env = env | VARIANTS[variant]
     return profile, env
@@ -239,6 +247,48 @@ def fixed_arms(profiles: list[str]) -> list[str]:
     return [profile + FIXED for profile in profiles if profile != TARGET_ONLY]
 
 
+def fast_arms(profiles: list[str]) -> list[str]:
+    """The fast-path arm of every profile."""
+    return [profile + FAST for profile in profiles]
+
+
+def exactness_price(cells: dict[tuple[str, int], Cell]) -> list[str]:
+    """Issue 35: each profile's fast-path throughput over its exact one's, by clients."""
+    lines = []
+    for arm in dict.fromkeys(arm for arm, _ in cells):
+        if (arm + FAST, 1) not in cells:
+            continue
+        prices = [
+            (c, cells[arm + FAST, c].tokens_per_second / cells[arm, c].tokens_per_second)
+            for c in sorted(c for a, c in cells if a == arm)
+            if (arm + FAST, c) in cells and cells[arm, c].tokens_per_second
+        ]
+        met = all(price <= EXACTNESS_PRICE for _, price in prices)
+        listed = ", ".join(f"{c}: {price:.2f}x" for c, price in prices)
+        lines.append(f"- the price of exactness, `{arm}{FAST}` over `{arm}` by clients: {listed} "
+                     f"(goal ≤ {EXACTNESS_PRICE}x: {'met' if met else 'missed'}).")  # fmt: skip
+    return lines
+
+
+def target_only_goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
+    """Issue 35's goals for target-only at the widest wave, where this run measured them."""
+    widest = max((c for a, c in cells if a == TARGET_ONLY), default=0)
+    ours, one, theirs = cells.get((TARGET_ONLY, widest)), cells.get((TARGET_ONLY, 1)), cells.get((MLX_LM, widest))
+    if widest < 2 or not (ours and one):
+        return []
+    lines = [
+        f"- `{TARGET_ONLY}` single stream: {one.tokens_per_second:.0f} tokens/s (goal ≥ 250 on the 1.2 B target); "
+        f"{widest} clients against 1: {ratio(ours, one)} (goal ≥ 6x)."
+    ]
+    if theirs:
+        ttft = percentile(ours.first_token_s, 0.95) / percentile(theirs.first_token_s, 0.95)
+        lines.append(
+            f"- `{TARGET_ONLY}` against `{MLX_LM}` at {widest} clients: {ratio(ours, theirs)} (goal ≥ 2x, "
+            f"≥ 1.5x 4-bit); time to first token p95 {ttft:.2f}x theirs (goal ≤ 1x)."
+        )
+    return lines
+
+
 def goodput_goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
     """Issue 26: each profile against the better of target-only and its fixed-width arm."""
     lines = []
@@ -282,7 +332,7 @@ def goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
     """Issue 12's goals for the default profile at 8 clients, and issue 26's, where this run measured them."""
     one, eight, theirs = cells.get(("default", 1)), cells.get(("default", 8)), cells.get((MLX_LM, 8))
     if not (one and eight):
-        return goodput_goals(cells) + coupling_goals(cells)
+        return target_only_goals(cells) + exactness_price(cells) + goodput_goals(cells) + coupling_goals(cells)
     spread = percentile(eight.inter_token_s, 0.95) / percentile(one.inter_token_s, 0.95)
     lines = [
         f"- default profile, 8 clients against 1: {ratio(eight, one)} aggregate (goal ≥ 3x); "
@@ -290,7 +340,7 @@ def goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
     ]
     if theirs:
         lines.append(f"- default profile against `mlx_lm.server` at 8 clients: {ratio(eight, theirs)} (goal ≥ 1.5x).")
-    return lines + goodput_goals(cells) + coupling_goals(cells)
+    return lines + target_only_goals(cells) + exactness_price(cells) + goodput_goals(cells) + coupling_goals(cells)
 
 
 def render(cells: dict[tuple[str, int], Cell], n: int, repeats: int, note: str = "", temperature: float = 0.0) -> str:
@@ -337,6 +387,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=0.0, help="above 0: seeded sampled requests")
     parser.add_argument("--target", help=f"a model directory, or {RANDOM_1_2B} (built first); default: the embedded")
     parser.add_argument("--no-fixed", action="store_true", help=f"leave the fixed-width arms (PROFILE{FIXED}) out")
+    parser.add_argument("--no-fast", action="store_true", help=f"leave the fast-path arms (PROFILE{FAST}) out")
     parser.add_argument("--no-mlx-lm", action="store_true", help=f"leave {MLX_LM} out")
     parser.add_argument("--note", default="", help="a line for the section (e.g. the machine's state)")
     parser.add_argument("--write", action="store_true", help=WRITE_HELP)
@@ -359,7 +410,8 @@ def main(argv: list[str] | None = None) -> None:
         # as many rows as the widest wave, as mlx_lm.server batches up to it (server.max_rows is 8 by default)
         flags = ["--parallel", str(max(args.clients)), *([] if args.target is None else ["-m", str(target)])]
         urls = {}
-        for arm in args.profiles + ([] if args.no_fixed else fixed_arms(args.profiles)):
+        arms = args.profiles + ([] if args.no_fixed else fixed_arms(args.profiles))
+        for arm in arms + ([] if args.no_fast else fast_arms(args.profiles)):
             profile, env = arm_settings(arm)
             stage(f"starting the {arm} server")
             urls[arm] = servers.enter_context(spawned_server(profile, args=flags, env=env))[0]

@@ -124,13 +124,13 @@ def test_block_drafter_rows_share_the_target_forward_and_emit_their_solo_output(
 
     solo = [alone(generation(*case)) for case in cases]
     shared: list[int] = []  # rows per batched target forward
-    flat_forward = forward_module._flat_forward
+    tick = forward_module._tick
 
-    def counted(rows, tokens):
+    def counted(rows):
         shared.append(sum(row.hook is not None for row in rows))
-        return flat_forward(rows, tokens)
+        return tick(rows)
 
-    monkeypatch.setattr(forward_module, "_flat_forward", counted)
+    monkeypatch.setattr(forward_module, "_tick", counted)
     batched = run_rows([generation(*case) for case in cases])
     assert max(shared) == 3  # all three block rows' verify forwards in one pass
     for case, one, many in zip(cases, solo, batched, strict=True):

@@ -18,6 +18,7 @@ from app.decoding.plan import LoopPlan, plan_from_settings
 from app.execution import row_invariant
 from app.execution.device import backend
 from app.execution.model import load_model
+from app.execution.prepare import prepare
 from app.execution.runner import ModelRunner
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 from app.loading.paths import REPO_ROOT
@@ -46,7 +47,9 @@ def test_installing_the_kernels_leaves_cpu_forwards_unchanged() -> None:
         pytest.skip("the kernels apply on CUDA")
     plain = load_model(EMBEDDED_TARGET).model
     routed = load_model(EMBEDDED_TARGET).model
-    assert row_invariant.install(routed)
+    for _, module in routed.named_modules():  # the routing prepare() gives a model on CUDA
+        if type(module) in row_invariant.ROUTED:
+            module.__class__ = row_invariant.ROUTED[type(module)]
     assert type(routed.model.layers[0].self_attn.q_proj) is row_invariant.RowInvariantLinear
     for prompt in PROMPTS:
         a, b = ModelRunner(plain), ModelRunner(routed)
@@ -60,9 +63,9 @@ def test_row_matmul_rows_do_not_depend_on_the_row_count() -> None:
     mx.random.seed(0)
     for depth, columns in ((256, 1024), (256, 4096), (512, 256), (2048, 6144)):
         weight = mx.random.normal((columns, depth)).astype(mx.bfloat16)
-        x = mx.random.normal((70, depth)).astype(mx.bfloat16)  # past one kernel call's 16 rows: slices
+        x = mx.random.normal((140, depth)).astype(mx.bfloat16)  # past one thread block's 16 rows: nine of them
         single = mx.concatenate([row_invariant.row_matmul(x[i : i + 1], weight) for i in range(x.shape[0])])
-        for rows in (2, 3, 5, 8, row_invariant.MATMUL_ROWS, 17, 40, 70):
+        for rows in (2, 3, 5, 8, row_invariant.MATMUL_ROWS, 17, 40, 70, 100, 140):
             assert mx.array_equal(row_invariant.row_matmul(x[:rows], weight), single[:rows]).item(), (depth, rows)
         # and it is a matrix product: within bf16 rounding of MLX's
         assert mx.allclose(single.astype(mx.float32), (x @ weight.T).astype(mx.float32), atol=0.5, rtol=0.02).item()
@@ -76,10 +79,10 @@ def test_quantized_row_matmul_rows_do_not_depend_on_the_row_count(bits: int) -> 
         layer = nn.QuantizedLinear(depth, columns, bias=False, group_size=64, bits=bits)
         layer.update({"scales": layer.scales.astype(mx.bfloat16), "biases": layer.biases.astype(mx.bfloat16)})
         layer.__class__ = row_invariant.RowInvariantQuantizedLinear
-        x = mx.random.normal((70, depth)).astype(mx.bfloat16)
+        x = mx.random.normal((140, depth)).astype(mx.bfloat16)
         with row_invariant.exact_forward():
             single = mx.concatenate([layer(x[i : i + 1]) for i in range(x.shape[0])])
-            for rows in (2, 3, 5, 8, row_invariant.MATMUL_ROWS, 17, 40, 70):
+            for rows in (2, 3, 5, 8, row_invariant.MATMUL_ROWS, 17, 40, 70, 100, 140):
                 assert mx.array_equal(layer(x[:rows]), single[:rows]).item(), (bits, depth, rows)
         # and it is the layer's product: within bf16 rounding of MLX's quantized matmul
         reference = nn.QuantizedLinear.__call__(layer, x).astype(mx.float32)
@@ -96,7 +99,7 @@ def test_joined_sibling_products_are_each_layers_own(quantized: bool) -> None:
     if quantized:
         nn.quantize(model, group_size=64, bits=4)
         model.set_dtype(mx.bfloat16)
-        row_invariant.install(model)
+        prepare(model)  # routes and joins the quantized layers
     layer = model.model.layers[0]
     groups = [
         [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj],
@@ -104,7 +107,8 @@ def test_joined_sibling_products_are_each_layers_own(quantized: bool) -> None:
     ]
     x = mx.random.normal((5, layer.self_attn.q_proj["weight"].shape[1] * (8 if quantized else 1))).astype(mx.bfloat16)
     for group in groups:
-        assert all(sibling.siblings is group[0].siblings is not None for sibling in group)
+        joint = row_invariant.siblings_of(group[0])
+        assert joint is not None and all(row_invariant.siblings_of(sibling) is joint for sibling in group)
         with row_invariant.exact_forward():
             joined = [sibling(x) for sibling in group]
         alone = [
@@ -116,30 +120,35 @@ def test_joined_sibling_products_are_each_layers_own(quantized: bool) -> None:
 
 
 @gpu_only
-def test_many_rows_attention_gives_each_query_its_rows_own_bits() -> None:
-    """One call over ragged rows (widths 1 to 5, keys 3 to 700, a group past 16 rows padded to a
-    power of two) gives every query what its row's own causal call gives it."""
+def test_pool_attention_gives_each_query_its_rows_own_bits() -> None:
+    """One call over ragged rows in a pool (widths 1 to 5, keys 3 to 700, slots scattered over a
+    pool larger than they need, some queries in a window) gives every query what its row's own
+    call over the same keys gives it."""
     mx.random.seed(3)
-    widths = [1, 5, 3, 1, 2, 1, 4, 1, 1, 5, 1, 1, 2, 3, 1, 1, 1, 2, 5]  # 19 rows: groups of 16 and 3
+    widths = [1, 5, 3, 1, 2, 1, 4, 1, 1, 5, 1, 1, 2, 3, 1, 1, 1, 2, 5]
     lengths = [3 + (97 * r) % 700 for r in range(len(widths))]
-    fetched = [
-        tuple(mx.random.normal((1, 2, n + w, 128)).astype(mx.bfloat16) for _ in "kv")
-        for w, n in zip(widths, lengths, strict=True)
-    ]
+    slots = [1 + (7 * r) % 37 for r in range(len(widths))]  # distinct slots of a pool of 40
+    keys = mx.random.normal((40, 2, 1024, 128)).astype(mx.bfloat16)
+    values = mx.random.normal((40, 2, 1024, 128)).astype(mx.bfloat16)
     queries = mx.random.normal((sum(widths), 4, 1, 128)).astype(mx.bfloat16)
-    starts = [sum(widths[:r]) for r in range(len(widths))]
-    expected = mx.concatenate([
-        row_invariant.row_attention(queries[a : a + w].transpose(2, 1, 0, 3), k, v, 0.088).transpose(2, 1, 0, 3)
-        for a, w, (k, v) in zip(starts, widths, fetched, strict=True)
-    ])  # fmt: skip
-    outputs = []
-    for first in range(0, len(widths), row_invariant.ROWS_PER_ATTENTION):
-        rows = range(first, min(first + row_invariant.ROWS_PER_ATTENTION, len(widths)))
-        token_rows = mx.array([r - first for r in rows for _ in range(widths[r])], dtype=mx.int32)
-        tails = mx.array([widths[r] - 1 - i for r in rows for i in range(widths[r])], dtype=mx.int32)
-        a, b = starts[rows.start], starts[rows.stop - 1] + widths[rows.stop - 1]
-        outputs.append(row_invariant.rows_attention(queries[a:b], fetched[first : rows.stop], token_rows, tails, 0.088))
-    assert mx.array_equal(mx.concatenate(outputs), expected).item()
+    token_slots, first, visible, expected = [], [], [], []
+    start = 0
+    for r, (w, n, slot) in enumerate(zip(widths, lengths, slots, strict=True)):
+        window = 50 if r % 4 == 3 else None
+        for i in range(w):
+            seen = n + i + 1
+            lo = 0 if window is None else max(0, seen - window)
+            token_slots.append(slot), first.append(lo), visible.append(seen)
+            one = row_invariant.row_attention(
+                queries[start + i : start + i + 1].transpose(2, 1, 0, 3),
+                keys[slot : slot + 1, :, lo:seen], values[slot : slot + 1, :, lo:seen], 0.088,
+            )  # fmt: skip
+            expected.append(one.transpose(2, 1, 0, 3))
+        start += w
+    got = row_invariant.pool_attention(
+        queries, keys, values, *(mx.array(a, dtype=mx.int32) for a in (token_slots, first, visible)), 0.088
+    )
+    assert mx.array_equal(got, mx.concatenate(expected)).item()
 
 
 @gpu_only

@@ -11,6 +11,7 @@ from ops.bench.concurrency import (
     Cell,
     Stream,
     arm_settings,
+    fast_arms,
     fixed_arms,
     parse_args,
     record,
@@ -124,3 +125,22 @@ def test_variants_sampled_requests_and_the_coupling_goal() -> None:
     text = render(cells, n=64, repeats=1, temperature=0.7)
     assert "T=0.7 (seeded by prompt)" in text and "| 0.850 |" in text
     assert "0.850 against 0.900, 0.94x (goal ≥ 0.9x: met); aggregate tokens/s 0.95x (goal ≥ 0.95x: met)" in text
+
+
+def test_fast_path_arms_price_exactness_and_the_target_only_goals() -> None:
+    """Every profile gets a fast-path arm (execution.exact = false); the table says what exactness
+    costs by clients, and target-only's goals against its single stream and mlx_lm.server."""
+    assert fast_arms(["target-only", "mtp"]) == ["target-only@fast", "mtp@fast"]
+    assert parse_args(["--no-fast"]).no_fast and not parse_args([]).no_fast
+    cells = {
+        ("target-only", 1): Cell(tokens=300, seconds=1.0, first_token_s=[0.02]),
+        ("target-only", 16): Cell(tokens=2400, seconds=1.0, first_token_s=[0.05]),
+        ("target-only@fast", 1): Cell(tokens=330, seconds=1.0, first_token_s=[0.02]),
+        ("target-only@fast", 16): Cell(tokens=3200, seconds=1.0, first_token_s=[0.04]),
+        (MLX_LM, 1): Cell(tokens=120, seconds=1.0, first_token_s=[0.03]),
+        (MLX_LM, 16): Cell(tokens=1000, seconds=1.0, first_token_s=[0.1]),
+    }
+    text = render(cells, n=64, repeats=1)
+    assert "`target-only@fast` over `target-only` by clients: 1: 1.10x, 16: 1.33x (goal ≤ 1.25x: missed)" in text
+    assert "single stream: 300 tokens/s (goal ≥ 250 on the 1.2 B target); 16 clients against 1: 8.00x" in text
+    assert "`mlx_lm.server` at 16 clients: 2.40x (goal ≥ 2x, ≥ 1.5x 4-bit); time to first token p95 0.50x" in text

@@ -79,6 +79,7 @@ def test_every_line_the_server_writes_is_json(tmp_path: Path) -> None:
     named = {e["event"]: e for e in events}
     assert named["server_ready"]["port"] == listening["port"]
     assert named["acceptance_rule_active"]["batching"] == "rows"  # the embedded Qwen3 target, on the CPU
+    assert named["acceptance_rule_active"]["exact"] is True and "exact" not in good.json()["timings"]
     assert {(e["role"], e["event"]) for e in events if e["event"].startswith("model_load")} == {
         (role, event) for role in ("target", "drafter") for event in ("model_loading", "model_loaded")
     }

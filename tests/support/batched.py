@@ -1,5 +1,5 @@
-"""Driving several generations the way the engine's tick does: prefill chunks one row at a time,
-then one decode step for every prefilled row with their forwards batched (`run_together`)."""
+"""Driving several generations the way the engine's tick does: every live row's prefill chunk or
+decode step in one `run_together`, their forwards batched."""
 
 from __future__ import annotations
 
@@ -27,14 +27,11 @@ def run_batched(arrivals: Sequence[Arrival]) -> int:
         live += [a for a in waiting if a.joins <= tick]
         waiting = [a for a in waiting if a.joins > tick]
         live = [a for a in live if not a.generation.finished and (a.leaves is None or tick < a.leaves)]
-        decoding = [a.generation for a in live if a.generation.prefilled]
-        for arrival in live:
-            if not arrival.generation.prefilled:
-                next(arrival.generation)
-        for outcome in run_together([generation.steps() for generation in decoding]):
+        decoding = sum(a.generation.prefilled for a in live)
+        for outcome in run_together([a.generation.ticking() for a in live]):
             if isinstance(outcome, Exception):
                 raise outcome
-        widest = max(widest, len(decoding))
+        widest = max(widest, decoding)
         tick += 1
     return widest
 
