@@ -3,6 +3,12 @@
 They condition on the target's hidden states and borrow its embedding and lm_head, so they are
 loaded against a target (`BlockDrafterModel`), and one `*Drafter` per row keeps the row's own
 drafter cache in step with the tokens the target decided.
+
+A row drafts through passes the tick serves for every row in one call (app/drafters/block_rows.py).
+The target's rows of the positions a round decides are owed to the drafter's cache and added at
+the head of the row's next drafting pass, not in the round that decided them: a row the width
+policy keeps at width 0 (it decodes plainly) pays nothing for its drafter, and a drafting row's
+context rows ride its first pass. The prompt's rows go in as the prompt is prefilled.
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from app.drafters.base import Proposal, ProposesAtOnce
+from app.drafters.base import Proposal, Steps, run_alone
 from app.drafters.block_model import DFlashModel, DraftShape, MtpHead
+from app.drafters.block_rows import DFlashPass, MtpPass
 from app.drafters.kinds import DETECTED, DrafterKind
+from app.drafters.passes import DrafterPasses, PassShape
 from app.execution.device import backend
 from app.execution.model import LoadedModel
 from app.execution.runner import chunk_end, restore_rows
@@ -33,6 +41,7 @@ if TYPE_CHECKING:
 
 MUSE_DECLARED_DEPTH = 4
 MTP_DEFAULT_DEPTH = 3
+OWED_PIECES = 16  # owed context pieces joined into one (and evaluated) beyond this many
 
 
 @dataclass
@@ -141,7 +150,7 @@ class ContextRows:
         restore_rows(self.cache, layers, n)
 
 
-class BlockProposer(ProposesAtOnce):
+class BlockProposer:
     """What one row of any block drafter shares: the bound drafter, and how a row becomes a draft.
 
     A `sampled` drafter draws a sampling request's proposals from its rows under the request's
@@ -149,18 +158,23 @@ class BlockProposer(ProposesAtOnce):
     "lossless"`; the Muse assistant samples under either rule, as the contract says). q is the
     sampler on the drafter's row without penalty windows or XTC: the rules need q to be what the
     draft was drawn from, not equal to p. Otherwise, and for greedy requests, a draft is its row's
-    argmax and no q is reported.
+    argmax and no q is reported. `shares`: the row's passes may share a call that is not
+    row-stable (its rule's tokens do not read its drafts' distribution; app/drafters/block_rows.py).
     """
 
     reports_distribution = True
     one_hot_proposals = False
     draws_within_grammar = False  # the loop renormalises q over the grammar's masks
 
-    def __init__(self, bound: BlockDrafterModel, sampled: bool = False) -> None:
+    def __init__(self, bound: BlockDrafterModel, sampled: bool = False, shares: bool = True) -> None:
         self.bound = bound
         self.kind = bound.draft_kind
         self.hook = bound.hook
         self.sampled = sampled
+        self.shares = shares
+        shape = PassShape.CHAIN if bound.kind is CheckpointKind.MTP else PassShape.BLOCK
+        self.passes = DrafterPasses(shape, bound.module)
+        self._owed: list[mx.array] = []  # target rows of decided positions not yet in the drafter's cache
 
     def pick(self, logits: mx.array, state: RowState) -> tuple[mx.array, Distribution | None]:
         """One draft per row of `logits` `[R, V]` (lazy), and the rows q they were drawn from."""
@@ -168,6 +182,23 @@ class BlockProposer(ProposesAtOnce):
             return mx.argmax(logits, axis=-1), None
         q = state.sampler.distribution(logits)
         return q.draw(state.drafter_rng.next_key()), q  # one drafter key per forward; its rows draw independently
+
+    def propose(self, state: RowState, width: int) -> Proposal:
+        return run_alone(self.proposing(state, width))
+
+    def owe(self, features: mx.array | None) -> None:
+        """A round's decided rows, for the next drafting pass; many rounds' are joined (and
+        evaluated) so a row that long decodes plainly holds one array, not each round's."""
+        if features is None:
+            return
+        self._owed.append(features)
+        if len(self._owed) > OWED_PIECES:
+            self._owed = [mx.concatenate(self._owed, axis=1)]
+            mx.async_eval(self._owed[0])
+
+    def take_owed(self) -> mx.array | None:
+        owed, self._owed = self._owed, []
+        return None if not owed else owed[0] if len(owed) == 1 else mx.concatenate(owed, axis=1)
 
 
 def proposal_of(drafts: list[mx.array], rows: list[Distribution | None]) -> Proposal:
@@ -177,22 +208,22 @@ def proposal_of(drafts: list[mx.array], rows: list[Distribution | None]) -> Prop
 
 class DFlashDrafter(BlockProposer):
     """One row of a DFlash-family drafter: a context cache of target features, one masked forward
-    per round over [anchor, mask x (width - 1)].
+    per round over [anchor, mask x (width - 1)] with the context rows it owes.
 
     DFlash and the Muse assistant propose from rows 1.. (row k fills the token at anchor + k);
     DSpark proposes from every row (row j predicts anchor + j + 1) through its Markov chain, each
     row corrected by the previous draft.
     """
 
-    def __init__(self, bound: BlockDrafterModel, sampled: bool = False) -> None:
-        super().__init__(bound, sampled)
+    def __init__(self, bound: BlockDrafterModel, sampled: bool = False, shares: bool = True) -> None:
+        super().__init__(bound, sampled, shares)
         self.model: DFlashModel = bound.module
         self.caches = [KVCache() for _ in self.model.layers]
         self.context = ContextRows(self.caches, lookahead=0)
 
     def add_context(self, features: mx.array) -> None:
         self.model.add_context(features, self.caches)
-        mx.eval([(cache.keys, cache.values) for cache in self.caches])  # in its own round (app/decoding/adaptive.py)
+        mx.eval([(cache.keys, cache.values) for cache in self.caches])
 
     def prefill(self, state: RowState, features: mx.array | None) -> bool:
         """The prompt positions past the rows the context holds (restored ones), chunk by chunk."""
@@ -201,15 +232,14 @@ class DFlashDrafter(BlockProposer):
             self.add_context(features[:, a - start : b - start])
         return True
 
-    def propose(self, state: RowState, width: int) -> Proposal:
-        """One masked forward anchored at the last decided token."""
+    def proposing(self, state: RowState, width: int) -> Steps[Proposal]:
+        """One masked forward anchored at the last decided token, the owed context rows first."""
         bound, shape = self.bound, self.bound.shape
         anchor, position = state.last, len(state.tokens) - 1
         dspark = bound.kind is CheckpointKind.DSPARK
         rows = width if dspark else width + 1
         block = mx.array([[anchor] + [shape.mask_token_id] * (rows - 1)])
-        hidden = self.model(bound.taps.embed_tokens(block), self.caches, position)
-        logits = bound.taps.lm_head(hidden)[0]
+        logits = yield DFlashPass(self.model, bound.taps, self.take_owed(), block, self.caches, position, self.shares)
         if not dspark:
             drafts, q = self.pick(logits[1:], state)
             return proposal_of([drafts], [q])
@@ -223,49 +253,54 @@ class DFlashDrafter(BlockProposer):
     def settle(
         self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None, features: mx.array | None
     ) -> None:
-        """The verify rows now decided (the anchor and the accepted drafts) join the context."""
-        self.add_context(features)
+        """The verify rows now decided (the anchor and the accepted drafts) are owed to the context."""
+        self.owe(features)
 
 
 class MtpDrafter(BlockProposer):
     """One row of an MTP head: its KV cache holds one entry per decided position; drafting
     chains the head on its own output and the embedding of its last proposal."""
 
-    def __init__(self, bound: BlockDrafterModel, sampled: bool = False) -> None:
-        super().__init__(bound, sampled)
+    def __init__(self, bound: BlockDrafterModel, sampled: bool = False, shares: bool = True) -> None:
+        super().__init__(bound, sampled, shares)
         self.head: MtpHead = bound.module
         self.cache = KVCache()
         self.context = ContextRows([self.cache], lookahead=1)
-        self.last: mx.array | None = None  # head output at the last decided position: predicts d0
+        self.last: mx.array | None = None  # head output at the last position the cache holds: predicts d0
+        self.last_logits: mx.array | None = None  # the target's logits of it (the first draft's while nothing is owed)
+        self._owed_tokens: list[int] = []  # the token after each owed row
         self.chained = 0
 
-    def add_context(self, hidden: mx.array, next_tokens: list[int]) -> None:
-        """Rows of (target hidden at i, token at i + 1) for decided positions."""
-        embedded = self.bound.taps.embed_tokens(mx.array([next_tokens]))
-        out = self.head(hidden, embedded, self.cache)
-        self.last = out[:, -1:]
-        mx.eval(self.last)  # with the cache update: in its own round (app/decoding/adaptive.py)
+    def _pass(self, hidden: mx.array, embedded: mx.array) -> MtpPass:
+        return MtpPass(self.head, self.bound.taps, hidden, embedded, self.cache, self.shares)
 
-    def _logits(self, out: mx.array) -> mx.array:
-        return self.bound.taps.lm_head(self.head.norm(out))[0]
+    def _context(self, hidden: mx.array, next_tokens: list[int]) -> MtpPass:
+        """Rows of (target hidden at i, token at i + 1) for decided positions."""
+        return self._pass(hidden, self.bound.taps.embed_tokens(mx.array([next_tokens])))
 
     def prefill(self, state: RowState, features: mx.array | None) -> bool:
         """(hidden at i, token at i + 1) for the prompt positions past the rows the cache holds
         (restored ones), chunk by chunk; the first decided token pairs with the last position."""
         start = self.context.length
         for a, b in prompt_chunks(start, start + features.shape[1]):
-            self.add_context(features[:, a - start : b - start], state.tokens[a + 1 : b + 1])
+            rows = self._context(features[:, a - start : b - start], state.tokens[a + 1 : b + 1])
+            ((self.last, self.last_logits),) = MtpPass.serve([rows])
+            mx.eval(self.last)
         return True
 
-    def propose(self, state: RowState, width: int) -> Proposal:
-        """Chain the head `width` times from its output at the last decided position, each step
-        on the embedding of the draft before it."""
-        out = self.last
+    def proposing(self, state: RowState, width: int) -> Steps[Proposal]:
+        """Chain the head `width` times from its output at the last decided position (the owed
+        rows' call gives it), each step on the embedding of the draft before it."""
+        owed = self.take_owed()
+        if owed is not None:
+            tokens, self._owed_tokens = self._owed_tokens, []
+            self.last, self.last_logits = yield self._context(owed, tokens)
+        out, logits = self.last, self.last_logits
         drafts, qs = [], []
         for step in range(width):
             if step:
-                out = self.head(out, self.bound.taps.embed_tokens(drafts[-1][None]), self.cache)
-            draft, q = self.pick(self._logits(out), state)
+                out, logits = yield self._pass(out, self.bound.taps.embed_tokens(drafts[-1][None]))
+            draft, q = self.pick(logits, state)
             drafts.append(draft)
             qs.append(q)
         self.chained = width - 1
@@ -274,15 +309,19 @@ class MtpDrafter(BlockProposer):
     def settle(
         self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None, features: mx.array | None
     ) -> None:
-        """Drop the chain's entries; add (verify hidden, emitted token) for each decided row."""
+        """Drop the chain's entries; (verify hidden, emitted token) of each decided row is owed."""
         if self.chained:
             self.cache.trim(self.chained)
             self.chained = 0
-        self.add_context(features, state.tokens[base:])
+        if features is not None:
+            self.owe(features)
+            self._owed_tokens += state.tokens[base:]
 
 
-def block_proposer(bound: BlockDrafterModel, lossless: bool = False) -> DFlashDrafter | MtpDrafter:
+def block_proposer(bound: BlockDrafterModel, lossless: bool = False, shares: bool = True) -> DFlashDrafter | MtpDrafter:
     """One row's proposer over a loaded block drafter; `lossless`: the plan runs the lossless
-    rules, so sampled requests draw their proposals from q (the Muse assistant always does)."""
+    rules, so sampled requests draw their proposals from q (the Muse assistant always does);
+    `shares`: as BlockProposer says."""
     sampled = lossless or bound.kind is CheckpointKind.MUSE
-    return MtpDrafter(bound, sampled) if bound.kind is CheckpointKind.MTP else DFlashDrafter(bound, sampled)
+    drafter = MtpDrafter if bound.kind is CheckpointKind.MTP else DFlashDrafter
+    return drafter(bound, sampled, shares)

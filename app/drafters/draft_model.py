@@ -8,6 +8,7 @@ import mlx.core as mx
 
 from app.drafters.base import Forward, Proposal, Steps, run_alone
 from app.drafters.kinds import DrafterKind
+from app.drafters.passes import DrafterPasses, PassShape
 from app.execution.runner import ModelRunner
 from app.sampling import Distribution
 from app.sampling.grammar import masked
@@ -36,6 +37,7 @@ class DraftModelDrafter:
     def __init__(self, drafter: LoadedModel, target_vocab_size: int, p_min: float = 0.0) -> None:
         self.runner = ModelRunner(drafter.model)
         self.runner.require_rewindable("drafter")
+        self.passes = DrafterPasses(PassShape.CHAIN, drafter.model)  # one forward per draft position
         self.target_vocab_size = target_vocab_size
         self.p_min = p_min
 
