@@ -62,11 +62,19 @@ def governor_changed(event: str, *, request_id: str, decided: int, ema: float, f
     structlog.get_logger(LOGGER).info(event, request_id=request_id, decided=decided, ema=round(ema, 4), floor=floor)
 
 
-def speculation_width_changed(*, batch: int, cap: int | None, previous: int | None, expected_gain: float) -> None:
-    """The engine's per-tick goodput choice capped the load-free rows' widths at `cap` (None: no
-    cap) for `batch` decoding rows, expecting `expected_gain` times the uncapped tokens per second."""
+def speculation_width_changed(
+    *, request_id: str, batch: int, cap: int | None, previous: int | None, expected_gain: float
+) -> None:
+    """The engine's per-tick choice now holds row `request_id` at width `cap` (None: the row's own
+    width) among `batch` decoding rows, expecting `expected_gain` times the tick's tokens per
+    second at every row's own width."""
     structlog.get_logger(LOGGER).info(
-        "speculation_width_changed", batch=batch, cap=cap, previous=previous, expected_gain=expected_gain
+        "speculation_width_changed",
+        request_id=request_id,
+        batch=batch,
+        cap=cap,
+        previous=previous,
+        expected_gain=expected_gain,
     )
 
 

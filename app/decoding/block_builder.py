@@ -111,6 +111,9 @@ class BlockLoops:
             notes.append(Note("block_loop_declined", {"reason": reason, "width": failed.width,
                                                       "position": failed.position}, warning=True))  # fmt: skip
             return Choice(None, notes, time.perf_counter() - started)
-        proposer = block_proposer(self.bound, lossless=self.plan.block_lossless)
-        drafting = Drafting(proposer, WidthPolicy(ControlledWidth(self.controller), n_max, n_min, load_free))
+        # a row whose tokens read its drafts' q runs its passes with their solo bits (app/drafters/block_rows.py)
+        shares = self.plan.rule(sampling).width_independent
+        proposer = block_proposer(self.bound, lossless=self.plan.block_lossless, shares=shares)
+        source = ControlledWidth(self.controller)
+        drafting = Drafting(proposer, WidthPolicy(source, n_max, n_min, load_free, proposer.passes))
         return Choice(drafting, notes, time.perf_counter() - started)

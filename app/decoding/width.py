@@ -1,6 +1,6 @@
 """The width policy: how many proposals each row's next round carries, decided once per round.
 
-A row's width is decided here and nowhere else, from (in this order):
+A row's width is decided here and nowhere else (`WidthPolicy.decide`), from (in this order):
 
 - the row's cap, `row_n_max`: the plan's widest round (the classic kinds' num_draft_tokens, a
   block loop's ceiling) lowered, never raised, by the request's `speculative.n_max`; /props,
@@ -8,35 +8,52 @@ A row's width is decided here and nowhere else, from (in this order):
 - the row's source, what its drafter kind wants next: a fixed width (draft model), prompt
   lookup's governor (app/drafters/governor.py: its budget, its pauses and shadow lookups, the
   contract's rules), or a block loop's adaptive width controller (app/decoding/adaptive.py);
-- the tick's load (`Goodput`): with more than one row decoding, a tick's target forward costs
-  what its positions cost, so a wide round of one row is paid by every row of the tick; the
-  goodput choice caps the widths where that raises the batch's expected tokens per second;
+- the tick's choice (`Goodput`): before each tick, every load-free row's width (0 included: the
+  row decodes plainly this tick) is chosen to maximise the tick's expected tokens per second:
+  each row's expected round length at its width, from its own acceptance, against what the whole
+  tick costs at those widths, measured (app/execution/cost.py): the target's forward at the
+  positions the widths make, the drafter's passes (a draft model's or an MTP head's chain, one
+  pass per draft position over the rows drafting that far; a DFlash-family block forward; prompt
+  lookup's nothing) and the rows' host work (judging, sampling, settling) at their positions;
 - the tokens the row has left (a round never drafts past its budget).
 
 The request's `speculative.n_min` retracts shorter proposals (the loop asks `retracts`).
 
-Only rows whose output cannot depend on their width are narrowed by the load: argmax rules, where
-every width emits the target's argmax stream. A sampled row draws keys per drafted position, so a
-width chosen by its batch-mates would make its tokens depend on them (the brief's exactness rule);
-such rows keep their source's width.
+Load-free rows are those whose tokens are the same at every width, so a width their batch-mates
+made cheap or dear changes nothing they emit: the argmax rules (every width emits the target's
+argmax stream) and sampler-match (every emitted token is the target stream's draw at its position,
+whatever was drafted, app/sampling/streams.py; at T > 0 too). The stochastic rule's tokens depend
+on the drafts (its accept test and residual read q), so its rows keep their source's width, as
+does any row whose plan turns the choice off (`adaptive.under_load = false`).
+
+A row the choice holds at width 0 still learns: a probe round of one verified draft comes after
+`PROBE_FIRST` ticks, again at once after a probe that was accepted (its acceptance is recovering),
+and after twice the gap (up to `PROBE_MAX`) after one that was not. Every `SURVEY_EVERY`-th tick
+runs the load-free rows at half their widths, so every record sees more than one width (a line
+needs two). Neither is logged: the width in force has not moved.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.acceptance import Verdict
 from app.decoding.adaptive import Widths
 from app.decoding.outcome import Note
 from app.drafters.governor import Governor, Lookup
-from app.execution.cost import ForwardCost
+from app.drafters.passes import NO_PASSES, DrafterPasses, PassShape
+from app.execution.cost import DRAFTING, ForwardCost, cost_of
 
 ACCEPTANCE_PRIOR = 0.5  # per-position acceptance assumed before a row's first verified round
-ACCEPTANCE_EMA = 0.3  # weight of a round's observed acceptance
+PRIOR_WEIGHT = 1.0  # tested positions the prior counts as
+FORGET = 0.7  # per verified round, the weight the counts before it keep
 MAX_ACCEPTANCE = 0.99  # the expected length stays finite (alpha = 1 accepts every draft)
-EXPLORE_EVERY = 8  # ticks at cap 0 between two that verify one draft per row
-ADOPT_GAIN = 1.02  # a cap must beat no cap (and the cap in force) by 2 % of expected tokens/s
+ADOPT_GAIN = 1.02  # new widths must beat the widths in force by 2 % of expected tokens/s
+PROBE_FIRST = 4  # ticks at width 0 before a row's first probe round
+PROBE_MAX = 16  # the longest gap between two probe rounds of a row
+SURVEY_EVERY = 16  # ticks between two that run the load-free rows at half their widths
 
 
 def row_n_max(plan_n_max: int, requested: int | None) -> int:
@@ -78,17 +95,52 @@ class GovernedWidth:
 
 
 @dataclass
+class Acceptance:
+    """A row's per-position acceptance: accepted over tested positions of its verified rounds,
+    each older round weighing `FORGET` times less, the prior counting `PRIOR_WEIGHT` positions."""
+
+    accepted: float = ACCEPTANCE_PRIOR * PRIOR_WEIGHT
+    tested: float = PRIOR_WEIGHT
+    rounds: int = 0  # verified rounds observed
+
+    @classmethod
+    def prior(cls, rate: float) -> Acceptance:
+        return cls(rate * PRIOR_WEIGHT, PRIOR_WEIGHT)
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.tested
+
+    def observe(self, accepted: int, tested: int) -> None:
+        self.accepted = FORGET * self.accepted + accepted
+        self.tested = FORGET * self.tested + tested
+        self.rounds += 1
+
+
+@dataclass
 class WidthPolicy:
-    """One row's width: its source's, within the row's cap and the tick's load, decided once per
+    """One row's width: its source's, within the row's cap and the tick's choice, decided once per
     round by `decide` (the round's outcome carries it to the row's stats)."""
 
     source: Widths  # FixedWidth, ControlledWidth (app/decoding/adaptive.py) or GovernedWidth
     n_max: int  # row_n_max: the row's cap
     n_min: int = 0  # speculative.n_min: proposals shorter than this are retracted unverified
-    load_free: bool = False  # the row's tokens do not depend on its width: the load may narrow it
-    limit: int | None = None  # this tick's cap from the goodput choice (None: none)
-    alpha: float = ACCEPTANCE_PRIOR  # EMA of the per-position acceptance of the row's rounds
+    load_free: bool = False  # the row's tokens do not depend on its width: the tick's choice may set it
+    passes: DrafterPasses = NO_PASSES  # what its drafting costs (app/drafters/passes.py)
+    acceptance: Acceptance = field(default_factory=Acceptance)
+    limit: int | None = None  # this tick's width from the tick's choice (None: the source's)
+    price: Callable[[int], float] | None = None  # this tick's seconds of the row's round at a width
+    held_at: int | None = None  # the width the tick's choice holds the row at (None: its source's)
+    current: int = 0  # the width of the row's latest step (0: it decoded plainly), as /slots shows it
+    probe_gap: int = PROBE_FIRST  # ticks between two probe rounds while the row is held at width 0
+    probe_in: int = PROBE_FIRST
     _narrowed: bool = False  # the latest round ran below its source's width because of the load
+    _probing: bool = False  # the latest round is a probe of a row held at width 0
+    _seconds: float | None = None  # the priced seconds of the round in flight (None: not priced)
+
+    @property
+    def alpha(self) -> float:
+        return self.acceptance.rate
 
     def wanted(self) -> int:
         """The width the source asks for within the row's cap (the load not weighed); reads only."""
@@ -96,38 +148,51 @@ class WidthPolicy:
 
     def decide(self, budget: int) -> int:
         """The round's width, given the `budget` of tokens the row may still decide (at least one
-        of them is the round's last token). The tick's cap is used by this round only."""
+        of them is the round's last token). The tick's choice is used by this round only."""
         wanted = self.wanted()
         width = max(0, min(wanted, budget - 1))
+        if self.limit is None:
+            self._probing = False
         if self.limit is not None and self.limit < width:
             width, self._narrowed = self.limit, True
         else:
             self._narrowed = False
-        self.limit = None
+        self._seconds = self.price(width) if self.price is not None else None
+        self.limit, self.price, self.current = None, None, width
         return width
+
+    def probe(self) -> bool:
+        """Whether this tick is a probe round for a row held at width 0 (one draft, verified)."""
+        self.probe_in -= 1
+        self._probing = self.probe_in <= 0
+        return self._probing
 
     def retracts(self, proposed: int) -> bool:
         return proposed < max(1, self.n_min)
 
     def observe(self, tokens: list[int], proposed: int, verdict: Verdict | None, seconds: float) -> tuple[Note, ...]:
-        """A step decided `tokens` (`verdict`: its `proposed` drafts were verified); the notes it
-        leaves to log."""
+        """A step decided `tokens` (`verdict`: its `proposed` drafts were verified) in `seconds` of
+        wall time; the notes it leaves to log. The round is charged what the tick's prices say it
+        cost where they priced it: a shared tick's wall time is every row's."""
         if verdict is not None and proposed:
-            observed = verdict.accepted / max(1, verdict.tested)
-            self.alpha += ACCEPTANCE_EMA * (observed - self.alpha)
+            self.acceptance.observe(verdict.accepted, max(1, verdict.tested))
+            if self._probing:  # accepted: probe again at once; missed: wait twice as long
+                self.probe_gap = 1 if verdict.accepted else min(PROBE_MAX, 2 * self.probe_gap)
+                self.probe_in, self._probing = self.probe_gap, False
         # A round the load narrowed is no evidence about the width its source asked for: charged
         # to a block loop's controller it would measure the load, and a governor would compare a
         # narrow round's yield with a floor set for full blocks (it adds no verify evidence, as
         # the contract has gated-out rows add none).
         if not self._narrowed:
-            self.source.observe(tokens, proposed, verdict, seconds)
+            self.source.observe(tokens, proposed, verdict, self._seconds if self._seconds is not None else seconds)
         return self.source.notes()
 
 
 @dataclass(frozen=True)
 class WidthChange:
-    """The goodput choice moved: the cap its tick chose (None: none) for `batch` decoding rows,
-    and its expected tokens per second over no cap's."""
+    """The tick's choice moved one row's width: `cap` the width it holds the row at (None: the
+    row's own), `previous` the one before, for `batch` decoding rows, expecting `expected_gain`
+    times the tick's tokens per second at every row's own width."""
 
     batch: int
     cap: int | None
@@ -135,61 +200,200 @@ class WidthChange:
     expected_gain: float
 
 
+@dataclass(frozen=True)
+class Line:
+    """A record's estimate: `fixed` seconds plus `slope` per position. A record of one bucket
+    prices every count at that bucket's mean (no slope is known yet)."""
+
+    fixed: float
+    slope: float
+
+    @classmethod
+    def of(cls, record: ForwardCost | None) -> Line | None:
+        if record is None or not record.buckets:
+            return None
+        line = record.line()
+        if line is None:
+            (bucket,) = record.buckets.values()
+            return cls(bucket.seconds, 0.0)
+        return cls(*line)
+
+    def at(self, positions: float) -> float:
+        return self.fixed + self.slope * positions
+
+
+FREE = Line(0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class TickPrices:
+    """What a tick's parts cost, from the measured records: the target's forward (against the
+    tick's positions), each row's host work (against its positions), each drafter's pass
+    (against the rows' positions of the pass)."""
+
+    target: Line
+    host: Line
+    drafters: dict[int, tuple[PassShape, Line]]  # id(drafter module) -> its passes
+
+    def seconds(self, rows: Sequence[WidthPolicy], widths: Sequence[int], others: int) -> float:
+        """The tick at these widths; `others`: rows without a policy, one position each."""
+        positions = others + sum(1 + w for w in widths)
+        total = self.target.at(positions) + self.host.at(1) * others + sum(self.host.at(1 + w) for w in widths)
+        for key, group in _by_drafter(rows, widths).items():
+            shape, line = self.drafters[key]
+            if shape is PassShape.CHAIN:  # pass j over the rows drafting more than j
+                total += sum(line.at(sum(w > j for w in group)) for j in range(max(group)))
+            elif any(group):
+                total += line.at(sum(w + 1 for w in group if w))
+        return total
+
+    def step(self, row: WidthPolicy) -> float:
+        """What one more draft of `row` adds to the tick, passes' fixed parts left out."""
+        shape, line = self.drafters.get(_key(row), (PassShape.NONE, FREE))
+        return self.target.slope + self.host.slope + (line.slope if shape is not PassShape.NONE else 0.0)
+
+    def pass_fixed(self, row: WidthPolicy) -> tuple[PassShape, float]:
+        shape, line = self.drafters.get(_key(row), (PassShape.NONE, FREE))
+        return shape, line.fixed
+
+
+def _key(row: WidthPolicy) -> int | None:
+    module = row.passes.module
+    return None if row.passes.shape is PassShape.NONE or module is None else id(module)
+
+
+def _by_drafter(rows: Sequence[WidthPolicy], widths: Sequence[int]) -> dict[int, list[int]]:
+    groups: dict[int, list[int]] = defaultdict(list)
+    for row, width in zip(rows, widths, strict=True):
+        if (key := _key(row)) is not None:
+            groups[key].append(width)
+    return {key: group for key, group in groups.items() if max(group) > 0}
+
+
+def tokens_at(rows: Sequence[WidthPolicy], widths: Sequence[int], others: int) -> float:
+    return others + sum(expected_tokens(row.alpha, w) for row, w in zip(rows, widths, strict=True))
+
+
 @dataclass
 class Goodput:
-    """Per tick, the cap on the load-free rows' widths that maximises the batch's expected tokens
-    per second: each row's expected round length at its width against the measured cost of the
-    tick's target forward at the positions those widths make (`ForwardCost`)."""
+    """Before each tick: every load-free row's width that maximises the tick's expected tokens per
+    second, at the measured costs of the tick's parts (`TickPrices`); see the module docstring."""
 
     cost: Callable[[], ForwardCost | None]  # the target's measured forward costs
-    cap: int | None = None  # the latest tick's
+    host: Callable[[], ForwardCost | None] = lambda: None  # the rows' host work, per row (None: not weighed)
     ticks: int = 0
 
-    def choose(self, rows: Sequence[WidthPolicy], positions: int) -> WidthChange | None:
-        """Set this tick's cap on `rows` (the tick's decoding rows' policies; `positions`: the
-        target positions of its other rows); the change, if the cap moved."""
-        cap, gain = self._best(rows, positions)
-        self.ticks += 1
-        # At cap 0 no draft is verified, so no row's acceptance could ever show the cap wrong:
-        # every EXPLORE_EVERY-th such tick verifies one draft a row.
-        applied = 1 if cap == 0 and self.ticks % EXPLORE_EVERY == 0 else cap
-        for row in rows:
-            row.limit = applied if row.load_free else None
-        if cap == self.cap:
+    def prices(self, rows: Sequence[WidthPolicy]) -> TickPrices | None:
+        """The tick's prices; None until the target's forward and every drafting row's drafter
+        have been measured (until then each row runs its source's width)."""
+        target = Line.of(self.cost())
+        if target is None:
             return None
-        change = WidthChange(batch=len(rows), cap=cap, previous=self.cap, expected_gain=round(gain, 4))
-        self.cap = cap
-        return change
+        drafters = {}
+        for row in rows:
+            if (key := _key(row)) is not None and key not in drafters:
+                line = Line.of(cost_of(row.passes.module, DRAFTING))
+                if line is None:
+                    return None
+                drafters[key] = (row.passes.shape, line)
+        return TickPrices(target, Line.of(self.host()) or FREE, drafters)
 
-    def _best(self, rows: Sequence[WidthPolicy], positions: int) -> tuple[int | None, float]:
-        """(cap, expected gain over no cap); (None, 1.0) where no cap pays or nothing is measured."""
-        cost = self.cost()
-        line = cost.line() if cost is not None else None
-        free = [row.wanted() for row in rows if row.load_free]
-        widest = max(free, default=0)
-        if line is None or len(rows) < 2 or widest == 0:
-            return None, 1.0
-        fixed_s, position_s = line
-        # the other rows' part of the tick, whatever the cap: their positions and expected tokens
-        held = [(row.wanted(), row.alpha) for row in rows if not row.load_free]
-        base_positions = positions + sum(1 + w for w, _ in held)
-        base_tokens = sum(expected_tokens(alpha, w) for w, alpha in held)
-        # expected[i][k]: load-free row i's expected tokens at width k (each row's table built once)
-        alphas = [row.alpha for row in rows if row.load_free]
-        expected = [[expected_tokens(alpha, k) for k in range(w + 1)] for w, alpha in zip(free, alphas, strict=True)]
+    def choose(self, rows: Sequence[WidthPolicy], positions: int = 0) -> dict[int, WidthChange]:
+        """Set this tick's widths on `rows` (the tick's decoding rows' policies; `positions`: its
+        rows without one, a position each); the rows whose held width moved, by index."""
+        self.ticks += 1
+        prices = self.prices(rows)
+        if prices is None:
+            return {}
+        wanted = [row.wanted() for row in rows]
+        # a row's first round runs at its own width: its acceptance is then its own, not the prior
+        free = [i for i, row in enumerate(rows) if row.load_free and wanted[i] > 0 and row.acceptance.rounds]
+        in_force = [min(w, rows[i].held_at) if i in free and rows[i].held_at is not None else w
+                    for i, w in enumerate(wanted)]  # fmt: skip
+        best = _best(prices, rows, wanted, free, positions)
+        rate = _rate(prices, rows, positions)
+        if rate(best) <= ADOPT_GAIN * rate(in_force):  # no clear gain: no flapping between neighbours
+            best = in_force
+        gain = rate(best) / max(rate(wanted), 1e-12)
+        changes = {}
+        for i in free:
+            row, held = rows[i], best[i] if best[i] < wanted[i] else None
+            if held != row.held_at:
+                changes[i] = WidthChange(batch=len(rows), cap=held, previous=row.held_at, expected_gain=round(gain, 4))
+                row.held_at = held
+        applied = list(best)
+        for i in free:
+            if self.ticks % SURVEY_EVERY == 0:
+                applied[i] = best[i] // 2
+            elif best[i] == 0 and rows[i].probe():
+                applied[i] = 1
+            elif best[i]:
+                rows[i].probe_in = rows[i].probe_gap = PROBE_FIRST
+        for i, row in enumerate(rows):
+            row.limit = applied[i] if i in free else None
+            row.price = _share(prices, rows, applied, i, positions)
+        return changes
 
-        def rate(cap: int) -> float:
-            widths = [min(w, cap) for w in free]
-            tokens = base_tokens + sum(table[k] for table, k in zip(expected, widths, strict=True))
-            seconds = fixed_s + position_s * (base_positions + sum(1 + k for k in widths))
-            return tokens / seconds if seconds > 0 else 0.0
 
-        rates = [rate(cap) for cap in range(widest + 1)]
-        best, uncapped = max(range(widest + 1), key=rates.__getitem__), rates[widest]
-        if rates[best] <= ADOPT_GAIN * uncapped:  # no cap pays clearly
-            return None, 1.0
-        # a cap in force that still pays stays unless another beats it too: no flapping between neighbours
-        held = self.cap if self.cap is not None and self.cap < widest else None
-        if held is not None and rates[held] > ADOPT_GAIN * uncapped and rates[best] <= ADOPT_GAIN * rates[held]:
-            best = held
-        return best, rates[best] / uncapped if uncapped else 1.0
+def _rate(prices: TickPrices, rows: Sequence[WidthPolicy], others: int) -> Callable[[Sequence[int]], float]:
+    def rate(widths: Sequence[int]) -> float:
+        seconds = prices.seconds(rows, widths, others)
+        return tokens_at(rows, widths, others) / seconds if seconds > 0 else 0.0
+
+    return rate
+
+
+def _best(
+    prices: TickPrices, rows: Sequence[WidthPolicy], wanted: list[int], free: list[int], others: int
+) -> list[int]:
+    """The widths of the most expected tokens per second: for each deepest width D, the free
+    rows' drafts in order of expected tokens per second each adds (draft k of a row accepted
+    with alpha adds alpha^k tokens; every draft costs the same positions, so the best set of
+    any size is the most valuable drafts), the best prefix of them; the best over every D."""
+    widths = [0 if i in free else w for i, w in enumerate(wanted)]
+    if not free:
+        return widths
+    free_set = set(free)
+    base_seconds = prices.seconds(rows, widths, others)
+    base_tokens = tokens_at(rows, widths, others)
+    held_depth: dict[int | None, int] = defaultdict(int)
+    for i, row in enumerate(rows):
+        if i not in free_set:
+            held_depth[_key(row)] = max(held_depth[_key(row)], widths[i])
+    best_rate, best = base_tokens / base_seconds if base_seconds > 0 else 0.0, widths
+    for depth in range(1, max(wanted[i] for i in free) + 1):
+        drafts = sorted(
+            ((min(rows[i].alpha, MAX_ACCEPTANCE) ** k / max(prices.step(rows[i]), 1e-12), i, k)
+             for i in free for k in range(1, min(depth, wanted[i]) + 1)),
+            key=lambda draft: (-draft[0], draft[1], draft[2]),
+        )  # fmt: skip
+        seconds, tokens = base_seconds, base_tokens
+        for key in {_key(rows[i]) for i in free}:  # the passes' fixed parts this depth adds
+            shape, fixed = prices.pass_fixed(next(rows[i] for i in free if _key(rows[i]) == key))
+            extra = depth - held_depth[key] if shape is PassShape.CHAIN else int(held_depth[key] == 0)
+            seconds += fixed * max(0, extra) if shape is not PassShape.NONE else 0.0
+        taken = 0
+        for m, (_, i, k) in enumerate(drafts, start=1):
+            seconds += prices.step(rows[i])
+            tokens += min(rows[i].alpha, MAX_ACCEPTANCE) ** k
+            if tokens / seconds > best_rate:
+                best_rate, taken = tokens / seconds, m
+        if taken:
+            best = list(widths)
+            for _, i, k in drafts[:taken]:
+                best[i] = max(best[i], k)
+    return best
+
+
+def _share(
+    prices: TickPrices, rows: Sequence[WidthPolicy], widths: list[int], index: int, others: int
+) -> Callable[[int], float]:
+    """Row `index`'s round at width w: its share of the tick with no row drafting, plus what its
+    drafting adds to the tick (the whole tick for a lone row)."""
+
+    def share(width: int) -> float:
+        plain = prices.seconds(rows, [0] * len(rows), others) / (len(rows) + others)
+        without = prices.seconds(rows, [*widths[:index], 0, *widths[index + 1 :]], others)
+        return plain + prices.seconds(rows, [*widths[:index], width, *widths[index + 1 :]], others) - without
+
+    return share

@@ -39,10 +39,14 @@ class Reporter:
             else:
                 events.loop_note(note.event, request_id=job.request_id, warning=note.warning, **note.fields)
 
-    def width_changed(self, change: WidthChange) -> None:
-        """The tick's goodput choice moved (app/decoding/width.py `Goodput`)."""
+    def width_changed(self, job: Job, change: WidthChange) -> None:
+        """The tick's choice moved the width it holds a row at (app/decoding/width.py `Goodput`)."""
         events.speculation_width_changed(
-            batch=change.batch, cap=change.cap, previous=change.previous, expected_gain=change.expected_gain
+            request_id=job.request_id,
+            batch=change.batch,
+            cap=change.cap,
+            previous=change.previous,
+            expected_gain=change.expected_gain,
         )
 
     def prepared(self, notes: list[Note]) -> None:

@@ -3,7 +3,8 @@
 Each tick advances the active rows by one step each: a prefilling row feeds one chunk on its
 own, and the decoding rows take one step (a decode step or a verify round) together, their
 forwards batched (app/decoding/batch.py: every row's draft step j in one pass on the drafter,
-every row's target forward in one pass). A lone decoding row steps on its own, pipelined.
+every row's target forward in one pass), each drafting row's width set first by the tick's choice
+(app/decoding/width.py `Goodput`). A lone target-only row steps on its own, pipelined.
 Rows never share state (caches, samplers, key streams), so each row's output is exactly what
 it would be alone. A tick forwards at most `max_batch_tokens` target positions (at least one
 row); rows left over go first next tick, so none starves. Requests beyond `max_rows` wait in
@@ -80,7 +81,7 @@ class Scheduler:
         self._deferred: list[int] = []  # slots of the rows the last tick's budget left out
         # work that needs the models but is no row (embeddings), run between ticks
         self._calls: deque[tuple[Callable[[], object], Future]] = deque()
-        self.goodput = Goodput(host.forward_cost)  # the tick's width cap under load
+        self.goodput = Goodput(host.forward_cost, host.host_cost)  # each drafting row's width, per tick
         self._log = structlog.get_logger("mlxcel.engine")
 
     # --- called from other threads (HTTP, signal handlers): the lock only -------------------
@@ -275,7 +276,7 @@ class Scheduler:
         for row in rows:
             if not row.generation.prefilled:
                 self._settle(row, _outcome(row.advance))
-        if len(decoding) == 1:
+        if len(decoding) == 1 and decoding[0].generation.widths is None:  # target-only: pipelined alone
             self._settle(decoding[0], _outcome(decoding[0].advance))
         elif decoding:
             self._weigh_widths(decoding)
@@ -283,13 +284,15 @@ class Scheduler:
                 self._settle(row, outcome)
 
     def _weigh_widths(self, decoding: list[Row]) -> None:
-        """The goodput choice of this tick's width cap (app/decoding/width.py), logged when it moves."""
-        policies = [row.generation.widths for row in decoding if row.generation.widths is not None]
-        if not policies:
+        """The tick's choice of each drafting row's width (app/decoding/width.py), logged per row
+        when the width it holds the row at moves."""
+        drafting = [row for row in decoding if row.generation.widths is not None]
+        if not drafting:
             return
-        change = self.goodput.choose(policies, positions=len(decoding) - len(policies))
-        if change is not None:
-            self.reporter.width_changed(change)
+        policies = [row.generation.widths for row in drafting]
+        changes = self.goodput.choose(policies, positions=len(decoding) - len(policies))
+        for index, change in changes.items():
+            self.reporter.width_changed(drafting[index].job, change)
 
     def _sweep_cancelled(self) -> None:
         for row in [row for row in self.rows.values() if row.job.cancelled]:
