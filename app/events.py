@@ -30,6 +30,7 @@ def speculative_request(
     biased: bool,
     n_max: int,
     widths: dict[int, int],
+    plain_steps: int = 0,
     governor_pauses: int = 0,
     governor_resumes: int = 0,
     profile: str,
@@ -52,6 +53,7 @@ def speculative_request(
         predicted_n=predicted_n,
         n_max=n_max,
         widths={str(width): rounds for width, rounds in sorted(widths.items())},
+        plain_steps=plain_steps,
         governor_pauses=governor_pauses,
         governor_resumes=governor_resumes,
     )

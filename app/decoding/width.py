@@ -131,7 +131,7 @@ class WidthPolicy:
     limit: int | None = None  # this tick's width from the tick's choice (None: the source's)
     price: Callable[[int], float] | None = None  # this tick's seconds of the row's round at a width
     held_at: int | None = None  # the width the tick's choice holds the row at (None: its source's)
-    current: int = 0  # the width of the row's latest step (0: it decoded plainly), as /slots shows it
+    current: int | None = None  # the row's latest step's width (0: it decoded plainly; None: none yet), for /slots
     probe_gap: int = PROBE_FIRST  # ticks between two probe rounds while the row is held at width 0
     probe_in: int = PROBE_FIRST
     _narrowed: bool = False  # the latest round ran below its source's width because of the load

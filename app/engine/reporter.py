@@ -84,6 +84,7 @@ class Reporter:
             biased=speculation.biased(generation.state.sampler.is_greedy),
             n_max=result.n_max,
             widths=stats.widths,
+            plain_steps=stats.plain_steps,
             governor_pauses=stats.governor_pauses,
             governor_resumes=stats.governor_resumes,
             profile=self.profile,
