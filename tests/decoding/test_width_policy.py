@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable
 
 import mlx.nn as nn
 import pytest
@@ -32,6 +31,7 @@ from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams
 from tests.support.batched import run_rows
+from tests.support.costs import measured, swinging_costs
 
 GREEDY = SamplingParams(temperature=0.0)
 HOT = SamplingParams(temperature=0.7)
@@ -91,13 +91,6 @@ def test_observed_rounds_move_the_acceptance_estimate_by_positions_tested() -> N
     before = row.alpha
     row.observe([3], 0, None, 0.001)
     assert row.alpha == before and row.acceptance.rounds == 2  # a plain step is no evidence
-
-
-def measured(fixed: float, per_position: float) -> ForwardCost:
-    cost = ForwardCost()
-    for positions in (8, 64):
-        cost.observe(positions, fixed + per_position * positions)
-    return cost
 
 
 def drafter(fixed: float, per_position: float, shape: PassShape = PassShape.CHAIN) -> DrafterPasses:
@@ -258,13 +251,6 @@ def test_temperature_zero_rows_are_byte_identical_while_the_ticks_cap_moves(
                 raise outcome
     assert [g.emitted for g in rows] == expected
     assert sum(len(g.stats.widths) >= 2 for g in rows) >= 2
-
-
-def swinging_costs(goodput: Goodput, every: int = 6) -> Callable[[], ForwardCost]:
-    """Target costs that swing every `every` ticks between positions that cost nothing (every row
-    drafts its own width) and positions that cost everything (rows decode plainly)."""
-    free, dear = measured(0.05, 0.0), measured(0.0001, 0.01)
-    return lambda: free if (goodput.ticks // every) % 2 else dear
 
 
 @pytest.mark.parametrize("kind", ["draft-model", "prompt-lookup", "mtp"])
