@@ -44,7 +44,7 @@ from app.decoding.adaptive import Widths
 from app.decoding.outcome import Note
 from app.drafters.governor import Governor, Lookup
 from app.drafters.passes import NO_PASSES, DrafterPasses, PassShape
-from app.execution.cost import DRAFTING, ForwardCost, cost_of
+from app.execution.cost import DRAFTING, ForwardCost, RowsCost, cost_of
 
 ACCEPTANCE_PRIOR = 0.5  # per-position acceptance assumed before a row's first verified round
 PRIOR_WEIGHT = 1.0  # tested positions the prior counts as
@@ -226,19 +226,45 @@ FREE = Line(0.0, 0.0)
 
 
 @dataclass(frozen=True)
+class Plane:
+    """The target forward's estimate: `fixed` seconds, plus `per_row` for each row (its own
+    attention and cache updates), plus `per_position` for each position it computes."""
+
+    fixed: float
+    per_row: float
+    per_position: float
+
+    @classmethod
+    def of(cls, rows: RowsCost | None, line: ForwardCost | None) -> Plane | None:
+        """The rows-and-positions fit where it determines both; else the positions line alone."""
+        plane = rows.plane() if rows is not None else None
+        if plane is not None:
+            return cls(*plane)
+        fitted = Line.of(line)
+        return None if fitted is None else cls(fitted.fixed, 0.0, fitted.slope)
+
+    def at(self, rows: int, positions: int) -> float:
+        return self.fixed + self.per_row * rows + self.per_position * positions
+
+
+@dataclass(frozen=True)
 class TickPrices:
     """What a tick's parts cost, from the measured records: the target's forward (against the
     tick's positions), each row's host work (against its positions), each drafter's pass
     (against the rows' positions of the pass)."""
 
-    target: Line
+    target: Plane
     host: Line
     drafters: dict[int, tuple[PassShape, Line]]  # id(drafter module) -> its passes
 
     def seconds(self, rows: Sequence[WidthPolicy], widths: Sequence[int], others: int) -> float:
         """The tick at these widths; `others`: rows without a policy, one position each."""
         positions = others + sum(1 + w for w in widths)
-        total = self.target.at(positions) + self.host.at(1) * others + sum(self.host.at(1 + w) for w in widths)
+        total = (
+            self.target.at(len(rows) + others, positions)
+            + self.host.at(1) * others
+            + sum(self.host.at(1 + w) for w in widths)
+        )
         for key, group in _by_drafter(rows, widths).items():
             shape, line = self.drafters[key]
             if shape is PassShape.CHAIN:  # pass j over the rows drafting more than j
@@ -250,7 +276,7 @@ class TickPrices:
     def step(self, row: WidthPolicy) -> float:
         """What one more draft of `row` adds to the tick, passes' fixed parts left out."""
         shape, line = self.drafters.get(_key(row), (PassShape.NONE, FREE))
-        return self.target.slope + self.host.slope + (line.slope if shape is not PassShape.NONE else 0.0)
+        return self.target.per_position + self.host.slope + (line.slope if shape is not PassShape.NONE else 0.0)
 
     def pass_fixed(self, row: WidthPolicy) -> tuple[PassShape, float]:
         shape, line = self.drafters.get(_key(row), (PassShape.NONE, FREE))
@@ -279,14 +305,15 @@ class Goodput:
     """Before each tick: every load-free row's width that maximises the tick's expected tokens per
     second, at the measured costs of the tick's parts (`TickPrices`); see the module docstring."""
 
-    cost: Callable[[], ForwardCost | None]  # the target's measured forward costs
+    cost: Callable[[], ForwardCost | None]  # the target's measured forward costs, against positions
     host: Callable[[], ForwardCost | None] = lambda: None  # the rows' host work, per row (None: not weighed)
+    rows: Callable[[], RowsCost | None] = lambda: None  # the target's forwards against rows and positions
     ticks: int = 0
 
     def prices(self, rows: Sequence[WidthPolicy]) -> TickPrices | None:
         """The tick's prices; None until the target's forward and every drafting row's drafter
         have been measured (until then each row runs its source's width)."""
-        target = Line.of(self.cost())
+        target = Plane.of(self.rows(), self.cost())
         if target is None:
             return None
         drafters = {}

@@ -18,7 +18,7 @@ from app.decoding.outcome import Note
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.warmup import warm, warm_shapes, warms
 from app.drafters.kinds import DrafterKind
-from app.execution.cost import HOST, ForwardCost, cost_of
+from app.execution.cost import HOST, ForwardCost, RowsCost, cost_of, rows_cost_of
 from app.execution.forward import batching
 from app.execution.lockstep import Lockstep
 from app.execution.model import LoadedModel, load_model
@@ -134,6 +134,10 @@ class ModelHost:
     def forward_cost(self) -> ForwardCost | None:
         """The target's measured forward costs (None until it is loaded)."""
         return cost_of(self.builder.target.model) if self.builder is not None else None
+
+    def rows_cost(self) -> RowsCost | None:
+        """The target's measured forwards against their rows and positions (None until it is loaded)."""
+        return rows_cost_of(self.builder.target.model) if self.builder is not None else None
 
     def host_cost(self) -> ForwardCost | None:
         """The rows' measured host work per row of a tick (None until the target is loaded)."""

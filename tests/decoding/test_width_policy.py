@@ -25,7 +25,7 @@ from app.decoding.width import (
 )
 from app.drafters.governor import make_governor
 from app.drafters.passes import NO_PASSES, DrafterPasses, PassShape
-from app.execution.cost import DRAFTING, ForwardCost, cost_of
+from app.execution.cost import DRAFTING, ForwardCost, RowsCost, cost_of
 from app.execution.model import LoadedModel
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
@@ -66,6 +66,25 @@ def policy(
     acceptance.rounds = 1
     return WidthPolicy(FixedWidth(7), n_max=n_max, n_min=n_min, load_free=load_free, passes=passes,
                        acceptance=acceptance)  # fmt: skip
+
+
+def test_the_targets_forwards_are_fitted_against_rows_and_positions() -> None:
+    """A forward costing 5 ms, 2 ms a row and 0.1 ms a position: the plane recovers each part once
+    the forwards ran at more than one width; at one width alone rows and positions cannot be told
+    apart, and the choice then prices by positions alone."""
+    cost = RowsCost()
+    for rows in (1, 2, 4, 8):
+        cost.observe(rows, 5 * rows, 0.005 + 0.002 * rows + 0.0001 * 5 * rows)
+    assert cost.plane() is None
+    for rows, width in ((8, 0), (4, 2), (16, 1)):
+        positions = rows * (1 + width)
+        cost.observe(rows, positions, 0.005 + 0.002 * rows + 0.0001 * positions)
+    assert cost.plane() == pytest.approx((0.005, 0.002, 0.0001), rel=1e-6)
+    rows = [policy(alpha=0.5) for _ in range(8)]
+    line = lambda: measured(0.005, 0.0021)  # noqa: E731 - one line through rows and positions alike
+    assert widths_after(Goodput(line), rows) == [0] * 8  # every position priced like a row: no drafting pays
+    rows = [policy(alpha=0.5) for _ in range(8)]
+    assert all(w >= 3 for w in widths_after(Goodput(line, rows=lambda: cost), rows))  # a position is cheap
 
 
 def test_a_round_is_decided_once_within_cap_budget_and_the_ticks_limit() -> None:
