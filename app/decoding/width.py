@@ -28,9 +28,11 @@ does any row whose plan turns the choice off (`adaptive.under_load = false`).
 
 A row the choice holds at width 0 still learns: a probe round of one verified draft comes after
 `PROBE_FIRST` ticks, again at once after a probe that was accepted (its acceptance is recovering),
-and after twice the gap (up to `PROBE_MAX`) after one that was not. Every `SURVEY_EVERY`-th tick
-runs the load-free rows at half their widths, so every record sees more than one width (a line
-needs two). Neither is logged: the width in force has not moved.
+and after twice the gap (up to `PROBE_MAX`) after one that was not. A row held at 0 that even an
+acceptance of `PROMISING` would not get drafting again (the tick's costs hold it there, not its
+acceptance) probes only every `PROBE_MAX` ticks: probes then cost more than they can tell. Every
+`SURVEY_EVERY`-th tick runs the load-free rows at half their widths, so every record sees more
+than one width (a fit needs two). Neither is logged: the width in force has not moved.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ MAX_ACCEPTANCE = 0.99  # the expected length stays finite (alpha = 1 accepts eve
 ADOPT_GAIN = 1.02  # new widths must beat the widths in force by 2 % of expected tokens/s
 PROBE_FIRST = 4  # ticks at width 0 before a row's first probe round
 PROBE_MAX = 16  # the longest gap between two probe rounds of a row
+PROMISING = 0.9  # the acceptance a probe could show at best (what decides whether probing can matter)
 SURVEY_EVERY = 16  # ticks between two that run the load-free rows at half their widths
 
 
@@ -133,7 +136,7 @@ class WidthPolicy:
     held_at: int | None = None  # the width the tick's choice holds the row at (None: its source's)
     current: int | None = None  # the row's latest step's width (0: it decoded plainly; None: none yet), for /slots
     probe_gap: int = PROBE_FIRST  # ticks between two probe rounds while the row is held at width 0
-    probe_in: int = PROBE_FIRST
+    since_probe: int = 0  # ticks at width 0 since the last probe round (or since it was held there)
     _narrowed: bool = False  # the latest round ran below its source's width because of the load
     _probing: bool = False  # the latest round is a probe of a row held at width 0
     _seconds: float | None = None  # the priced seconds of the round in flight (None: not priced)
@@ -161,10 +164,13 @@ class WidthPolicy:
         self.limit, self.price, self.current = None, None, width
         return width
 
-    def probe(self) -> bool:
-        """Whether this tick is a probe round for a row held at width 0 (one draft, verified)."""
-        self.probe_in -= 1
-        self._probing = self.probe_in <= 0
+    def probe(self, promising: bool) -> bool:
+        """Whether this tick is a probe round for a row held at width 0 (one draft, verified);
+        `promising`: a good probe could get the row drafting again (module docstring)."""
+        self.since_probe += 1
+        self._probing = self.since_probe >= (self.probe_gap if promising else PROBE_MAX)
+        if self._probing:
+            self.since_probe = 0
         return self._probing
 
     def retracts(self, proposed: int) -> bool:
@@ -178,7 +184,7 @@ class WidthPolicy:
             self.acceptance.observe(verdict.accepted, max(1, verdict.tested))
             if self._probing:  # accepted: probe again at once; missed: wait twice as long
                 self.probe_gap = 1 if verdict.accepted else min(PROBE_MAX, 2 * self.probe_gap)
-                self.probe_in, self._probing = self.probe_gap, False
+                self._probing = False
         # A round the load narrowed is no evidence about the width its source asked for: charged
         # to a block loop's controller it would measure the load, and a governor would compare a
         # narrow round's yield with a floor set for full blocks (it adds no verify evidence, as
@@ -352,10 +358,10 @@ class Goodput:
         for i in free:
             if self.ticks % SURVEY_EVERY == 0:
                 applied[i] = best[i] // 2
-            elif best[i] == 0 and rows[i].probe():
+            elif best[i] == 0 and rows[i].probe(_promising(prices, rows, best, i, positions)):
                 applied[i] = 1
             elif best[i]:
-                rows[i].probe_in = rows[i].probe_gap = PROBE_FIRST
+                rows[i].since_probe, rows[i].probe_gap = 0, PROBE_FIRST
         for i, row in enumerate(rows):
             row.limit = applied[i] if i in free else None
             row.price = _share(prices, rows, applied, i, positions)
@@ -410,6 +416,14 @@ def _best(
             for _, i, k in drafts[:taken]:
                 best[i] = max(best[i], k)
     return best
+
+
+def _promising(prices: TickPrices, rows: Sequence[WidthPolicy], widths: list[int], index: int, others: int) -> bool:
+    """Whether one draft of row `index`, accepted at `PROMISING`, would raise the tick's rate."""
+    seconds = prices.seconds(rows, widths, others)
+    tokens = tokens_at(rows, widths, others)
+    wider = prices.seconds(rows, [*widths[:index], 1, *widths[index + 1 :]], others)
+    return seconds > 0 and (tokens + PROMISING) / wider > tokens / seconds
 
 
 def _share(

@@ -219,6 +219,23 @@ def test_a_row_held_at_width_0_probes_and_comes_back_when_its_acceptance_recover
     assert limits.count(1) >= 2 and limits[-3:-1] == [1, 1]  # accepted probes follow each other
 
 
+def test_a_row_its_costs_hold_at_width_0_probes_rarely() -> None:
+    """Rows accepting 85 % that still decode plainly because the drafter costs more than it
+    saves: a probe could not change that, so they probe every sixteenth tick only."""
+    rows = [policy(alpha=0.85, passes=drafter(0.05, 0.0001)) for _ in range(4)]
+    goodput = Goodput(lambda: measured(0.01, 0.00001))
+    probes = 0
+    for _ in range(47):
+        goodput.choose(rows)
+        probes += rows[0].limit == 1
+        for row in rows:
+            if row.limit:
+                observe_probe(row, accepted=True)
+            else:
+                row.decide(budget=100)
+    assert all(row.held_at == 0 for row in rows) and 1 <= probes <= 3
+
+
 def test_every_sixteenth_tick_surveys_half_the_widths() -> None:
     rows = [policy(alpha=0.9) for _ in range(4)]
     goodput = Goodput(lambda: measured(0.05, 0.00001))
