@@ -168,6 +168,13 @@ def rows_cost_of(model: nn.Module) -> RowsCost:
     return known[ROWS_COST]
 
 
+def forget(model: nn.Module) -> None:
+    """Drop every record kept on `model` (a warm-up's forwards time kernels being compiled)."""
+    known = vars(model)
+    for key in [key for key in known if key.startswith(COST) or key == ROWS_COST]:
+        del known[key]
+
+
 def cost_of(model: nn.Module, record: str = FORWARD) -> ForwardCost:
     """The model's measured costs of one kind (`FORWARD`, `DRAFTING`, `HOST`): one record per
     loaded model and kind, whoever runs it."""

@@ -25,7 +25,7 @@ from app.decoding.width import (
 )
 from app.drafters.governor import make_governor
 from app.drafters.passes import NO_PASSES, DrafterPasses, PassShape
-from app.execution.cost import DRAFTING, ForwardCost, RowsCost, cost_of
+from app.execution.cost import DRAFTING, FORWARD, HOST, ForwardCost, RowsCost, cost_of, forget, rows_cost_of
 from app.execution.model import LoadedModel
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
@@ -56,6 +56,15 @@ def test_forward_cost_fits_a_line_through_its_buckets() -> None:
     for positions in (16, 64, 64, 4):
         cost.observe(positions, 0.01 + 0.001 * positions)
     assert cost.line() == pytest.approx((0.01, 0.001), rel=1e-6)
+    cost.observe_mean(4, 40, 0.008)  # four passes of ten positions in all: their mean pass
+    assert cost.buckets[(10).bit_length()].count == 1 and cost.buckets[(10).bit_length()].seconds == 0.002
+    module = nn.Linear(1, 1)
+    for record in (FORWARD, DRAFTING, HOST):
+        cost_of(module, record).observe(4, 0.01)
+    rows_cost_of(module).observe(2, 4, 0.01)
+    forget(module)  # what the warm-up measured was kernels compiling
+    assert not any(cost_of(module, record).buckets for record in (FORWARD, DRAFTING, HOST))
+    assert not rows_cost_of(module).buckets
 
 
 def policy(
