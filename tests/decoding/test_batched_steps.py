@@ -136,13 +136,13 @@ def test_block_drafter_rows_share_the_target_forward_and_emit_their_solo_output(
 
     passes: dict[str, list[int]] = {"mtp": [], "dflash": []}  # rows per drafter call
     for kind, kind_pass in (("mtp", MtpPass), ("dflash", DFlashPass)):
-        serve = kind_pass.serve
+        calls = vars(kind_pass)["serve"]  # the staticmethod that runs one call for the rows
 
-        def served(rows, serve=serve, kind=kind):
+        def counted_calls(rows, calls=calls, kind=kind):
             passes[kind].append(len(rows))
-            return serve(rows)
+            return calls(rows)
 
-        monkeypatch.setattr(kind_pass, "serve", staticmethod(served))
+        monkeypatch.setattr(kind_pass, "serve", staticmethod(counted_calls))
     monkeypatch.setattr(forward_module, "_flat_forward", counted)
     batched = run_rows([generation(*case) for case in cases])
     assert max(shared) == 4  # all four block rows' verify forwards in one pass
