@@ -82,8 +82,8 @@ def _forwarded(requests: list[Forward], clock: TickClock) -> list[mx.array]:
     """The rows' target forward: they judge on its logits next; its cost is what the width policy weighs."""
     started = time.perf_counter()
     logits = measured_forward(requests)
-    positions = sum(int(row_logits.shape[0]) for row_logits in logits)
-    clock.forwarded(requests[0].runner.model, len(requests), positions, time.perf_counter() - started)
+    positions = [int(row_logits.shape[0]) for row_logits in logits]
+    clock.forwarded(requests[0].runner.model, positions, time.perf_counter() - started)
     return logits
 
 

@@ -46,7 +46,7 @@ from app.decoding.adaptive import Widths
 from app.decoding.outcome import Note
 from app.drafters.governor import Governor, Lookup
 from app.drafters.passes import NO_PASSES, DrafterPasses, PassShape
-from app.execution.cost import DRAFTING, ForwardCost, RowsCost, cost_of
+from app.execution.cost import DRAFTING, ForwardCost, PlaneCost, cost_of
 
 ACCEPTANCE_PRIOR = 0.5  # per-position acceptance assumed before a row's first verified round
 PRIOR_WEIGHT = 1.0  # tested positions the prior counts as
@@ -233,44 +233,34 @@ FREE = Line(0.0, 0.0)
 
 @dataclass(frozen=True)
 class Plane:
-    """The target forward's estimate: `fixed` seconds, plus `per_row` for each row (its own
-    attention and cache updates), plus `per_position` for each position it computes."""
+    """An estimate against counts: `fixed` seconds plus `parts[i]` per unit of count i."""
 
     fixed: float
-    per_row: float
-    per_position: float
+    parts: tuple[float, ...]
 
     @classmethod
-    def of(cls, rows: RowsCost | None, line: ForwardCost | None) -> Plane | None:
-        """The rows-and-positions fit where it determines both; else the positions line alone."""
-        plane = rows.plane() if rows is not None else None
-        if plane is not None:
-            return cls(*plane)
-        fitted = Line.of(line)
-        return None if fitted is None else cls(fitted.fixed, 0.0, fitted.slope)
+    def of(cls, record: PlaneCost | None) -> Plane | None:
+        fitted = record.plane() if record is not None else None
+        return None if fitted is None else cls(fitted[0], tuple(fitted[1]))
 
-    def at(self, rows: int, positions: int) -> float:
-        return self.fixed + self.per_row * rows + self.per_position * positions
+    def at(self, *counts: float) -> float:
+        return self.fixed + sum(part * count for part, count in zip(self.parts, counts, strict=True))
 
 
 @dataclass(frozen=True)
 class TickPrices:
     """What a tick's parts cost, from the measured records: the target's forward (against the
-    tick's positions), each row's host work (against its positions), each drafter's pass
-    (against the rows' positions of the pass)."""
+    tick's rows and positions), the rows' host work (against rows, verifying rows and positions),
+    each drafter's pass (against the rows' positions of the pass)."""
 
-    target: Plane
-    host: Line
+    target: Plane  # (rows, positions)
+    host: Plane  # (rows, verifying rows, positions)
     drafters: dict[int, tuple[PassShape, Line]]  # id(drafter module) -> its passes
 
     def seconds(self, rows: Sequence[WidthPolicy], widths: Sequence[int], others: int) -> float:
         """The tick at these widths; `others`: rows without a policy, one position each."""
-        positions = others + sum(1 + w for w in widths)
-        total = (
-            self.target.at(len(rows) + others, positions)
-            + self.host.at(1) * others
-            + sum(self.host.at(1 + w) for w in widths)
-        )
+        count, positions = len(rows) + others, others + sum(1 + w for w in widths)
+        total = self.target.at(count, positions) + self.host.at(count, sum(w > 0 for w in widths), positions)
         for key, group in _by_drafter(rows, widths).items():
             shape, line = self.drafters[key]
             if shape is PassShape.CHAIN:  # pass j over the rows drafting more than j
@@ -279,10 +269,14 @@ class TickPrices:
                 total += line.at(sum(w + 1 for w in group if w))
         return total
 
-    def step(self, row: WidthPolicy) -> float:
-        """What one more draft of `row` adds to the tick, passes' fixed parts left out."""
+    def row_cost(self, row: WidthPolicy) -> tuple[float, float]:
+        """(what a row's drafting at all adds, what each of its drafts adds), passes' fixed parts
+        left out: a verify round's own host work (and a block drafter's anchor row), then each
+        draft's target and host positions and its pass positions."""
         shape, line = self.drafters.get(_key(row), (PassShape.NONE, FREE))
-        return self.target.per_position + self.host.slope + (line.slope if shape is not PassShape.NONE else 0.0)
+        drafter = line.slope if shape is not PassShape.NONE else 0.0
+        first = self.host.parts[1] + (drafter if shape is PassShape.BLOCK else 0.0)
+        return first, self.target.parts[1] + self.host.parts[2] + drafter
 
     def pass_fixed(self, row: WidthPolicy) -> tuple[PassShape, float]:
         shape, line = self.drafters.get(_key(row), (PassShape.NONE, FREE))
@@ -311,17 +305,20 @@ class Goodput:
     """Before each tick: every load-free row's width that maximises the tick's expected tokens per
     second, at the measured costs of the tick's parts (`TickPrices`); see the module docstring."""
 
-    cost: Callable[[], ForwardCost | None]  # the target's measured forward costs, against positions
-    host: Callable[[], ForwardCost | None] = lambda: None  # the rows' host work, per row (None: not weighed)
-    rows: Callable[[], RowsCost | None] = lambda: None  # the target's forwards against rows and positions
+    cost: Callable[[], ForwardCost | None]  # the target's forwards against positions (until `target` fits)
+    host: Callable[[], PlaneCost | None] = lambda: None  # the rows' host work (None: not weighed)
+    target: Callable[[], PlaneCost | None] = lambda: None  # the target's forwards against rows and positions
     ticks: int = 0
 
     def prices(self, rows: Sequence[WidthPolicy]) -> TickPrices | None:
         """The tick's prices; None until the target's forward and every drafting row's drafter
         have been measured (until then each row runs its source's width)."""
-        target = Plane.of(self.rows(), self.cost())
-        if target is None:
-            return None
+        target = Plane.of(self.target())
+        if target is None:  # no tick timed yet: the forwards' positions line alone
+            line = Line.of(self.cost())
+            if line is None:
+                return None
+            target = Plane(line.fixed, (0.0, line.slope))
         drafters = {}
         for row in rows:
             if (key := _key(row)) is not None and key not in drafters:
@@ -329,7 +326,7 @@ class Goodput:
                 if line is None:
                     return None
                 drafters[key] = (row.passes.shape, line)
-        return TickPrices(target, Line.of(self.host()) or FREE, drafters)
+        return TickPrices(target, Plane.of(self.host()) or NO_HOST, drafters)
 
     def choose(self, rows: Sequence[WidthPolicy], positions: int = 0) -> dict[int, WidthChange]:
         """Set this tick's widths on `rows` (the tick's decoding rows' policies; `positions`: its
@@ -368,6 +365,10 @@ class Goodput:
         return changes
 
 
+NO_HOST = Plane(0.0, (0.0, 0.0, 0.0))
+DINKELBACH_ROUNDS = 8  # enough: each round's rate is the best so far, and it settles in two or three
+
+
 def _rate(prices: TickPrices, rows: Sequence[WidthPolicy], others: int) -> Callable[[Sequence[int]], float]:
     def rate(widths: Sequence[int]) -> float:
         seconds = prices.seconds(rows, widths, others)
@@ -379,42 +380,38 @@ def _rate(prices: TickPrices, rows: Sequence[WidthPolicy], others: int) -> Calla
 def _best(
     prices: TickPrices, rows: Sequence[WidthPolicy], wanted: list[int], free: list[int], others: int
 ) -> list[int]:
-    """The widths of the most expected tokens per second: for each deepest width D, the free
-    rows' drafts in order of expected tokens per second each adds (draft k of a row accepted
-    with alpha adds alpha^k tokens; every draft costs the same positions, so the best set of
-    any size is the most valuable drafts), the best prefix of them; the best over every D."""
+    """The widths of the most expected tokens per second. The tick's seconds are the free rows'
+    costs (each a part for drafting at all and a part per draft) on top of a part the free rows
+    share (the other rows', and the passes' fixed parts, which grow with the deepest width D);
+    for each D, Dinkelbach's iteration (with the best rate R so far, every row takes the width
+    that maximises its expected tokens minus R times its seconds) finds the best widths; the best
+    over every D is taken."""
     widths = [0 if i in free else w for i, w in enumerate(wanted)]
+    rate = _rate(prices, rows, others)
+    best, best_rate = widths, rate(widths)
     if not free:
-        return widths
-    free_set = set(free)
-    base_seconds = prices.seconds(rows, widths, others)
-    base_tokens = tokens_at(rows, widths, others)
+        return best
+    costs = {i: prices.row_cost(rows[i]) for i in free}
     held_depth: dict[int | None, int] = defaultdict(int)
     for i, row in enumerate(rows):
-        if i not in free_set:
+        if i not in free:
             held_depth[_key(row)] = max(held_depth[_key(row)], widths[i])
-    best_rate, best = base_tokens / base_seconds if base_seconds > 0 else 0.0, widths
     for depth in range(1, max(wanted[i] for i in free) + 1):
-        drafts = sorted(
-            ((min(rows[i].alpha, MAX_ACCEPTANCE) ** k / max(prices.step(rows[i]), 1e-12), i, k)
-             for i in free for k in range(1, min(depth, wanted[i]) + 1)),
-            key=lambda draft: (-draft[0], draft[1], draft[2]),
-        )  # fmt: skip
-        seconds, tokens = base_seconds, base_tokens
-        for key in {_key(rows[i]) for i in free}:  # the passes' fixed parts this depth adds
-            shape, fixed = prices.pass_fixed(next(rows[i] for i in free if _key(rows[i]) == key))
-            extra = depth - held_depth[key] if shape is PassShape.CHAIN else int(held_depth[key] == 0)
-            seconds += fixed * max(0, extra) if shape is not PassShape.NONE else 0.0
-        taken = 0
-        for m, (_, i, k) in enumerate(drafts, start=1):
-            seconds += prices.step(rows[i])
-            tokens += min(rows[i].alpha, MAX_ACCEPTANCE) ** k
-            if tokens / seconds > best_rate:
-                best_rate, taken = tokens / seconds, m
-        if taken:
-            best = list(widths)
-            for _, i, k in drafts[:taken]:
-                best[i] = max(best[i], k)
+        candidate, current = list(widths), best_rate
+        for _ in range(DINKELBACH_ROUNDS):
+            for i in free:
+                first, each = costs[i]
+                alpha, top = min(rows[i].alpha, MAX_ACCEPTANCE), min(depth, wanted[i])
+                gains = [0.0] + [
+                    expected_tokens(alpha, w) - 1 - current * (first + each * w) for w in range(1, top + 1)
+                ]
+                candidate[i] = max(range(top + 1), key=gains.__getitem__)
+            achieved = rate(candidate)
+            if achieved <= current * (1 + 1e-9):
+                break
+            current = achieved
+            if achieved > best_rate:
+                best, best_rate = list(candidate), achieved
     return best
 
 

@@ -18,7 +18,7 @@ from app.decoding.outcome import Note
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.warmup import warm, warm_shapes, warms
 from app.drafters.kinds import DrafterKind
-from app.execution.cost import HOST, ForwardCost, RowsCost, cost_of, forget, rows_cost_of
+from app.execution.cost import HOST, TARGET_ROWS, ForwardCost, PlaneCost, cost_of, forget, plane_of
 from app.execution.forward import batching
 from app.execution.lockstep import Lockstep
 from app.execution.model import LoadedModel, load_model
@@ -142,10 +142,10 @@ class ModelHost:
         """The target's measured forward costs (None until it is loaded)."""
         return cost_of(self.builder.target.model) if self.builder is not None else None
 
-    def rows_cost(self) -> RowsCost | None:
+    def target_cost(self) -> PlaneCost | None:
         """The target's measured forwards against their rows and positions (None until it is loaded)."""
-        return rows_cost_of(self.builder.target.model) if self.builder is not None else None
+        return plane_of(self.builder.target.model, TARGET_ROWS) if self.builder is not None else None
 
-    def host_cost(self) -> ForwardCost | None:
-        """The rows' measured host work per row of a tick (None until the target is loaded)."""
-        return cost_of(self.builder.target.model, HOST) if self.builder is not None else None
+    def host_cost(self) -> PlaneCost | None:
+        """The rows' measured host work of a tick (None until the target is loaded)."""
+        return plane_of(self.builder.target.model, HOST) if self.builder is not None else None

@@ -81,7 +81,9 @@ class Scheduler:
         self._deferred: list[int] = []  # slots of the rows the last tick's budget left out
         # work that needs the models but is no row (embeddings), run between ticks
         self._calls: deque[tuple[Callable[[], object], Future]] = deque()
-        self.goodput = Goodput(host.forward_cost, host.host_cost, host.rows_cost)  # each drafting row's width, per tick
+        self.goodput = Goodput(
+            host.forward_cost, host.host_cost, host.target_cost
+        )  # each drafting row's width, per tick
         self._log = structlog.get_logger("mlxcel.engine")
 
     # --- called from other threads (HTTP, signal handlers): the lock only -------------------

@@ -25,6 +25,7 @@ Three records a tick's cost is made of, each kept on the model it belongs to (`c
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,10 +35,9 @@ import mlx.nn as nn
 
 EMA = 0.2  # weight of the newest measurement in its bucket (costs drift as caches grow)
 COST = "_mlxcel_forward_cost"  # where `cost_of` keeps a model's measurements
-FORWARD, DRAFTING, HOST = "forward", "drafting", "host"  # the records (module docstring)
-ROWS_COST = "_mlxcel_rows_cost"
-SINGULAR = 1e-9  # a fit whose normal equations are this close to singular (relative) has no answer
-SPREAD = 1.25  # positions per row must spread by this factor over the buckets to tell rows from positions
+FORWARD, DRAFTING = "forward", "drafting"  # `cost_of`'s records (module docstring)
+TARGET_ROWS, HOST = "target_rows", "host"  # `plane_of`'s
+INDEPENDENT = 0.05  # the share of a count's spread that must vary apart from the other counts'
 
 
 @dataclass
@@ -82,102 +82,121 @@ class ForwardCost:
 
 
 @dataclass
-class RowsBucket:
-    rows: float
-    positions: float
+class PlaneBucket:
+    counts: list[float]
     seconds: float
-    count: int = 1
+    n: int = 1
 
 
 @dataclass
-class RowsCost:
-    """A forward's seconds against its rows and its positions: running means in buckets keyed by
-    (rows, positions.bit_length()), and the least-squares plane seconds = fixed + per row * rows +
-    per position * positions through them. No plane while the buckets cannot tell rows from
-    positions (every forward at one width, so positions stay proportional to rows)."""
+class PlaneCost:
+    """Seconds of something against several counts of it (a forward's rows and positions; a
+    tick's rows, verifying rows and positions): running means in buckets keyed by the counts (in
+    powers of two), and the least-squares plane seconds = fixed + sum of per-count parts through
+    the buckets' means. `keep` orders the counts, most wanted first: a count the buckets do not
+    vary apart from those before it (every forward at one width keeps positions proportional to
+    rows) is left out of the fit, as is the last one whose part comes out negative."""
 
-    buckets: dict[tuple[int, int], RowsBucket] = field(default_factory=dict)
+    keep: tuple[int, ...]  # count indices, the one to keep in the fit first
+    buckets: dict[tuple[int, ...], PlaneBucket] = field(default_factory=dict)
 
-    def observe(self, rows: int, positions: int, seconds: float) -> None:
-        key = (rows, positions.bit_length())
+    def observe(self, counts: Sequence[int], seconds: float) -> None:
+        key = tuple(int(c).bit_length() for c in counts)
         bucket = self.buckets.get(key)
         if bucket is None:
-            self.buckets[key] = RowsBucket(float(rows), float(positions), seconds)
+            self.buckets[key] = PlaneBucket([float(c) for c in counts], seconds)
             return
-        weight = max(EMA, 1.0 / (bucket.count + 1))
-        bucket.positions += weight * (positions - bucket.positions)
+        weight = max(EMA, 1.0 / (bucket.n + 1))
+        bucket.counts = [m + weight * (c - m) for m, c in zip(bucket.counts, counts, strict=True)]
         bucket.seconds += weight * (seconds - bucket.seconds)
-        bucket.count += 1
+        bucket.n += 1
 
-    def plane(self) -> tuple[float, float, float] | None:
-        """(fixed, per row, per position) seconds, none negative; None where the buckets do not
-        determine them (fewer than three, or positions per row spread by less than `SPREAD`)."""
-        points = [(b.rows, b.positions, b.seconds) for b in self.buckets.values()]
-        widths = [p / r for r, p, _ in points]
-        if len(points) < 3 or max(widths) < SPREAD * min(widths):
+    def plane(self) -> tuple[float, list[float]] | None:
+        """(fixed seconds, seconds per unit of each count), none negative; None before any bucket."""
+        if not self.buckets:
             return None
-        fit = _least_squares(points, rows=True, positions=True)
-        if fit is not None and fit[1] < 0:  # a negative part fits nothing real: fit without it
-            fit = _least_squares(points, rows=False, positions=True)
-        elif fit is not None and fit[2] < 0:
-            fit = _least_squares(points, rows=True, positions=False)
-        if fit is None:
-            return None
-        fixed, per_row, per_position = fit
-        return max(0.0, fixed), max(0.0, per_row), max(0.0, per_position)
+        points = list(self.buckets.values())
+        active = [j for j in self.keep if j < len(points[0].counts)]
+        while True:
+            fixed, parts, undetermined = _least_squares(points, active)
+            if undetermined is not None:
+                active.remove(undetermined)
+                continue
+            negative = [j for j in active if parts[j] < 0]
+            if negative:
+                active.remove(negative[-1])
+                continue
+            return max(0.0, fixed), [parts.get(j, 0.0) for j in range(len(points[0].counts))]
 
 
-def _least_squares(
-    points: list[tuple[float, float, float]], rows: bool, positions: bool
-) -> tuple[float, float, float] | None:
-    """seconds = a + b * rows + c * positions through `points` (b or c held at 0 where not
-    `rows`, `positions`); None where the normal equations are (near) singular."""
-    design = [[1.0, *([r] if rows else []), *([p] if positions else [])] for r, p, _ in points]
-    n = len(design[0])
-    matrix = [[sum(x[i] * x[j] for x in design) for j in range(n)] for i in range(n)]
-    vector = [sum(x[i] * point[2] for x, point in zip(design, points, strict=True)) for i in range(n)]
-    solution = _solve(matrix, vector)
+def _least_squares(points: Sequence[PlaneBucket], active: list[int]) -> tuple[float, dict[int, float], int | None]:
+    """seconds = fixed + sum over the `active` counts of part * count through the points' means,
+    on standardised counts; the first active count (in order) the fit cannot determine (it varies
+    apart from those before it by less than `INDEPENDENT` of its spread, or too few points), if any."""
+    n = len(points)
+    mean_y = sum(p.seconds for p in points) / n
+    if not active:
+        return mean_y, {}, None
+    columns = [[p.counts[j] for p in points] for j in active]
+    means = [sum(column) / n for column in columns]
+    centred = [[v - m for v in column] for column, m in zip(columns, means, strict=True)]
+    scales = [math.sqrt(sum(v * v for v in column) / n) for column in centred]
+    for i, scale in enumerate(scales):
+        if scale <= 0 or i + 1 >= n:  # a count that never moved, or as many parts as points
+            return mean_y, {}, active[i]
+    z = [[v / s for v in column] for column, s in zip(centred, scales, strict=True)]
+    ys = [p.seconds - mean_y for p in points]
+    k = len(active)
+    matrix = [[sum(a * b for a, b in zip(z[i], z[j], strict=True)) / n for j in range(k)] for i in range(k)]
+    vector = [sum(a * y for a, y in zip(z[i], ys, strict=True)) / n for i in range(k)]
+    solution, undetermined = _solve_correlations(matrix, vector)
     if solution is None:
-        return None
-    parts = iter(solution[1:])
-    return solution[0], next(parts) if rows else 0.0, next(parts) if positions else 0.0
+        return mean_y, {}, active[undetermined]
+    parts = {j: solution[i] / scales[i] for i, j in enumerate(active)}
+    return mean_y - sum(parts[j] * m for j, m in zip(active, means, strict=True)), parts, None
 
 
-def _solve(matrix: list[list[float]], vector: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting; None for a (near) singular system."""
+def _solve_correlations(matrix: list[list[float]], vector: list[float]) -> tuple[list[float] | None, int]:
+    """Gaussian elimination of a correlation matrix (symmetric, unit diagonal), in order: each
+    pivot is the share of its count's spread the counts before it do not explain; (None, that
+    count's place) at the first below `INDEPENDENT`."""
     n = len(vector)
     rows = [[*matrix[i], vector[i]] for i in range(n)]
-    scale = max(abs(v) for row in matrix for v in row) or 1.0
     for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
-        if abs(rows[pivot][col]) <= SINGULAR * scale:
-            return None
-        rows[col], rows[pivot] = rows[pivot], rows[col]
-        for r in range(n):
-            if r != col:
-                factor = rows[r][col] / rows[col][col]
-                rows[r] = [a - factor * b for a, b in zip(rows[r], rows[col], strict=True)]
-    return [rows[i][n] / rows[i][i] for i in range(n)]
+        if rows[col][col] < INDEPENDENT:
+            return None, col
+        for r in range(col + 1, n):
+            factor = rows[r][col] / rows[col][col]
+            rows[r] = [a - factor * b for a, b in zip(rows[r], rows[col], strict=True)]
+    solution = [0.0] * n
+    for i in reversed(range(n)):
+        solution[i] = (rows[i][n] - sum(rows[i][j] * solution[j] for j in range(i + 1, n))) / rows[i][i]
+    return solution, -1
 
 
-def rows_cost_of(model: nn.Module) -> RowsCost:
-    """The model's forwards against rows and positions (`TickClock` records them)."""
+KEEP = {TARGET_ROWS: (1, 0), HOST: (1, 2, 0)}  # positions before rows; a verify round's own work, positions, rows
+
+
+def plane_of(model: nn.Module, record: str) -> PlaneCost:
+    """The model's measured costs against several counts (`TARGET_ROWS`: rows, positions; `HOST`:
+    rows, verifying rows, positions; `TickClock` records them)."""
     known = vars(model)
-    if ROWS_COST not in known:
-        known[ROWS_COST] = RowsCost()
-    return known[ROWS_COST]
+    key = f"{COST}_{record}"
+    if key not in known:
+        known[key] = PlaneCost(KEEP[record])
+    return known[key]
 
 
 def forget(model: nn.Module) -> None:
     """Drop every record kept on `model` (a warm-up's forwards time kernels being compiled)."""
     known = vars(model)
-    for key in [key for key in known if key.startswith(COST) or key == ROWS_COST]:
+    for key in [key for key in known if key.startswith(COST)]:
         del known[key]
 
 
 def cost_of(model: nn.Module, record: str = FORWARD) -> ForwardCost:
-    """The model's measured costs of one kind (`FORWARD`, `DRAFTING`, `HOST`): one record per
-    loaded model and kind, whoever runs it."""
+    """The model's measured costs of one kind against positions (`FORWARD`, `DRAFTING`): one
+    record per loaded model and kind, whoever runs it."""
     known = vars(model)  # the object's own attributes, not the module tree (a Module is a dict)
     key = COST if record == FORWARD else f"{COST}_{record}"
     if key not in known:
@@ -201,6 +220,7 @@ class TickClock:
     several_drafters: bool = False
     forward_s: float = 0.0
     rows: int = 0
+    verifying: int = 0  # rows whose forward verified drafts (more than their pending token)
     positions: int = 0
     target: nn.Module | None = None
     several_targets: bool = False
@@ -223,11 +243,13 @@ class TickClock:
         self.drafting_s += time.perf_counter() - self.drafting_from
         self.drafting_from = None
 
-    def forwarded(self, model: nn.Module, rows: int, positions: int, seconds: float) -> None:
+    def forwarded(self, model: nn.Module, positions: Sequence[int], seconds: float) -> None:
+        """The target's forward of rows of these `positions` took `seconds`."""
         self.several_targets |= self.target is not None and self.target is not model
         self.target = model
-        self.rows += rows
-        self.positions += positions
+        self.rows += len(positions)
+        self.verifying += sum(p > 1 for p in positions)
+        self.positions += sum(positions)
         self.forward_s += seconds
 
     def close(self) -> None:
@@ -237,5 +259,5 @@ class TickClock:
             cost_of(self.drafter, DRAFTING).observe_mean(self.passes, self.pass_positions, self.drafting_s)
         if self.target is not None and not self.several_targets:
             rest = time.perf_counter() - self.started - self.drafting_s - self.forward_s
-            cost_of(self.target, HOST).observe_mean(self.rows, self.positions, max(0.0, rest))
-            rows_cost_of(self.target).observe(self.rows, self.positions, self.forward_s)
+            plane_of(self.target, HOST).observe((self.rows, self.verifying, self.positions), max(0.0, rest))
+            plane_of(self.target, TARGET_ROWS).observe((self.rows, self.positions), self.forward_s)

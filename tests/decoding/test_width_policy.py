@@ -25,7 +25,7 @@ from app.decoding.width import (
 )
 from app.drafters.governor import make_governor
 from app.drafters.passes import NO_PASSES, DrafterPasses, PassShape
-from app.execution.cost import DRAFTING, FORWARD, HOST, ForwardCost, RowsCost, cost_of, forget, rows_cost_of
+from app.execution.cost import DRAFTING, FORWARD, HOST, TARGET_ROWS, ForwardCost, PlaneCost, cost_of, forget, plane_of
 from app.execution.model import LoadedModel
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
@@ -59,12 +59,13 @@ def test_forward_cost_fits_a_line_through_its_buckets() -> None:
     cost.observe_mean(4, 40, 0.008)  # four passes of ten positions in all: their mean pass
     assert cost.buckets[(10).bit_length()].count == 1 and cost.buckets[(10).bit_length()].seconds == 0.002
     module = nn.Linear(1, 1)
-    for record in (FORWARD, DRAFTING, HOST):
+    for record in (FORWARD, DRAFTING):
         cost_of(module, record).observe(4, 0.01)
-    rows_cost_of(module).observe(2, 4, 0.01)
+    for record in (TARGET_ROWS, HOST):
+        plane_of(module, record).observe((2, 4), 0.01)
     forget(module)  # what the warm-up measured was kernels compiling
-    assert not any(cost_of(module, record).buckets for record in (FORWARD, DRAFTING, HOST))
-    assert not rows_cost_of(module).buckets
+    assert not any(cost_of(module, record).buckets for record in (FORWARD, DRAFTING))
+    assert not any(plane_of(module, record).buckets for record in (TARGET_ROWS, HOST))
 
 
 def policy(
@@ -80,20 +81,37 @@ def policy(
 def test_the_targets_forwards_are_fitted_against_rows_and_positions() -> None:
     """A forward costing 5 ms, 2 ms a row and 0.1 ms a position: the plane recovers each part once
     the forwards ran at more than one width; at one width alone rows and positions cannot be told
-    apart, and the choice then prices by positions alone."""
-    cost = RowsCost()
+    apart, and the fit then prices positions alone (a row more as much as a wider row)."""
+    cost = PlaneCost(keep=(1, 0))  # positions before rows, as the engine's record
     for rows in (1, 2, 4, 8):
-        cost.observe(rows, 5 * rows, 0.005 + 0.002 * rows + 0.0001 * 5 * rows)
-    assert cost.plane() is None
+        cost.observe((rows, 5 * rows), 0.005 + 0.002 * rows + 0.0001 * 5 * rows)
+    fixed, (per_row, per_position) = cost.plane()
+    assert per_row == 0.0 and per_position == pytest.approx(0.0005, rel=1e-6)
     for rows, width in ((8, 0), (4, 2), (16, 1)):
         positions = rows * (1 + width)
-        cost.observe(rows, positions, 0.005 + 0.002 * rows + 0.0001 * positions)
-    assert cost.plane() == pytest.approx((0.005, 0.002, 0.0001), rel=1e-6)
+        cost.observe((rows, positions), 0.005 + 0.002 * rows + 0.0001 * positions)
+    fixed, parts = cost.plane()
+    assert (fixed, *parts) == pytest.approx((0.005, 0.002, 0.0001), rel=1e-6)
     rows = [policy(alpha=0.5) for _ in range(8)]
     line = lambda: measured(0.005, 0.0021)  # noqa: E731 - one line through rows and positions alike
     assert widths_after(Goodput(line), rows) == [0] * 8  # every position priced like a row: no drafting pays
     rows = [policy(alpha=0.5) for _ in range(8)]
-    assert all(w >= 3 for w in widths_after(Goodput(line, rows=lambda: cost), rows))  # a position is cheap
+    assert all(w >= 3 for w in widths_after(Goodput(line, target=lambda: cost), rows))  # a position is cheap
+
+
+def test_a_verify_rounds_own_host_work_is_priced_apart_from_its_positions() -> None:
+    """Host work of 1 ms a verifying row, nothing per position: a row that drafts at all pays
+    the millisecond once, so it drafts wide or not at all, never a single draft."""
+    host = PlaneCost(keep=(1, 2, 0))
+    for rows, verifying, positions in ((8, 0, 8), (8, 8, 40), (4, 2, 10), (8, 4, 20), (2, 2, 6), (4, 4, 8)):
+        host.observe((rows, verifying, positions), 0.0002 * rows + 0.001 * verifying)
+    fixed, parts = host.plane()
+    assert (fixed, *parts) == pytest.approx((0.0, 0.0002, 0.001, 0.0), abs=1e-9)
+    target = lambda: measured(0.01, 0.00001)  # noqa: E731
+    widths = widths_after(Goodput(target, host=lambda: host), [policy(alpha=0.6) for _ in range(8)])
+    assert all(w >= 3 for w in widths)
+    widths = widths_after(Goodput(target, host=lambda: host), [policy(alpha=0.05) for _ in range(8)])
+    assert widths == [0] * 8
 
 
 def test_a_round_is_decided_once_within_cap_budget_and_the_ticks_limit() -> None:
@@ -161,9 +179,11 @@ def test_the_drafters_passes_are_priced_with_the_target() -> None:
 
 def test_the_rows_host_work_is_priced_by_its_positions() -> None:
     target = lambda: measured(0.01, 0.00001)  # noqa: E731
-    host = ForwardCost()
-    for positions in (1, 8):  # judging a position costs as much as a tenth of the forward
-        host.observe(positions, 0.0005 + 0.001 * positions)
+    host = PlaneCost(keep=(1, 2, 0))
+    for rows, verifying, positions in ((4, 0, 4), (4, 4, 32), (2, 1, 9), (4, 2, 12), (1, 1, 5)):
+        host.observe(
+            (rows, verifying, positions), 0.0005 * rows + 0.001 * positions
+        )  # a position: a tenth of the forward
     rows = [policy(alpha=0.5) for _ in range(4)]
     assert all(w < 7 for w in widths_after(Goodput(target, lambda: host), rows))
 
