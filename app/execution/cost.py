@@ -34,6 +34,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 EMA = 0.2  # weight of the newest measurement in its bucket (costs drift as caches grow)
+OUTLIER = 3.0  # a measurement counts as at most this many times its bucket's mean (once it has a few)
+SETTLED = 3  # measurements a bucket holds before `OUTLIER` applies
 COST = "_mlxcel_forward_cost"  # where `cost_of` keeps a model's measurements
 FORWARD, DRAFTING = "forward", "drafting"  # `cost_of`'s records (module docstring)
 TARGET_ROWS, HOST = "target_rows", "host"  # `plane_of`'s
@@ -59,7 +61,7 @@ class ForwardCost:
             return
         weight = max(EMA, 1.0 / (bucket.count + 1))
         bucket.positions += weight * (positions - bucket.positions)
-        bucket.seconds += weight * (seconds - bucket.seconds)
+        bucket.seconds += weight * (_bounded(seconds, bucket.seconds, bucket.count) - bucket.seconds)
         bucket.count += 1
 
     def observe_mean(self, parts: int, positions: int, seconds: float) -> None:
@@ -108,7 +110,7 @@ class PlaneCost:
             return
         weight = max(EMA, 1.0 / (bucket.n + 1))
         bucket.counts = [m + weight * (c - m) for m, c in zip(bucket.counts, counts, strict=True)]
-        bucket.seconds += weight * (seconds - bucket.seconds)
+        bucket.seconds += weight * (_bounded(seconds, bucket.seconds, bucket.n) - bucket.seconds)
         bucket.n += 1
 
     def plane(self) -> tuple[float, list[float]] | None:
@@ -192,6 +194,13 @@ def forget(model: nn.Module) -> None:
     known = vars(model)
     for key in [key for key in known if key.startswith(COST)]:
         del known[key]
+
+
+def _bounded(seconds: float, mean: float, count: int) -> float:
+    """A measurement far above its settled bucket's mean (another process took the cores, a
+    kernel compiled) moves the mean as if it were `OUTLIER` times the mean; a real rise still
+    shows within a few measurements."""
+    return min(seconds, OUTLIER * mean) if count >= SETTLED else seconds
 
 
 def cost_of(model: nn.Module, record: str = FORWARD) -> ForwardCost:
