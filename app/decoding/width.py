@@ -31,8 +31,10 @@ A row the choice holds at width 0 still learns: a probe round of one verified dr
 and after twice the gap (up to `PROBE_MAX`) after one that was not. A row held at 0 that even an
 acceptance of `PROMISING` would not get drafting again (the tick's costs hold it there, not its
 acceptance) probes only every `PROBE_MAX` ticks: probes then cost more than they can tell. Every
-`SURVEY_EVERY`-th tick runs the load-free rows at half their widths, so every record sees more
-than one width (a fit needs two). Neither is logged: the width in force has not moved.
+`SURVEY_EVERY`-th tick runs the load-free rows at half their widths, and the next such tick at
+their own widths, so every record keeps seeing more than one width (a fit needs two) and the
+widths not chosen lately are timed afresh (a cost measured while another process held the cores
+must not keep them out for good). Neither is logged: the width in force has not moved.
 """
 
 from __future__ import annotations
@@ -50,13 +52,13 @@ from app.execution.cost import DRAFTING, ForwardCost, PlaneCost, cost_of
 
 ACCEPTANCE_PRIOR = 0.5  # per-position acceptance assumed before a row's first verified round
 PRIOR_WEIGHT = 1.0  # tested positions the prior counts as
-FORGET = 0.7  # per verified round, the weight the counts before it keep
+FORGET = 0.85  # per verified round, the weight the counts before it keep (about twenty positions remembered)
 MAX_ACCEPTANCE = 0.99  # the expected length stays finite (alpha = 1 accepts every draft)
 ADOPT_GAIN = 1.02  # new widths must beat the widths in force by 2 % of expected tokens/s
 PROBE_FIRST = 4  # ticks at width 0 before a row's first probe round
 PROBE_MAX = 16  # the longest gap between two probe rounds of a row
 PROMISING = 0.9  # the acceptance a probe could show at best (what decides whether probing can matter)
-SURVEY_EVERY = 16  # ticks between two that run the load-free rows at half their widths
+SURVEY_EVERY = 16  # ticks between two that run the load-free rows at half, then at their own widths
 
 
 def row_n_max(plan_n_max: int, requested: int | None) -> int:
@@ -354,7 +356,7 @@ class Goodput:
         applied = list(best)
         for i in free:
             if self.ticks % SURVEY_EVERY == 0:
-                applied[i] = best[i] // 2
+                applied[i] = best[i] // 2 if self.ticks % (2 * SURVEY_EVERY) else wanted[i]
             elif best[i] == 0 and rows[i].probe(_promising(prices, rows, best, i, positions)):
                 applied[i] = 1
             elif best[i]:

@@ -15,6 +15,7 @@ from app.decoding.batch import run_together
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.width import (
+    FORGET,
     SURVEY_EVERY,
     Acceptance,
     Goodput,
@@ -131,9 +132,9 @@ def test_observed_rounds_move_the_acceptance_estimate_by_positions_tested() -> N
     assert row.alpha == pytest.approx(0.5) and row.acceptance.rounds == 0
     row.decide(budget=100)
     row.observe([1] * 8, 7, Verdict(accepted=7, tokens=[1] * 8, tested=7), 0.001)
-    assert row.alpha == pytest.approx((0.7 * 0.5 + 7) / (0.7 + 7))  # seven positions outweigh the prior
+    assert row.alpha == pytest.approx((FORGET * 0.5 + 7) / (FORGET + 7))  # seven positions outweigh the prior
     row.observe([2], 7, Verdict(accepted=0, tokens=[2], tested=1), 0.001)
-    assert row.alpha == pytest.approx((0.7 * (0.35 + 7)) / (0.7 * 7.7 + 1))
+    assert row.alpha == pytest.approx((FORGET * (FORGET * 0.5 + 7)) / (FORGET * (FORGET + 7) + 1))
     before = row.alpha
     row.observe([3], 0, None, 0.001)
     assert row.alpha == before and row.acceptance.rounds == 2  # a plain step is no evidence
@@ -265,11 +266,15 @@ def test_a_row_its_costs_hold_at_width_0_probes_rarely() -> None:
     assert all(row.held_at == 0 for row in rows) and 1 <= probes <= 3
 
 
-def test_every_sixteenth_tick_surveys_half_the_widths() -> None:
+def test_every_sixteenth_tick_surveys_half_the_widths_then_the_rows_own() -> None:
     rows = [policy(alpha=0.9) for _ in range(4)]
     goodput = Goodput(lambda: measured(0.05, 0.00001))
     limits = [widths_after(goodput, rows)[0] for _ in range(SURVEY_EVERY)]
     assert limits[: SURVEY_EVERY - 1] == [7] * (SURVEY_EVERY - 1) and limits[-1] == 3
+    narrow = [policy(alpha=0.05) for _ in range(4)]
+    goodput = Goodput(lambda: measured(0.001, 0.001))
+    limits = [widths_after(goodput, narrow)[0] for _ in range(2 * SURVEY_EVERY)]
+    assert limits[SURVEY_EVERY - 1] == 0 and limits[-1] == 7  # held at 0, surveyed at its own width
 
 
 def test_a_block_loop_round_is_charged_its_priced_cost_not_the_wall_clock() -> None:
