@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from app.acceptance import Verdict
 from app.decoding.adaptive import Widths
@@ -259,43 +260,68 @@ class TickPrices:
     host: Plane  # (rows, verifying rows, positions)
     drafters: dict[int, tuple[PassShape, Line]]  # id(drafter module) -> its passes
 
-    def seconds(self, rows: Sequence[WidthPolicy], widths: Sequence[int], others: int) -> float:
-        """The tick at these widths; `others`: rows without a policy, one position each."""
-        count, positions = len(rows) + others, others + sum(1 + w for w in widths)
-        total = self.target.at(count, positions) + self.host.at(count, sum(w > 0 for w in widths), positions)
-        for key, group in _by_drafter(rows, widths).items():
-            shape, line = self.drafters[key]
-            if shape is PassShape.CHAIN:  # pass j over the rows drafting more than j
-                total += sum(line.at(sum(w > j for w in group)) for j in range(max(group)))
-            elif any(group):
-                total += line.at(sum(w + 1 for w in group if w))
-        return total
-
-    def row_cost(self, row: WidthPolicy) -> tuple[float, float]:
-        """(what a row's drafting at all adds, what each of its drafts adds), passes' fixed parts
-        left out: a verify round's own host work (and a block drafter's anchor row), then each
-        draft's target and host positions and its pass positions."""
-        shape, line = self.drafters.get(_key(row), (PassShape.NONE, FREE))
-        drafter = line.slope if shape is not PassShape.NONE else 0.0
-        first = self.host.parts[1] + (drafter if shape is PassShape.BLOCK else 0.0)
-        return first, self.target.parts[1] + self.host.parts[2] + drafter
-
-    def pass_fixed(self, row: WidthPolicy) -> tuple[PassShape, float]:
-        shape, line = self.drafters.get(_key(row), (PassShape.NONE, FREE))
-        return shape, line.fixed
-
 
 def _key(row: WidthPolicy) -> int | None:
     module = row.passes.module
     return None if row.passes.shape is PassShape.NONE or module is None else id(module)
 
 
-def _by_drafter(rows: Sequence[WidthPolicy], widths: Sequence[int]) -> dict[int, list[int]]:
-    groups: dict[int, list[int]] = defaultdict(list)
-    for row, width in zip(rows, widths, strict=True):
-        if (key := _key(row)) is not None:
-            groups[key].append(width)
-    return {key: group for key, group in groups.items() if max(group) > 0}
+class Tick:
+    """One tick's rows at the prices: its seconds and expected tokens at any widths (closed forms:
+    every line is straight), and what each row's drafting adds to it."""
+
+    def __init__(self, prices: TickPrices, rows: Sequence[WidthPolicy], others: int) -> None:
+        self.prices, self.rows, self.others = prices, rows, others
+        self.alphas = [min(row.alpha, MAX_ACCEPTANCE) for row in rows]
+        self.expected = [
+            [expected_tokens(a, w) for w in range(row.n_max + 1)] for a, row in zip(self.alphas, rows, strict=True)
+        ]
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i, row in enumerate(rows):
+            if (key := _key(row)) is not None:
+                groups[key].append(i)
+        self.groups = [(*prices.drafters[key], members) for key, members in groups.items()]
+        self.group_of = {i: g for g, (_, _, members) in enumerate(self.groups) for i in members}
+        host, target = prices.host.parts, prices.target.parts
+        self.costs = []  # per row: (its drafting at all, each of its drafts), passes' fixed parts left out
+        for i in range(len(rows)):
+            shape, line = self.groups[self.group_of[i]][:2] if i in self.group_of else (PassShape.NONE, FREE)
+            first = host[1] + (line.slope if shape is PassShape.BLOCK else 0.0)  # a verify's own work, the anchor
+            self.costs.append((first, target[1] + host[2] + line.slope))
+        self.fixed = prices.target.at(len(rows) + others, len(rows) + others) + prices.host.at(
+            len(rows) + others, 0, len(rows) + others
+        )  # every row at width 0
+
+    def seconds(self, widths: Sequence[int]) -> float:
+        total = self.fixed
+        for (first, each), w in zip(self.costs, widths, strict=True):
+            if w:
+                total += first + each * w
+        for shape, line, members in self.groups:
+            deepest = max(widths[i] for i in members)
+            if deepest:  # a chain's pass per draft position, a block drafter's one pass
+                total += line.fixed * (deepest if shape is PassShape.CHAIN else 1)
+        return total
+
+    def tokens(self, widths: Sequence[int]) -> float:
+        return self.others + sum(table[w] for table, w in zip(self.expected, widths, strict=True))
+
+    def rate(self, widths: Sequence[int]) -> float:
+        seconds = self.seconds(widths)
+        return self.tokens(widths) / seconds if seconds > 0 else 0.0
+
+    def added(self, widths: Sequence[int], index: int, width: int) -> float:
+        """What row `index` at `width` adds to the tick over it at 0, the others at `widths`:
+        its own costs and, for the passes it makes deeper, their fixed parts."""
+        if not width:
+            return 0.0
+        first, each = self.costs[index]
+        added = first + each * width
+        if index in self.group_of:
+            shape, line, members = self.groups[self.group_of[index]]
+            others = max((widths[i] for i in members if i != index), default=0)
+            added += line.fixed * (max(0, width - others) if shape is PassShape.CHAIN else int(others == 0))
+        return added
 
 
 def tokens_at(rows: Sequence[WidthPolicy], widths: Sequence[int], others: int) -> float:
@@ -311,10 +337,22 @@ class Goodput:
     host: Callable[[], PlaneCost | None] = lambda: None  # the rows' host work (None: not weighed)
     target: Callable[[], PlaneCost | None] = lambda: None  # the target's forwards against rows and positions
     ticks: int = 0
+    _fitted: TickPrices | None = field(default=None, repr=False)  # the prices of the latest fit
 
     def prices(self, rows: Sequence[WidthPolicy]) -> TickPrices | None:
-        """The tick's prices; None until the target's forward and every drafting row's drafter
-        have been measured (until then each row runs its source's width)."""
+        """The tick's prices, fitted afresh every `REFIT_EVERY` ticks (and for a drafter not yet
+        priced); None until the target's forward and every drafting row's drafter have been
+        measured (until then each row runs its source's width)."""
+        fitted = self._fitted
+        if (
+            fitted is None
+            or self.ticks % REFIT_EVERY == 0
+            or any((key := _key(row)) is not None and key not in fitted.drafters for row in rows)
+        ):
+            fitted = self._fitted = self._fit(rows)
+        return fitted
+
+    def _fit(self, rows: Sequence[WidthPolicy]) -> TickPrices | None:
         target = Plane.of(self.target())
         if target is None:  # no tick timed yet: the forwards' positions line alone
             line = Line.of(self.cost())
@@ -337,16 +375,16 @@ class Goodput:
         prices = self.prices(rows)
         if prices is None:
             return {}
+        tick = Tick(prices, rows, positions)
         wanted = [row.wanted() for row in rows]
         # a row's first round runs at its own width: its acceptance is then its own, not the prior
         free = [i for i, row in enumerate(rows) if row.load_free and wanted[i] > 0 and row.acceptance.rounds]
         in_force = [min(w, rows[i].held_at) if i in free and rows[i].held_at is not None else w
                     for i, w in enumerate(wanted)]  # fmt: skip
-        best = _best(prices, rows, wanted, free, positions)
-        rate = _rate(prices, rows, positions)
-        if rate(best) <= ADOPT_GAIN * rate(in_force):  # no clear gain: no flapping between neighbours
+        best = _best(tick, wanted, free)
+        if tick.rate(best) <= ADOPT_GAIN * tick.rate(in_force):  # no clear gain: no flapping between neighbours
             best = in_force
-        gain = rate(best) / max(rate(wanted), 1e-12)
+        gain = tick.rate(best) / max(tick.rate(wanted), 1e-12)
         changes = {}
         for i in free:
             row, held = rows[i], best[i] if best[i] < wanted[i] else None
@@ -354,34 +392,27 @@ class Goodput:
                 changes[i] = WidthChange(batch=len(rows), cap=held, previous=row.held_at, expected_gain=round(gain, 4))
                 row.held_at = held
         applied = list(best)
+        seconds, tokens = tick.seconds(best), tick.tokens(best)
         for i in free:
             if self.ticks % SURVEY_EVERY == 0:
                 applied[i] = best[i] // 2 if self.ticks % (2 * SURVEY_EVERY) else wanted[i]
-            elif best[i] == 0 and rows[i].probe(_promising(prices, rows, best, i, positions)):
+            elif best[i] == 0 and rows[i].probe(_promising(tick, best, i, seconds, tokens)):
                 applied[i] = 1
             elif best[i]:
                 rows[i].since_probe, rows[i].probe_gap = 0, PROBE_FIRST
+        plain = tick.fixed / (len(rows) + positions)  # each row's share of the tick with no row drafting
         for i, row in enumerate(rows):
             row.limit = applied[i] if i in free else None
-            row.price = _share(prices, rows, applied, i, positions)
+            row.price = partial(_share, tick, applied, i, plain)
         return changes
 
 
 NO_HOST = Plane(0.0, (0.0, 0.0, 0.0))
+REFIT_EVERY = 4  # ticks between two fits of the records (a tick adds one measurement to each)
 DINKELBACH_ROUNDS = 8  # enough: each round's rate is the best so far, and it settles in two or three
 
 
-def _rate(prices: TickPrices, rows: Sequence[WidthPolicy], others: int) -> Callable[[Sequence[int]], float]:
-    def rate(widths: Sequence[int]) -> float:
-        seconds = prices.seconds(rows, widths, others)
-        return tokens_at(rows, widths, others) / seconds if seconds > 0 else 0.0
-
-    return rate
-
-
-def _best(
-    prices: TickPrices, rows: Sequence[WidthPolicy], wanted: list[int], free: list[int], others: int
-) -> list[int]:
+def _best(tick: Tick, wanted: list[int], free: list[int]) -> list[int]:
     """The widths of the most expected tokens per second. The tick's seconds are the free rows'
     costs (each a part for drafting at all and a part per draft) on top of a part the free rows
     share (the other rows', and the passes' fixed parts, which grow with the deepest width D);
@@ -389,26 +420,24 @@ def _best(
     that maximises its expected tokens minus R times its seconds) finds the best widths; the best
     over every D is taken."""
     widths = [0 if i in free else w for i, w in enumerate(wanted)]
-    rate = _rate(prices, rows, others)
-    best, best_rate = widths, rate(widths)
+    best, best_rate = widths, tick.rate(widths)
     if not free:
         return best
-    costs = {i: prices.row_cost(rows[i]) for i in free}
-    held_depth: dict[int | None, int] = defaultdict(int)
-    for i, row in enumerate(rows):
-        if i not in free:
-            held_depth[_key(row)] = max(held_depth[_key(row)], widths[i])
     for depth in range(1, max(wanted[i] for i in free) + 1):
         candidate, current = list(widths), best_rate
         for _ in range(DINKELBACH_ROUNDS):
             for i in free:
-                first, each = costs[i]
-                alpha, top = min(rows[i].alpha, MAX_ACCEPTANCE), min(depth, wanted[i])
-                gains = [0.0] + [
-                    expected_tokens(alpha, w) - 1 - current * (first + each * w) for w in range(1, top + 1)
-                ]
-                candidate[i] = max(range(top + 1), key=gains.__getitem__)
-            achieved = rate(candidate)
+                first, each = tick.costs[i]
+                alpha, top = tick.alphas[i], min(depth, wanted[i])
+                # expected tokens past the first, less the rate times the seconds, at widths 1..top
+                gain, choice, extra, power = 0.0, 0, 0.0, 1.0
+                for w in range(1, top + 1):
+                    power *= alpha
+                    extra += power
+                    if extra - current * (first + each * w) > gain:
+                        gain, choice = extra - current * (first + each * w), w
+                candidate[i] = choice
+            achieved = tick.rate(candidate)
             if achieved <= current * (1 + 1e-9):
                 break
             current = achieved
@@ -417,23 +446,13 @@ def _best(
     return best
 
 
-def _promising(prices: TickPrices, rows: Sequence[WidthPolicy], widths: list[int], index: int, others: int) -> bool:
-    """Whether one draft of row `index`, accepted at `PROMISING`, would raise the tick's rate."""
-    seconds = prices.seconds(rows, widths, others)
-    tokens = tokens_at(rows, widths, others)
-    wider = prices.seconds(rows, [*widths[:index], 1, *widths[index + 1 :]], others)
-    return seconds > 0 and (tokens + PROMISING) / wider > tokens / seconds
+def _promising(tick: Tick, widths: list[int], index: int, seconds: float, tokens: float) -> bool:
+    """Whether one draft of row `index`, accepted at `PROMISING`, would raise the tick's rate (of
+    `tokens` in `seconds` at `widths`)."""
+    return seconds > 0 and (tokens + PROMISING) / (seconds + tick.added(widths, index, 1)) > tokens / seconds
 
 
-def _share(
-    prices: TickPrices, rows: Sequence[WidthPolicy], widths: list[int], index: int, others: int
-) -> Callable[[int], float]:
-    """Row `index`'s round at width w: its share of the tick with no row drafting, plus what its
+def _share(tick: Tick, widths: list[int], index: int, plain: float, width: int) -> float:
+    """Row `index`'s round at `width`: its share of the tick with no row drafting, plus what its
     drafting adds to the tick (the whole tick for a lone row)."""
-
-    def share(width: int) -> float:
-        plain = prices.seconds(rows, [0] * len(rows), others) / (len(rows) + others)
-        without = prices.seconds(rows, [*widths[:index], 0, *widths[index + 1 :]], others)
-        return plain + prices.seconds(rows, [*widths[:index], width, *widths[index + 1 :]], others) - without
-
-    return share
+    return plain + tick.added(widths, index, width)
