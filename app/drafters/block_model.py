@@ -5,6 +5,10 @@ drafter holds `fc`, `hidden_norm`, `layers.N.*` (Qwen3-style) and `norm`, and bo
 target's embedding and lm_head; DSpark adds `markov_w1` / `markov_w2`; an MTP head holds `enorm`,
 `hnorm`, `eh_proj`, one decoder layer `layer.*` and `norm`. `ops/models/train_block_drafters.py`
 builds the same modules in torch; `ops/models/block_parity.py` checks both give the same outputs.
+
+The server calls them for many rows at once (`rows`, app/drafters/block_rows.py): the rows' inputs
+laid end to end through every product in one call, each row's attention over its own cache with
+its own shapes, so where products are row-stable each row gets the bits of its own call.
 """
 
 from __future__ import annotations
