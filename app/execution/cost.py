@@ -1,10 +1,11 @@
 """What a model's forward costs, measured: seconds against the positions it computed.
 
 The width policy (app/decoding/width.py) asks what a tick would cost at other widths, so every
-measured pass is kept per model, by position count, as a running mean in buckets of powers of
-two; the estimate is the least-squares line through the buckets' means (a forward costs a fixed
-part, dispatch and weight reads, plus a part that grows with the positions). Until two buckets
-hold measurements there is no line: the policy then leaves the widths as they are.
+measured pass is kept per model, by position count, as a running estimate in buckets of powers of
+two (a running mean that rises more slowly than it falls: timing noise only adds, `_moved`); the
+estimate is the least-squares line through the buckets (a forward costs a fixed part, dispatch and
+weight reads, plus a part that grows with the positions). Until two buckets hold measurements
+there is no line: the policy then prices from one bucket, or leaves the widths as they are.
 
 Three records a tick's cost is made of, each kept on the model it belongs to (`cost_of`):
 
@@ -35,7 +36,8 @@ import mlx.nn as nn
 
 EMA = 0.2  # weight of the newest measurement in its bucket (costs drift as caches grow)
 OUTLIER = 3.0  # a measurement counts as at most this many times its bucket's mean (once it has a few)
-SETTLED = 3  # measurements a bucket holds before `OUTLIER` applies
+SETTLED = 3  # measurements a bucket holds before `OUTLIER` and `RISE` apply
+RISE = 0.1  # the weight of a settled bucket's measurement above its estimate (below it: EMA)
 COST = "_mlxcel_forward_cost"  # where `cost_of` keeps a model's measurements
 FORWARD, DRAFTING = "forward", "drafting"  # `cost_of`'s records (module docstring)
 TARGET_ROWS, HOST = "target_rows", "host"  # `plane_of`'s
@@ -61,7 +63,7 @@ class ForwardCost:
             return
         weight = max(EMA, 1.0 / (bucket.count + 1))
         bucket.positions += weight * (positions - bucket.positions)
-        bucket.seconds += weight * (_bounded(seconds, bucket.seconds, bucket.count) - bucket.seconds)
+        bucket.seconds = _moved(bucket.seconds, seconds, bucket.count, weight)
         bucket.count += 1
 
     def observe_mean(self, parts: int, positions: int, seconds: float) -> None:
@@ -110,7 +112,7 @@ class PlaneCost:
             return
         weight = max(EMA, 1.0 / (bucket.n + 1))
         bucket.counts = [m + weight * (c - m) for m, c in zip(bucket.counts, counts, strict=True)]
-        bucket.seconds += weight * (_bounded(seconds, bucket.seconds, bucket.n) - bucket.seconds)
+        bucket.seconds = _moved(bucket.seconds, seconds, bucket.n, weight)
         bucket.n += 1
 
     def plane(self) -> tuple[float, list[float]] | None:
@@ -196,11 +198,17 @@ def forget(model: nn.Module) -> None:
         del known[key]
 
 
-def _bounded(seconds: float, mean: float, count: int) -> float:
-    """A measurement far above its settled bucket's mean (another process took the cores, a
-    kernel compiled) moves the mean as if it were `OUTLIER` times the mean; a real rise still
-    shows within a few measurements."""
-    return min(seconds, OUTLIER * mean) if count >= SETTLED else seconds
+def _moved(estimate: float, seconds: float, count: int, weight: float) -> float:
+    """A bucket's estimate after one more measurement. Timing noise only ever adds (another
+    process took the cores, a kernel compiled), so once a bucket has settled a measurement above
+    its estimate moves it less (`RISE`) than one below, and one far above counts as `OUTLIER`
+    times the estimate: the estimate follows what a tick costs when nothing else intervenes, and
+    a real rise (caches grown longer) still shows within a few ticks."""
+    if count < SETTLED:
+        return estimate + weight * (seconds - estimate)
+    if seconds <= estimate:
+        return estimate + EMA * (seconds - estimate)
+    return estimate + RISE * (min(seconds, OUTLIER * estimate) - estimate)
 
 
 def cost_of(model: nn.Module, record: str = FORWARD) -> ForwardCost:
