@@ -212,19 +212,20 @@ class WidthChange:
 @dataclass(frozen=True)
 class Line:
     """A record's estimate: `fixed` seconds plus `slope` per position. A record of one bucket
-    prices every count at that bucket's mean (no slope is known yet)."""
+    prices every count at that bucket's mean (`proportional`: at its mean per position) until a
+    second bucket gives a slope."""
 
     fixed: float
     slope: float
 
     @classmethod
-    def of(cls, record: ForwardCost | None) -> Line | None:
+    def of(cls, record: ForwardCost | None, proportional: bool = False) -> Line | None:
         if record is None or not record.buckets:
             return None
         line = record.line()
         if line is None:
             (bucket,) = record.buckets.values()
-            return cls(bucket.seconds, 0.0)
+            return cls(0.0, bucket.seconds / bucket.positions) if proportional else cls(bucket.seconds, 0.0)
         return cls(*line)
 
     def at(self, positions: float) -> float:
@@ -362,7 +363,8 @@ class Goodput:
         drafters = {}
         for row in rows:
             if (key := _key(row)) is not None and key not in drafters:
-                line = Line.of(cost_of(row.passes.module, DRAFTING))
+                # one bucket: a pass of fewer rows is priced for fewer, so they draft and get measured
+                line = Line.of(cost_of(row.passes.module, DRAFTING), proportional=True)
                 if line is None:
                     return None
                 drafters[key] = (row.passes.shape, line)

@@ -178,6 +178,16 @@ def test_the_drafters_passes_are_priced_with_the_target() -> None:
     assert all(w >= 3 for w in widths_after(Goodput(target), [policy(alpha=0.7, passes=cheap) for _ in range(4)]))
 
 
+def test_a_drafter_measured_at_one_batch_size_prices_smaller_passes_for_their_rows() -> None:
+    """Passes measured only over sixteen rows (one bucket, no slope yet) price a lone row's pass
+    at a sixteenth: it drafts (and its own passes get measured), not held back by what sixteen
+    rows' passes cost."""
+    module = nn.Linear(1, 1)
+    cost_of(module, DRAFTING).observe(16, 0.016)
+    lone = [policy(alpha=0.8, passes=DrafterPasses(PassShape.CHAIN, module))]
+    assert widths_after(Goodput(lambda: measured(0.01, 0.0001)), lone)[0] >= 4
+
+
 def test_the_rows_host_work_is_priced_by_its_positions() -> None:
     target = lambda: measured(0.01, 0.00001)  # noqa: E731
     host = PlaneCost(keep=(1, 2, 0))
