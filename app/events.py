@@ -65,11 +65,17 @@ def governor_changed(event: str, *, request_id: str, decided: int, ema: float, f
 
 
 def speculation_width_changed(
-    *, request_id: str, batch: int, cap: int | None, previous: int | None, expected_gain: float
+    *,
+    request_id: str,
+    batch: int,
+    cap: int | None,
+    previous: int | None,
+    expected_gain: float,
+    prices: dict[str, list[float]],
 ) -> None:
     """The engine's per-tick choice now holds row `request_id` at width `cap` (None: the row's own
     width) among `batch` decoding rows, expecting `expected_gain` times the tick's tokens per
-    second at every row's own width."""
+    second at every row's own width, at the tick's measured `prices` (milliseconds)."""
     structlog.get_logger(LOGGER).info(
         "speculation_width_changed",
         request_id=request_id,
@@ -77,6 +83,7 @@ def speculation_width_changed(
         cap=cap,
         previous=previous,
         expected_gain=expected_gain,
+        prices=prices,
     )
 
 

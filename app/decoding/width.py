@@ -201,12 +201,13 @@ class WidthPolicy:
 class WidthChange:
     """The tick's choice moved one row's width: `cap` the width it holds the row at (None: the
     row's own), `previous` the one before, for `batch` decoding rows, expecting `expected_gain`
-    times the tick's tokens per second at every row's own width."""
+    times the tick's tokens per second at every row's own width, at `prices` (`TickPrices.summary`)."""
 
     batch: int
     cap: int | None
     previous: int | None
     expected_gain: float
+    prices: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -260,6 +261,16 @@ class TickPrices:
     target: Plane  # (rows, positions)
     host: Plane  # (rows, verifying rows, positions)
     drafters: dict[int, tuple[PassShape, Line]]  # id(drafter module) -> its passes
+
+    def summary(self) -> dict[str, list[float]]:
+        """The parts in milliseconds, for the log: the target's forward (fixed, per row, per
+        position), the host work (fixed, per row, per verifying row, per position), each drafter's
+        pass (fixed, per position)."""
+        ms = lambda values: [round(1000 * v, 4) for v in values]  # noqa: E731
+        parts = {"target": ms([self.target.fixed, *self.target.parts]), "host": ms([self.host.fixed, *self.host.parts])}
+        for shape, line in self.drafters.values():
+            parts[f"drafter_{shape}"] = ms([line.fixed, line.slope])
+        return parts
 
 
 def _key(row: WidthPolicy) -> int | None:
@@ -391,7 +402,7 @@ class Goodput:
         for i in free:
             row, held = rows[i], best[i] if best[i] < wanted[i] else None
             if held != row.held_at:
-                changes[i] = WidthChange(batch=len(rows), cap=held, previous=row.held_at, expected_gain=round(gain, 4))
+                changes[i] = WidthChange(len(rows), held, row.held_at, round(gain, 4), prices.summary())
                 row.held_at = held
         applied = list(best)
         seconds, tokens = tick.seconds(best), tick.tokens(best)

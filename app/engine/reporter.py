@@ -47,6 +47,7 @@ class Reporter:
             cap=change.cap,
             previous=change.previous,
             expected_gain=change.expected_gain,
+            prices=change.prices,
         )
 
     def prepared(self, notes: list[Note]) -> None:
