@@ -280,10 +280,13 @@ def _key(row: WidthPolicy) -> int | None:
 
 class Tick:
     """One tick's rows at the prices: its seconds and expected tokens at any widths (closed forms:
-    every line is straight), and what each row's drafting adds to it."""
+    every line is straight), and what each row's drafting adds to it. `plain` and `drafting`
+    scale the tick with no row drafting and what the drafting adds (`Goodput.measured`)."""
 
-    def __init__(self, prices: TickPrices, rows: Sequence[WidthPolicy], others: int) -> None:
-        self.prices, self.rows, self.others = prices, rows, others
+    def __init__(
+        self, prices: TickPrices, rows: Sequence[WidthPolicy], others: int, plain: float = 1.0, drafting: float = 1.0
+    ) -> None:
+        self.prices, self.rows, self.others, self.drafting = prices, rows, others, drafting
         self.alphas = [min(row.alpha, MAX_ACCEPTANCE) for row in rows]
         self.expected = [
             [expected_tokens(a, w) for w in range(row.n_max + 1)] for a, row in zip(self.alphas, rows, strict=True)
@@ -299,10 +302,9 @@ class Tick:
         for i in range(len(rows)):
             shape, line = self.groups[self.group_of[i]][:2] if i in self.group_of else (PassShape.NONE, FREE)
             first = host[1] + (line.slope if shape is PassShape.BLOCK else 0.0)  # a verify's own work, the anchor
-            self.costs.append((first, target[1] + host[2] + line.slope))
-        self.fixed = prices.target.at(len(rows) + others, len(rows) + others) + prices.host.at(
-            len(rows) + others, 0, len(rows) + others
-        )  # every row at width 0
+            self.costs.append((drafting * first, drafting * (target[1] + host[2] + line.slope)))
+        count = len(rows) + others
+        self.fixed = plain * (prices.target.at(count, count) + prices.host.at(count, 0, count))  # every row at width 0
 
     def seconds(self, widths: Sequence[int]) -> float:
         total = self.fixed
@@ -312,7 +314,7 @@ class Tick:
         for shape, line, members in self.groups:
             deepest = max(widths[i] for i in members)
             if deepest:  # a chain's pass per draft position, a block drafter's one pass
-                total += line.fixed * (deepest if shape is PassShape.CHAIN else 1)
+                total += self.drafting * line.fixed * (deepest if shape is PassShape.CHAIN else 1)
         return total
 
     def tokens(self, widths: Sequence[int]) -> float:
@@ -332,7 +334,8 @@ class Tick:
         if index in self.group_of:
             shape, line, members = self.groups[self.group_of[index]]
             others = max((widths[i] for i in members if i != index), default=0)
-            added += line.fixed * (max(0, width - others) if shape is PassShape.CHAIN else int(others == 0))
+            deeper = max(0, width - others) if shape is PassShape.CHAIN else int(others == 0)
+            added += self.drafting * line.fixed * deeper
         return added
 
 
@@ -349,7 +352,11 @@ class Goodput:
     host: Callable[[], PlaneCost | None] = lambda: None  # the rows' host work (None: not weighed)
     target: Callable[[], PlaneCost | None] = lambda: None  # the target's forwards against rows and positions
     ticks: int = 0
+    # measured over predicted seconds: of a tick with no row drafting, and of what drafting adds
+    plain_scale: float = 1.0
+    drafting_scale: float = 1.0
     _fitted: TickPrices | None = field(default=None, repr=False)  # the prices of the latest fit
+    _expected: tuple[float, float] | None = field(default=None, repr=False)  # the latest tick's (plain, drafting)
 
     def prices(self, rows: Sequence[WidthPolicy]) -> TickPrices | None:
         """The tick's prices, fitted afresh every `REFIT_EVERY` ticks (and for a drafter not yet
@@ -388,7 +395,7 @@ class Goodput:
         prices = self.prices(rows)
         if prices is None:
             return {}
-        tick = Tick(prices, rows, positions)
+        tick = Tick(prices, rows, positions, self.plain_scale, self.drafting_scale)
         wanted = [row.wanted() for row in rows]
         # a row's first round runs at its own width: its acceptance is then its own, not the prior
         free = [i for i, row in enumerate(rows) if row.load_free and wanted[i] > 0 and row.acceptance.rounds]
@@ -413,14 +420,40 @@ class Goodput:
                 applied[i] = 1
             elif best[i]:
                 rows[i].since_probe, rows[i].probe_gap = 0, PROBE_FIRST
+        self._expected = (tick.fixed, tick.seconds(applied) - tick.fixed)
         plain = tick.fixed / (len(rows) + positions)  # each row's share of the tick with no row drafting
         for i, row in enumerate(rows):
             row.limit = applied[i] if i in free else None
             row.price = partial(_share, tick, applied, i, plain)
         return changes
 
+    def measured(self, seconds: float) -> None:
+        """The tick just chosen took `seconds` in all: the scales move toward what it says (a tick
+        with no drafting calibrates the plain part, one with drafting what the drafting added),
+        so what the parts' fits leave out is weighed all the same."""
+        if self._expected is None:
+            return
+        plain, drafting = self._expected
+        self._expected = None
+        if drafting <= PLAIN_TICK * plain:
+            self.plain_scale = _rescaled(self.plain_scale, seconds / plain if plain > 0 else 1.0)
+        elif drafting > 0:
+            self.drafting_scale = _rescaled(self.drafting_scale, (seconds - plain) / drafting)
+
+
+def _rescaled(scale: float, ratio: float) -> float:
+    """`scale` moved toward `scale * ratio`, the ratio bounded (one tick is one noisy measurement)
+    and a rise weighed half a fall (timing noise only adds, as app/execution/cost.py's buckets)."""
+    bounded = min(max(ratio, 1 / SCALE_STEP), SCALE_STEP)
+    weight = CALIBRATION / 2 if bounded > 1 else CALIBRATION
+    return min(max(scale + weight * (scale * bounded - scale), SCALE_RANGE[0]), SCALE_RANGE[1])
+
 
 NO_HOST = Plane(0.0, (0.0, 0.0, 0.0))
+PLAIN_TICK = 0.02  # a tick whose drafting adds less than this share is a plain tick for the calibration
+CALIBRATION = 0.05  # weight of one tick in the scales
+SCALE_STEP = 2.0  # one tick moves a scale toward at most twice (or half) itself
+SCALE_RANGE = (0.25, 4.0)
 REFIT_EVERY = 4  # ticks between two fits of the records (a tick adds one measurement to each)
 DINKELBACH_ROUNDS = 8  # enough: each round's rate is the best so far, and it settles in two or three
 

@@ -282,7 +282,10 @@ class Scheduler:
             self._settle(decoding[0], _outcome(decoding[0].advance))
         elif decoding:
             self._weigh_widths(decoding)
-            for row, outcome in zip(decoding, run_together([row.steps() for row in decoding]), strict=True):
+            started = time.perf_counter()
+            outcomes = run_together([row.steps() for row in decoding])
+            self.goodput.measured(time.perf_counter() - started)  # the choice's prices against the tick
+            for row, outcome in zip(decoding, outcomes, strict=True):
                 self._settle(row, outcome)
 
     def _weigh_widths(self, decoding: list[Row]) -> None:

@@ -199,6 +199,21 @@ def test_the_rows_host_work_is_priced_by_its_positions() -> None:
     assert all(w < 7 for w in widths_after(Goodput(target, lambda: host), rows))
 
 
+def test_the_whole_ticks_time_calibrates_what_the_fits_leave_out() -> None:
+    """Ticks measured at three times what the parts' fits predict for the rows' drafting (a cost
+    the fits miss) raise the drafting scale toward 3, and the rows then draft less; plain ticks
+    measured as predicted leave the plain scale at 1."""
+    rows = [policy(alpha=0.6) for _ in range(8)]
+    goodput = Goodput(lambda: measured(0.02, 0.0005))
+    before = widths_after(goodput, rows)
+    for _ in range(120):
+        goodput.choose(rows)
+        plain, drafting = goodput._expected
+        goodput.measured(plain + 3 * drafting / goodput.drafting_scale)
+    assert goodput.drafting_scale == pytest.approx(3.0, rel=0.05) and goodput.plain_scale == 1.0
+    assert sum(widths_after(goodput, rows)) < sum(before)
+
+
 def test_held_rows_keep_their_width_and_lone_rows_are_chosen_too() -> None:
     held = [policy(alpha=0.05, load_free=False) for _ in range(4)]
     free = [policy(alpha=0.05) for _ in range(4)]
