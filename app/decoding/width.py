@@ -14,7 +14,10 @@ A row's width is decided here and nowhere else (`WidthPolicy.decide`), from (in 
   tick costs at those widths, measured (app/execution/cost.py): the target's forward at the
   positions the widths make, the drafter's passes (a draft model's or an MTP head's chain, one
   pass per draft position over the rows drafting that far; a DFlash-family block forward; prompt
-  lookup's nothing) and the rows' host work (judging, sampling, settling) at their positions;
+  lookup's nothing) and the rows' host work (judging, sampling, settling) at their positions,
+  each fitted from the measured ticks, and the whole tick's measured time scaling the part with
+  no row drafting and the part drafting adds (`Goodput.measured`), so what the fits leave out is
+  weighed too;
 - the tokens the row has left (a round never drafts past its budget).
 
 The request's `speculative.n_min` retracts shorter proposals (the loop asks `retracts`).
