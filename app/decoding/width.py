@@ -395,7 +395,7 @@ class Goodput:
         """Set this tick's widths on `rows` (the tick's decoding rows' policies; `positions`: its
         rows without one, a position each); the rows whose held width moved, by index."""
         self.ticks += 1
-        prices = self.prices(rows)
+        prices = self.prices(rows) if rows else None
         if prices is None:
             return {}
         tick = Tick(prices, rows, positions, self.plain_scale, self.drafting_scale)
