@@ -247,8 +247,8 @@ class Plane:
     parts: tuple[float, ...]
 
     @classmethod
-    def of(cls, record: PlaneCost | None) -> Plane | None:
-        fitted = record.plane() if record is not None else None
+    def of(cls, record: PlaneCost | None, near: int | None = None) -> Plane | None:
+        fitted = record.plane(near) if record is not None else None
         return None if fitted is None else cls(fitted[0], tuple(fitted[1]))
 
     def at(self, *counts: float) -> float:
@@ -307,7 +307,8 @@ class Tick:
             first = host[1] + (line.slope if shape is PassShape.BLOCK else 0.0)  # a verify's own work, the anchor
             self.costs.append((drafting * first, drafting * (target[1] + host[2] + line.slope)))
         count = len(rows) + others
-        self.fixed = plain * (prices.target.at(count, count) + prices.host.at(count, 0, count))  # every row at width 0
+        at_zero = prices.target.at(count, count) + prices.host.at(count, 0, count)  # every row at width 0
+        self.fixed = plain * max(at_zero, 1e-6)  # a neighbourhood's plane may reach below 0 far from it
 
     def seconds(self, widths: Sequence[int]) -> float:
         total = self.fixed
@@ -358,24 +359,25 @@ class Goodput:
     # measured over predicted seconds: of a tick with no row drafting, and of what drafting adds
     plain_scale: float = 1.0
     drafting_scale: float = 1.0
-    _fitted: TickPrices | None = field(default=None, repr=False)  # the prices of the latest fit
+    _fitted: dict[int, TickPrices | None] = field(default_factory=dict, repr=False)  # by rows' bit length
     _expected: tuple[float, float] | None = field(default=None, repr=False)  # the latest tick's (plain, drafting)
 
     def prices(self, rows: Sequence[WidthPolicy]) -> TickPrices | None:
         """The tick's prices, fitted afresh every `REFIT_EVERY` ticks (and for a drafter not yet
         priced); None until the target's forward and every drafting row's drafter have been
         measured (until then each row runs its source's width)."""
-        fitted = self._fitted
+        size = len(rows).bit_length()  # fitted near this many rows (PlaneCost.plane)
+        fitted = self._fitted.get(size)
         if (
             fitted is None
             or self.ticks % REFIT_EVERY == 0
             or any((key := _key(row)) is not None and key not in fitted.drafters for row in rows)
         ):
-            fitted = self._fitted = self._fit(rows)
+            fitted = self._fitted[size] = self._fit(rows)
         return fitted
 
     def _fit(self, rows: Sequence[WidthPolicy]) -> TickPrices | None:
-        target = Plane.of(self.target())
+        target = Plane.of(self.target(), near=len(rows))
         if target is None:  # no tick timed yet: the forwards' positions line alone
             line = Line.of(self.cost())
             if line is None:
@@ -389,7 +391,7 @@ class Goodput:
                 if line is None:
                     return None
                 drafters[key] = (row.passes.shape, line)
-        return TickPrices(target, Plane.of(self.host()) or NO_HOST, drafters)
+        return TickPrices(target, Plane.of(self.host(), near=len(rows)) or NO_HOST, drafters)
 
     def choose(self, rows: Sequence[WidthPolicy], positions: int = 0) -> dict[int, WidthChange]:
         """Set this tick's widths on `rows` (the tick's decoding rows' policies; `positions`: its

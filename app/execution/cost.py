@@ -115,12 +115,19 @@ class PlaneCost:
         bucket.seconds = _moved(bucket.seconds, seconds, bucket.n, weight)
         bucket.n += 1
 
-    def plane(self) -> tuple[float, list[float]] | None:
-        """(fixed seconds, seconds per unit of each count), none negative; None before any bucket."""
+    def plane(self, near: int | None = None) -> tuple[float, list[float]] | None:
+        """(fixed seconds, seconds per unit of each count), no part negative; None before any
+        bucket. `near`: fit the buckets whose first count is within a factor of about two of it
+        (where there are enough of them), a plane of the neighbourhood the choice is made in: costs
+        grow more slowly than linearly across many sizes (dispatch and weight reads are shared)."""
         if not self.buckets:
             return None
         points = list(self.buckets.values())
-        active = [j for j in self.keep if j < len(points[0].counts)]
+        size = len(points[0].counts)
+        if near is not None:
+            close = [p for p in points if abs(int(p.counts[0]).bit_length() - near.bit_length()) <= 1]
+            points = close if len(close) > size + 1 else points
+        active = [j for j in self.keep if j < size]
         while True:
             fixed, parts, undetermined = _least_squares(points, active)
             if undetermined is not None:
@@ -130,7 +137,7 @@ class PlaneCost:
             if negative:
                 active.remove(negative[-1])
                 continue
-            return max(0.0, fixed), [parts.get(j, 0.0) for j in range(len(points[0].counts))]
+            return fixed, [parts.get(j, 0.0) for j in range(size)]
 
 
 def _least_squares(points: Sequence[PlaneBucket], active: list[int]) -> tuple[float, dict[int, float], int | None]:
