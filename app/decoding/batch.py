@@ -70,11 +70,11 @@ def run_together(steps: Sequence[Steps[T]]) -> list[T | Exception]:
 def _drafted(requests: list, clock: TickClock) -> list:
     """One drafting pass of these rows (one model's): lazy, so the rows build their next pass meanwhile."""
     if isinstance(requests[0], Forward):
-        model, positions, outputs = requests[0].runner.model, sum(_size(r.tokens) for r in requests), forward(requests)
+        model, sizes, outputs = requests[0].runner.model, [_size(r.tokens) for r in requests], forward(requests)
     else:
-        model, positions, outputs = requests[0].module, sum(r.positions for r in requests), requests[0].serve(requests)
+        model, sizes, outputs = requests[0].module, [r.positions for r in requests], requests[0].serve(requests)
     mx.async_eval(outputs)
-    clock.drafted(model, positions)
+    clock.drafted(model, sum(sizes), sum(size for size, r in zip(sizes, requests, strict=True) if r.sampled))
     return outputs
 
 
@@ -83,7 +83,7 @@ def _forwarded(requests: list[Forward], clock: TickClock) -> list[mx.array]:
     started = time.perf_counter()
     logits = measured_forward(requests)
     positions = [int(row_logits.shape[0]) for row_logits in logits]
-    clock.forwarded(requests[0].runner.model, positions, time.perf_counter() - started)
+    clock.forwarded(requests[0].runner.model, positions, [r.sampled for r in requests], time.perf_counter() - started)
     return logits
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from app.acceptance import Rule
 from app.decoding.adaptive import ControlledWidth, WidthController
 from app.decoding.exactness import ProbeCache, ProbeVerdict
 from app.decoding.loop import Drafting
@@ -129,9 +130,12 @@ class BlockLoops:
                                                       "position": failed.position}, warning=True))  # fmt: skip
             return Choice(None, notes, time.perf_counter() - started)
         # a row whose tokens read its drafts' q runs its passes with their solo bits (app/drafters/block_rows.py)
-        shares = self.plan.rule(sampling).width_independent
+        rule = self.plan.rule(sampling)
+        shares = rule.width_independent
         proposer = block_proposer(self.bound, lossless=self.plan.block_lossless, shares=shares)
         source = ControlledWidth(self.controller)
         narrowed = load_free and self.narrowable
-        drafting = Drafting(proposer, WidthPolicy(source, n_max, n_min, narrowed, proposer.passes))
+        # an argmax rule's verify draws nothing; a sampling drafter's drafts are drawn all the same
+        sampled = not sampling.is_greedy and (rule is not Rule.ARGMAX_AGAINST_ARGMAX or proposer.sampled)
+        drafting = Drafting(proposer, WidthPolicy(source, n_max, n_min, narrowed, proposer.passes, sampled))
         return Choice(drafting, notes, time.perf_counter() - started)

@@ -105,9 +105,10 @@ class LoopBuilder:
         load_free = plan.under_load and rule is not None and rule.width_independent
         if self.block is not None:
             return self.block.choose(request.sampling, n_max, request.n_min, load_free)
+        sampled = not request.sampling.is_greedy  # its positions cost the sampler's work (the policy's prices)
         if plan.drafter_kind is DrafterKind.DRAFT_MODEL:
             proposer = DraftModelDrafter(self.drafter, self.target.vocab_size, p_min=request.p_min)
-            widths = WidthPolicy(FixedWidth(n_max), n_max, request.n_min, load_free, proposer.passes)
+            widths = WidthPolicy(FixedWidth(n_max), n_max, request.n_min, load_free, proposer.passes, sampled)
             return Choice(Drafting(proposer, widths))
         if plan.drafter_kind is DrafterKind.PROMPT_LOOKUP:
             governor = make_governor(
@@ -115,7 +116,7 @@ class LoopBuilder:
             )
             proposer = PromptLookupDrafter()
             source = GovernedWidth(governor, proposer.lookup)
-            widths = WidthPolicy(source, n_max, request.n_min, load_free, proposer.passes)
+            widths = WidthPolicy(source, n_max, request.n_min, load_free, proposer.passes, sampled)
             return Choice(Drafting(proposer, widths))
         return Choice(None)
 

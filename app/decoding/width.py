@@ -52,7 +52,7 @@ from app.decoding.adaptive import Widths
 from app.decoding.outcome import Note
 from app.drafters.governor import Governor, Lookup
 from app.drafters.passes import NO_PASSES, DrafterPasses, PassShape
-from app.execution.cost import DRAFTING, ForwardCost, PlaneCost, cost_of
+from app.execution.cost import DRAFTING, ForwardCost, PlaneCost, plane_of
 
 ACCEPTANCE_PRIOR = 0.5  # per-position acceptance assumed before a row's first verified round
 PRIOR_WEIGHT = 1.0  # tested positions the prior counts as
@@ -136,6 +136,7 @@ class WidthPolicy:
     n_min: int = 0  # speculative.n_min: proposals shorter than this are retracted unverified
     load_free: bool = False  # the row's tokens do not depend on its width: the tick's choice may set it
     passes: DrafterPasses = NO_PASSES  # what its drafting costs (app/drafters/passes.py)
+    sampled: bool = False  # its sampler draws (T > 0, not an argmax rule): its positions cost the sampler's work
     acceptance: Acceptance = field(default_factory=Acceptance)
     limit: int | None = None  # this tick's width from the tick's choice (None: the source's)
     price: Callable[[int], float] | None = None  # this tick's seconds of the row's round at a width
@@ -216,27 +217,20 @@ class WidthChange:
 @dataclass(frozen=True)
 class Line:
     """A record's estimate: `fixed` seconds plus `slope` per position. A record of one bucket
-    prices every count at that bucket's mean (`proportional`: at its mean per position) until a
-    second bucket gives a slope."""
+    prices every count at that bucket's mean until a second bucket gives a slope."""
 
     fixed: float
     slope: float
 
     @classmethod
-    def of(cls, record: ForwardCost | None, proportional: bool = False) -> Line | None:
+    def of(cls, record: ForwardCost | None) -> Line | None:
         if record is None or not record.buckets:
             return None
         line = record.line()
         if line is None:
             (bucket,) = record.buckets.values()
-            return cls(0.0, bucket.seconds / bucket.positions) if proportional else cls(bucket.seconds, 0.0)
+            return cls(bucket.seconds, 0.0)
         return cls(*line)
-
-    def at(self, positions: float) -> float:
-        return self.fixed + self.slope * positions
-
-
-FREE = Line(0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -251,6 +245,16 @@ class Plane:
         fitted = record.plane(near) if record is not None else None
         return None if fitted is None else cls(fitted[0], tuple(fitted[1]))
 
+    @classmethod
+    def of_passes(cls, record: PlaneCost) -> Plane | None:
+        """A drafter's pass (fixed, per position, per sampled position). One bucket prices a pass
+        by its positions (a sixteen-row pass is not what a lone row's costs), so rows of other
+        counts draft, and get measured."""
+        if len(record.buckets) == 1:
+            (bucket,) = record.buckets.values()
+            return cls(0.0, (bucket.seconds / max(bucket.counts[0], 1.0), 0.0))
+        return cls.of(record)
+
     def at(self, *counts: float) -> float:
         return self.fixed + sum(part * count for part, count in zip(self.parts, counts, strict=True))
 
@@ -263,7 +267,7 @@ class TickPrices:
 
     target: Plane  # (rows, positions)
     host: Plane  # (rows, verifying rows, positions)
-    drafters: dict[int, tuple[PassShape, Line]]  # id(drafter module) -> its passes
+    drafters: dict[int, tuple[PassShape, Plane]]  # id(drafter module) -> its passes (positions, sampled)
 
     def summary(self) -> dict[str, list[float]]:
         """The parts in milliseconds, for the log: the target's forward (fixed, per row, per
@@ -271,8 +275,8 @@ class TickPrices:
         pass (fixed, per position)."""
         ms = lambda values: [round(1000 * v, 4) for v in values]  # noqa: E731
         parts = {"target": ms([self.target.fixed, *self.target.parts]), "host": ms([self.host.fixed, *self.host.parts])}
-        for shape, line in self.drafters.values():
-            parts[f"drafter_{shape}"] = ms([line.fixed, line.slope])
+        for shape, plane in self.drafters.values():
+            parts[f"drafter_{shape}"] = ms([plane.fixed, *plane.parts])
         return parts
 
 
@@ -302,12 +306,14 @@ class Tick:
         self.group_of = {i: g for g, (_, _, members) in enumerate(self.groups) for i in members}
         host, target = prices.host.parts, prices.target.parts
         self.costs = []  # per row: (its drafting at all, each of its drafts), passes' fixed parts left out
-        for i in range(len(rows)):
-            shape, line = self.groups[self.group_of[i]][:2] if i in self.group_of else (PassShape.NONE, FREE)
-            first = host[1] + (line.slope if shape is PassShape.BLOCK else 0.0)  # a verify's own work, the anchor
-            self.costs.append((drafting * first, drafting * (target[1] + host[2] + line.slope)))
-        count = len(rows) + others
-        at_zero = prices.target.at(count, count) + prices.host.at(count, 0, count)  # every row at width 0
+        for i, row in enumerate(rows):
+            shape, passes = self.groups[self.group_of[i]][:2] if i in self.group_of else (PassShape.NONE, NO_PASS)
+            # a position: the target's, its host work, its pass's; each the more for a row whose sampler draws
+            position = target[1] + host[2] + passes.parts[0] + (host[3] + passes.parts[1] if row.sampled else 0.0)
+            first = host[1] + (position - target[1] - host[2] if shape is PassShape.BLOCK else 0.0)  # the anchor
+            self.costs.append((drafting * first, drafting * position))
+        count, sampled = len(rows) + others, sum(row.sampled for row in rows)
+        at_zero = prices.target.at(count, count) + prices.host.at(count, 0, count, sampled)  # every row at 0
         self.fixed = plain * max(at_zero, 1e-6)  # a neighbourhood's plane may reach below 0 far from it
 
     def seconds(self, widths: Sequence[int]) -> float:
@@ -315,10 +321,10 @@ class Tick:
         for (first, each), w in zip(self.costs, widths, strict=True):
             if w:
                 total += first + each * w
-        for shape, line, members in self.groups:
+        for shape, passes, members in self.groups:
             deepest = max(widths[i] for i in members)
             if deepest:  # a chain's pass per draft position, a block drafter's one pass
-                total += self.drafting * line.fixed * (deepest if shape is PassShape.CHAIN else 1)
+                total += self.drafting * passes.fixed * (deepest if shape is PassShape.CHAIN else 1)
         return total
 
     def tokens(self, widths: Sequence[int]) -> float:
@@ -336,10 +342,10 @@ class Tick:
         first, each = self.costs[index]
         added = first + each * width
         if index in self.group_of:
-            shape, line, members = self.groups[self.group_of[index]]
+            shape, passes, members = self.groups[self.group_of[index]]
             others = max((widths[i] for i in members if i != index), default=0)
             deeper = max(0, width - others) if shape is PassShape.CHAIN else int(others == 0)
-            added += self.drafting * line.fixed * deeper
+            added += self.drafting * passes.fixed * deeper
         return added
 
 
@@ -386,11 +392,10 @@ class Goodput:
         drafters = {}
         for row in rows:
             if (key := _key(row)) is not None and key not in drafters:
-                # one bucket: a pass of fewer rows is priced for fewer, so they draft and get measured
-                line = Line.of(cost_of(row.passes.module, DRAFTING), proportional=True)
-                if line is None:
+                passes = Plane.of_passes(plane_of(row.passes.module, DRAFTING))
+                if passes is None:
                     return None
-                drafters[key] = (row.passes.shape, line)
+                drafters[key] = (row.passes.shape, passes)
         return TickPrices(target, Plane.of(self.host(), near=len(rows)) or NO_HOST, drafters)
 
     def choose(self, rows: Sequence[WidthPolicy], positions: int = 0) -> dict[int, WidthChange]:
@@ -454,7 +459,8 @@ def _rescaled(scale: float, ratio: float) -> float:
     return min(max(scale + weight * (scale * bounded - scale), SCALE_RANGE[0]), SCALE_RANGE[1])
 
 
-NO_HOST = Plane(0.0, (0.0, 0.0, 0.0))
+NO_HOST = Plane(0.0, (0.0, 0.0, 0.0, 0.0))
+NO_PASS = Plane(0.0, (0.0, 0.0))  # prompt lookup's: nothing forwarded
 PLAIN_TICK = 0.02  # a tick whose drafting adds less than this share is a plain tick for the calibration
 CALIBRATION = 0.05  # weight of one tick in the scales
 SCALE_STEP = 2.0  # one tick moves a scale toward at most twice (or half) itself

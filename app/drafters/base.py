@@ -48,10 +48,12 @@ class Forward(RowForward):
     Steps are generators of these, so the engine can serve many rows' forwards on one model in
     one batched pass (app/decoding/batch.py) and a lone row can serve its own (`run_alone`).
     `drafting` forwards (a draft model's steps) are served before the target's, so every row's
-    target forward of a tick goes in one pass.
+    target forward of a tick goes in one pass. `sampled`: the row's sampler draws here (its
+    positions cost the sampler's work too, which the width policy prices apart).
     """
 
     drafting: bool = False
+    sampled: bool = False
 
 
 # A step asks for forwards (logits come back) and block drafters' passes (their results come back).

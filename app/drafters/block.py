@@ -196,6 +196,10 @@ class BlockProposer:
             self._owed = [mx.concatenate(self._owed, axis=1)]
             mx.async_eval(self._owed[0])
 
+    def draws(self, state: RowState) -> bool:
+        """Whether this row's drafts are drawn through its sampler (not its rows' argmax)."""
+        return self.sampled and not state.sampler.is_greedy
+
     def take_owed(self) -> mx.array | None:
         owed, self._owed = self._owed, []
         return None if not owed else owed[0] if len(owed) == 1 else mx.concatenate(owed, axis=1)
@@ -239,7 +243,10 @@ class DFlashDrafter(BlockProposer):
         dspark = bound.kind is CheckpointKind.DSPARK
         rows = width if dspark else width + 1
         block = mx.array([[anchor] + [shape.mask_token_id] * (rows - 1)])
-        logits = yield DFlashPass(self.model, bound.taps, self.take_owed(), block, self.caches, position, self.shares)
+        owed = self.take_owed()
+        logits = yield DFlashPass(
+            self.model, bound.taps, owed, block, self.caches, position, self.shares, self.draws(state)
+        )
         if not dspark:
             drafts, q = self.pick(logits[1:], state)
             return proposal_of([drafts], [q])
@@ -271,12 +278,12 @@ class MtpDrafter(BlockProposer):
         self._owed_tokens: list[int] = []  # the token after each owed row
         self.chained = 0
 
-    def _pass(self, hidden: mx.array, embedded: mx.array) -> MtpPass:
-        return MtpPass(self.head, self.bound.taps, hidden, embedded, self.cache, self.shares)
+    def _pass(self, hidden: mx.array, embedded: mx.array, sampled: bool = False) -> MtpPass:
+        return MtpPass(self.head, self.bound.taps, hidden, embedded, self.cache, self.shares, sampled)
 
-    def _context(self, hidden: mx.array, next_tokens: list[int]) -> MtpPass:
+    def _context(self, hidden: mx.array, next_tokens: list[int], sampled: bool = False) -> MtpPass:
         """Rows of (target hidden at i, token at i + 1) for decided positions."""
-        return self._pass(hidden, self.bound.taps.embed_tokens(mx.array([next_tokens])))
+        return self._pass(hidden, self.bound.taps.embed_tokens(mx.array([next_tokens])), sampled)
 
     def prefill(self, state: RowState, features: mx.array | None) -> bool:
         """(hidden at i, token at i + 1) for the prompt positions past the rows the cache holds
@@ -294,12 +301,12 @@ class MtpDrafter(BlockProposer):
         owed = self.take_owed()
         if owed is not None:
             tokens, self._owed_tokens = self._owed_tokens, []
-            self.last, self.last_logits = yield self._context(owed, tokens)
+            self.last, self.last_logits = yield self._context(owed, tokens, self.draws(state))
         out, logits = self.last, self.last_logits
         drafts, qs = [], []
         for step in range(width):
             if step:
-                out, logits = yield self._pass(out, self.bound.taps.embed_tokens(drafts[-1][None]))
+                out, logits = yield self._pass(out, self.bound.taps.embed_tokens(drafts[-1][None]), self.draws(state))
             draft, q = self.pick(logits, state)
             drafts.append(draft)
             qs.append(q)

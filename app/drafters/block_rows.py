@@ -56,6 +56,7 @@ class MtpPass:
     embedded: mx.array
     cache: KVCache
     shares: bool = True
+    sampled: bool = False  # the row's draft is drawn through its sampler (its cost is priced apart)
 
     @property
     def module(self) -> MtpHead:
@@ -95,6 +96,7 @@ class DFlashPass:
     caches: list[KVCache]
     position: int
     shares: bool = True
+    sampled: bool = False
 
     @property
     def module(self) -> DFlashModel:

@@ -73,7 +73,9 @@ class DraftModelDrafter:
         # mask; otherwise the whole chain stays lazy and is evaluated with the verify forward.
         needs_host = sampler.needs_context or self.p_min > 0.0 or constraint is not None
         base = len(state.tokens)
-        logits = self._fit((yield Forward(self.runner, state.tokens[self.runner.length :], drafting=True))[-1:])
+        sampled = not sampler.is_greedy  # each draft drawn through the request's sampler
+        pending = state.tokens[self.runner.length :]
+        logits = self._fit((yield Forward(self.runner, pending, drafting=True, sampled=sampled))[-1:])
         drafts: list[mx.array] = []
         rows: list[Distribution] = []
         followed, ended = 0, False  # drafts the grammar's matcher follows, rolled back at the end
@@ -104,7 +106,7 @@ class DraftModelDrafter:
             if ended:
                 break
             if i + 1 < width:
-                logits = self._fit((yield Forward(self.runner, draft, drafting=True))[-1:])
+                logits = self._fit((yield Forward(self.runner, draft, drafting=True, sampled=sampled))[-1:])
         state.history.rewind(base)
         if constraint is not None:
             constraint.rollback(followed)

@@ -51,6 +51,7 @@ class DraftPass(Protocol):
 
     drafting: bool  # always True: served before any target forward, as a draft model's steps
     module: nn.Module  # which drafter: its rows' passes share a call, and its costs are recorded
+    sampled: bool  # the row's draft is drawn through its sampler (priced apart)
 
     @property
     def positions(self) -> int:

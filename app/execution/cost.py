@@ -7,19 +7,22 @@ estimate is the least-squares line through the buckets (a forward costs a fixed 
 weight reads, plus a part that grows with the positions). Until two buckets hold measurements
 there is no line: the policy then prices from one bucket, or leaves the widths as they are.
 
-Three records a tick's cost is made of, each kept on the model it belongs to (`cost_of`):
+The records a tick's cost is made of, each kept on the model it belongs to:
 
-- `FORWARD`, the target's batched forward (app/execution/forward.py `measured_forward`): seconds
-  against the tick's positions; and `rows_cost_of`, the same forwards against their rows and
-  their positions (a row more costs its own attention and cache updates, a wider row only its
-  positions: one line through both would price a wider row like more rows);
-- `DRAFTING`, a drafter's passes (a draft model's chain step j of every row, an MTP head's step,
-  a DFlash-family block forward, each with the context rows it owes): a tick's drafting phase is
-  timed as a whole and recorded as its mean pass, seconds against the rows' positions of one pass
-  (`observe_mean`). Prompt lookup forwards nothing and has no record: its drafting costs nothing;
-- `HOST`, the rest of a tick, kept on the target: what the rows do between the forwards (judging,
-  sampling, rewinding, settling their drafters), recorded per row against the positions per row,
-  so a wider round's host work (its k + 1 rows sampled at T > 0) is priced with it.
+- `FORWARD` (`cost_of`), the target's batched forward (app/execution/forward.py
+  `measured_forward`): seconds against the tick's positions; and `TARGET_ROWS` (`plane_of`), the
+  same forwards against their rows and their positions (a row more costs its own attention and
+  cache updates, a wider row only its positions: one line through both would price a wider row
+  like more rows);
+- `DRAFTING` (`plane_of`, on the drafter), a drafter's passes (a draft model's chain step j of
+  every row, an MTP head's step, a DFlash-family block forward, each with the context rows it
+  owes): a tick's drafting phase is timed as a whole and recorded as its mean pass, against the
+  rows' positions of one pass and those of them drawn through a sampler. Prompt lookup forwards
+  nothing and has no record: its drafting costs nothing;
+- `HOST` (`plane_of`, on the target), the rest of a tick: what the rows do between the forwards
+  (judging, sampling, rewinding, settling their drafters), against the tick's rows, verifying
+  rows, positions and sampled positions (a sampled position's k + 1 rows through the sampler
+  pipeline cost far more than an argmax).
 
 `TickClock` times one batched tick's parts (app/decoding/batch.py) and records all but `FORWARD`.
 """
@@ -39,8 +42,8 @@ OUTLIER = 3.0  # a measurement counts as at most this many times its bucket's me
 SETTLED = 3  # measurements a bucket holds before `OUTLIER` and `RISE` apply
 RISE = 0.1  # the weight of a settled bucket's measurement above its estimate (below it: EMA)
 COST = "_mlxcel_forward_cost"  # where `cost_of` keeps a model's measurements
-FORWARD, DRAFTING = "forward", "drafting"  # `cost_of`'s records (module docstring)
-TARGET_ROWS, HOST = "target_rows", "host"  # `plane_of`'s
+FORWARD = "forward"  # `cost_of`'s record (module docstring)
+TARGET_ROWS, HOST, DRAFTING = "target_rows", "host", "drafting"  # `plane_of`'s
 INDEPENDENT = 0.05  # the share of a count's spread that must vary apart from the other counts'
 
 
@@ -65,12 +68,6 @@ class ForwardCost:
         bucket.positions += weight * (positions - bucket.positions)
         bucket.seconds = _moved(bucket.seconds, seconds, bucket.count, weight)
         bucket.count += 1
-
-    def observe_mean(self, parts: int, positions: int, seconds: float) -> None:
-        """`parts` equal parts (passes, rows) that took `seconds` over `positions` in all, as
-        their mean part: the record's line is then per part (a pass, a row)."""
-        if parts > 0 and positions > 0:
-            self.observe(max(1, round(positions / parts)), seconds / parts)
 
     def line(self) -> tuple[float, float] | None:
         """(fixed seconds, seconds per position) of the fitted line, so a forward of P positions
@@ -185,12 +182,15 @@ def _solve_correlations(matrix: list[list[float]], vector: list[float]) -> tuple
     return solution, -1
 
 
-KEEP = {TARGET_ROWS: (1, 0), HOST: (1, 2, 0)}  # positions before rows; a verify round's own work, positions, rows
+# the counts each plane keeps first: positions before rows; a verify round's own work, positions,
+# sampled positions, rows; a pass's positions, then its sampled ones
+KEEP = {TARGET_ROWS: (1, 0), HOST: (1, 2, 3, 0), DRAFTING: (0, 1)}
 
 
 def plane_of(model: nn.Module, record: str) -> PlaneCost:
     """The model's measured costs against several counts (`TARGET_ROWS`: rows, positions; `HOST`:
-    rows, verifying rows, positions; `TickClock` records them)."""
+    rows, verifying rows, positions, sampled positions; `DRAFTING`: a pass's positions and its
+    sampled ones; `TickClock` records them)."""
     known = vars(model)
     key = f"{COST}_{record}"
     if key not in known:
@@ -219,8 +219,8 @@ def _moved(estimate: float, seconds: float, count: int, weight: float) -> float:
 
 
 def cost_of(model: nn.Module, record: str = FORWARD) -> ForwardCost:
-    """The model's measured costs of one kind against positions (`FORWARD`, `DRAFTING`): one
-    record per loaded model and kind, whoever runs it."""
+    """The model's measured costs of one kind against positions (`FORWARD`): one record per loaded
+    model and kind, whoever runs it."""
     known = vars(model)  # the object's own attributes, not the module tree (a Module is a dict)
     key = COST if record == FORWARD else f"{COST}_{record}"
     if key not in known:
@@ -240,23 +240,27 @@ class TickClock:
     drafting_s: float = 0.0
     passes: int = 0
     pass_positions: int = 0
+    pass_sampled: int = 0
     drafter: nn.Module | None = None  # the drafter whose passes ran (None: none, or several)
     several_drafters: bool = False
     forward_s: float = 0.0
     rows: int = 0
     verifying: int = 0  # rows whose forward verified drafts (more than their pending token)
     positions: int = 0
+    sampled: int = 0  # positions of rows whose sampler draws
     target: nn.Module | None = None
     several_targets: bool = False
 
-    def drafted(self, model: nn.Module, positions: int) -> None:
-        """A drafter pass over `positions` (its rows' tokens) was queued."""
+    def drafted(self, model: nn.Module, positions: int, sampled: int) -> None:
+        """A drafter pass over `positions` (its rows' tokens; `sampled` of them drawn through a
+        sampler) was queued."""
         if self.drafting_from is None:
             self.drafting_from = time.perf_counter()
         self.several_drafters |= self.drafter is not None and self.drafter is not model
         self.drafter = model
         self.passes += 1
         self.pass_positions += positions
+        self.pass_sampled += sampled
 
     def drafts_read(self, inputs: Sequence[mx.array]) -> None:
         """The target forward is next: evaluate what it reads of the drafts (`inputs`), so the
@@ -267,21 +271,25 @@ class TickClock:
         self.drafting_s += time.perf_counter() - self.drafting_from
         self.drafting_from = None
 
-    def forwarded(self, model: nn.Module, positions: Sequence[int], seconds: float) -> None:
-        """The target's forward of rows of these `positions` took `seconds`."""
+    def forwarded(self, model: nn.Module, positions: Sequence[int], sampled: Sequence[bool], seconds: float) -> None:
+        """The target's forward of rows of these `positions` (their samplers drawing where
+        `sampled`) took `seconds`."""
         self.several_targets |= self.target is not None and self.target is not model
         self.target = model
         self.rows += len(positions)
         self.verifying += sum(p > 1 for p in positions)
         self.positions += sum(positions)
+        self.sampled += sum(p for p, draws in zip(positions, sampled, strict=True) if draws)
         self.forward_s += seconds
 
     def close(self) -> None:
         if self.drafting_from is not None:  # passes whose rows then asked for no target forward
             self.drafting_s += time.perf_counter() - self.drafting_from
-        if self.drafter is not None and not self.several_drafters:
-            cost_of(self.drafter, DRAFTING).observe_mean(self.passes, self.pass_positions, self.drafting_s)
+        if self.drafter is not None and not self.several_drafters and self.passes:
+            mean = (round(self.pass_positions / self.passes), round(self.pass_sampled / self.passes))
+            plane_of(self.drafter, DRAFTING).observe(mean, self.drafting_s / self.passes)  # the mean pass
         if self.target is not None and not self.several_targets:
             rest = time.perf_counter() - self.started - self.drafting_s - self.forward_s
-            plane_of(self.target, HOST).observe((self.rows, self.verifying, self.positions), max(0.0, rest))
+            counts = (self.rows, self.verifying, self.positions, self.sampled)
+            plane_of(self.target, HOST).observe(counts, max(0.0, rest))
             plane_of(self.target, TARGET_ROWS).observe((self.rows, self.positions), self.forward_s)

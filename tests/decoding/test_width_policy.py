@@ -26,7 +26,7 @@ from app.decoding.width import (
 )
 from app.drafters.governor import make_governor
 from app.drafters.passes import NO_PASSES, DrafterPasses, PassShape
-from app.execution.cost import DRAFTING, FORWARD, HOST, TARGET_ROWS, ForwardCost, PlaneCost, cost_of, forget, plane_of
+from app.execution.cost import DRAFTING, HOST, TARGET_ROWS, ForwardCost, PlaneCost, cost_of, forget, plane_of
 from app.execution.model import LoadedModel
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
@@ -57,16 +57,13 @@ def test_forward_cost_fits_a_line_through_its_buckets() -> None:
     for positions in (16, 64, 64, 4):
         cost.observe(positions, 0.01 + 0.001 * positions)
     assert cost.line() == pytest.approx((0.01, 0.001), rel=1e-6)
-    cost.observe_mean(4, 40, 0.008)  # four passes of ten positions in all: their mean pass
-    assert cost.buckets[(10).bit_length()].count == 1 and cost.buckets[(10).bit_length()].seconds == 0.002
     module = nn.Linear(1, 1)
-    for record in (FORWARD, DRAFTING):
-        cost_of(module, record).observe(4, 0.01)
-    for record in (TARGET_ROWS, HOST):
+    cost_of(module).observe(4, 0.01)
+    for record in (TARGET_ROWS, HOST, DRAFTING):
         plane_of(module, record).observe((2, 4), 0.01)
     forget(module)  # what the warm-up measured was kernels compiling
-    assert not any(cost_of(module, record).buckets for record in (FORWARD, DRAFTING))
-    assert not any(plane_of(module, record).buckets for record in (TARGET_ROWS, HOST))
+    assert not cost_of(module).buckets
+    assert not any(plane_of(module, record).buckets for record in (TARGET_ROWS, HOST, DRAFTING))
 
 
 def policy(
@@ -103,11 +100,11 @@ def test_the_targets_forwards_are_fitted_against_rows_and_positions() -> None:
 def test_a_verify_rounds_own_host_work_is_priced_apart_from_its_positions() -> None:
     """Host work of 1 ms a verifying row, nothing per position: a row that drafts at all pays
     the millisecond once, so it drafts wide or not at all, never a single draft."""
-    host = PlaneCost(keep=(1, 2, 0))
+    host = PlaneCost(keep=(1, 2, 3, 0))
     for rows, verifying, positions in ((8, 0, 8), (8, 8, 40), (4, 2, 10), (8, 4, 20), (2, 2, 6), (4, 4, 8)):
-        host.observe((rows, verifying, positions), 0.0002 * rows + 0.001 * verifying)
+        host.observe((rows, verifying, positions, 0), 0.0002 * rows + 0.001 * verifying)
     fixed, parts = host.plane()
-    assert (fixed, *parts) == pytest.approx((0.0, 0.0002, 0.001, 0.0), abs=1e-9)
+    assert (fixed, *parts) == pytest.approx((0.0, 0.0002, 0.001, 0.0, 0.0), abs=1e-9)
     target = lambda: measured(0.01, 0.00001)  # noqa: E731
     widths = widths_after(Goodput(target, host=lambda: host), [policy(alpha=0.6) for _ in range(8)])
     assert all(w >= 3 for w in widths)
@@ -144,7 +141,7 @@ def drafter(fixed: float, per_position: float, shape: PassShape = PassShape.CHAI
     """A drafter whose passes were measured at these costs (a module of its own: its record)."""
     module = nn.Linear(1, 1)
     for positions in (1, 16):
-        cost_of(module, DRAFTING).observe(positions, fixed + per_position * positions)
+        plane_of(module, DRAFTING).observe((positions, 0), fixed + per_position * positions)
     return DrafterPasses(shape, module)
 
 
@@ -183,18 +180,32 @@ def test_a_drafter_measured_at_one_batch_size_prices_smaller_passes_for_their_ro
     at a sixteenth: it drafts (and its own passes get measured), not held back by what sixteen
     rows' passes cost."""
     module = nn.Linear(1, 1)
-    cost_of(module, DRAFTING).observe(16, 0.016)
+    plane_of(module, DRAFTING).observe((16, 0), 0.016)
     lone = [policy(alpha=0.8, passes=DrafterPasses(PassShape.CHAIN, module))]
     assert widths_after(Goodput(lambda: measured(0.01, 0.0001)), lone)[0] >= 4
 
 
+def test_a_sampled_rows_positions_are_priced_with_the_samplers_work() -> None:
+    """Host work of 2 ms a sampled position (the sampler pipeline over k + 1 rows), nothing for
+    an argmax one: of rows accepting alike, greedy ones draft wide, sampled ones plainly."""
+    host = PlaneCost(keep=(1, 2, 3, 0))
+    for rows, verifying, positions, sampled in ((8, 0, 8, 4), (8, 8, 40, 20), (4, 4, 20, 0), (8, 4, 24, 12),
+                                                (2, 2, 6, 6), (4, 0, 4, 4), (6, 3, 18, 3)):  # fmt: skip
+        host.observe((rows, verifying, positions, sampled), 0.0002 * rows + 0.002 * sampled)
+    fixed, parts = host.plane()
+    assert (fixed, *parts) == pytest.approx((0.0, 0.0002, 0.0, 0.0, 0.002), abs=1e-9)
+    greedy, hot = [policy(alpha=0.6) for _ in range(4)], [policy(alpha=0.6) for _ in range(4)]
+    for row in hot:
+        row.sampled = True
+    widths = widths_after(Goodput(lambda: measured(0.01, 0.00001), host=lambda: host), greedy + hot)
+    assert all(w >= 3 for w in widths[:4]) and widths[4:] == [0] * 4
+
+
 def test_the_rows_host_work_is_priced_by_its_positions() -> None:
     target = lambda: measured(0.01, 0.00001)  # noqa: E731
-    host = PlaneCost(keep=(1, 2, 0))
+    host = PlaneCost(keep=(1, 2, 3, 0))
     for rows, verifying, positions in ((4, 0, 4), (4, 4, 32), (2, 1, 9), (4, 2, 12), (1, 1, 5)):
-        host.observe(
-            (rows, verifying, positions), 0.0005 * rows + 0.001 * positions
-        )  # a position: a tenth of the forward
+        host.observe((rows, verifying, positions, 0), 0.0005 * rows + 0.001 * positions)  # a tenth of the forward
     rows = [policy(alpha=0.5) for _ in range(4)]
     assert all(w < 7 for w in widths_after(Goodput(target, lambda: host), rows))
 
