@@ -29,6 +29,9 @@ whatever was drafted, app/sampling/streams.py; at T > 0 too). The stochastic rul
 on the drafts (its accept test and residual read q), so its rows keep their source's width, as
 does any row whose plan turns the choice off (`adaptive.under_load = false`).
 
+The choice leaves the rows' own widths only for an expected gain of 5 % (`LEAVE_GAIN`: a smaller
+one is within the model's error) and moves widths in force only for 2 % more (`ADOPT_GAIN`).
+
 A row the choice holds at width 0 still learns: a probe round of one verified draft comes after
 `PROBE_FIRST` ticks, again at once after a probe that was accepted (its acceptance is recovering),
 and after twice the gap (up to `PROBE_MAX`) after one that was not. A row held at 0 that even an
@@ -59,6 +62,7 @@ PRIOR_WEIGHT = 1.0  # tested positions the prior counts as
 FORGET = 0.85  # per verified round, the weight the counts before it keep (about twenty positions remembered)
 MAX_ACCEPTANCE = 0.99  # the expected length stays finite (alpha = 1 accepts every draft)
 ADOPT_GAIN = 1.02  # new widths must beat the widths in force by 2 % of expected tokens/s
+LEAVE_GAIN = 1.05  # and the rows' own widths by 5 %: a model's small gain is within its error
 PROBE_FIRST = 4  # ticks at width 0 before a row's first probe round
 PROBE_MAX = 16  # the longest gap between two probe rounds of a row
 PROMISING = 0.9  # the acceptance a probe could show at best (what decides whether probing can matter)
@@ -412,7 +416,9 @@ class Goodput:
         in_force = [min(w, rows[i].held_at) if i in free and rows[i].held_at is not None else w
                     for i, w in enumerate(wanted)]  # fmt: skip
         best = _best(tick, wanted, free)
-        if tick.rate(best) <= ADOPT_GAIN * tick.rate(in_force):  # no clear gain: no flapping between neighbours
+        if tick.rate(best) <= LEAVE_GAIN * tick.rate(wanted):  # no clear gain over the rows' own widths
+            best = list(wanted)
+        if tick.rate(best) <= ADOPT_GAIN * tick.rate(in_force):  # nor over the widths in force: no flapping
             best = in_force
         gain = tick.rate(best) / max(tick.rate(wanted), 1e-12)
         changes = {}
