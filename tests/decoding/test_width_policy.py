@@ -389,7 +389,7 @@ def test_rows_emit_target_only_tokens_at_every_width_the_policy_picks(embedded_t
                 raise outcome
     assert [g.emitted for g in rows] == expected
     assert all(g.stats.plain_steps and g.stats.widths for g in rows)  # width 0 and wider, every row
-    assert sum(len(g.stats.widths) >= 2 for g in rows) >= 2
+    assert len(set().union(*(g.stats.widths for g in rows))) >= 2  # and more than one width drafted
 
 
 def test_governor_pauses_reach_the_rows_stats_as_notes(embedded_target) -> None:
