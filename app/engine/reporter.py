@@ -6,6 +6,8 @@ docs/log-events.md); the counters are what /metrics serves.
 
 from __future__ import annotations
 
+import dataclasses
+
 import structlog
 
 from app import events
@@ -41,14 +43,7 @@ class Reporter:
 
     def width_changed(self, job: Job, change: WidthChange) -> None:
         """The tick's choice moved the width it holds a row at (app/decoding/width.py `Goodput`)."""
-        events.speculation_width_changed(
-            request_id=job.request_id,
-            batch=change.batch,
-            cap=change.cap,
-            previous=change.previous,
-            expected_gain=change.expected_gain,
-            prices=change.prices,
-        )
+        events.speculation_width_changed(request_id=job.request_id, **dataclasses.asdict(change))
 
     def prepared(self, notes: list[Note]) -> None:
         """What preparing a block drafter before any request noted (no request id: none asked)."""
