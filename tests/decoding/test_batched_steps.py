@@ -11,7 +11,7 @@ from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation, StopType
 from app.decoding.loop import SpeculativeLoop, TargetLoop
 from app.decoding.plan import LoopPlan, plan_from_settings
-from app.drafters.block_rows import DFlashPass, MtpPass
+from app.drafters.block_rows import DFlashPass, MtpPass, row_stable
 from app.execution import forward as forward_module
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
@@ -111,8 +111,10 @@ def test_block_drafter_rows_share_the_target_forward_and_emit_their_solo_output(
 ) -> None:
     """MTP and DFlash rows verify in the same batched target forward as the other rows, each
     drafter reading its own row's hidden states, and draft in one drafter call per pass for all
-    rows of a kind (app/drafters/block_rows.py): every row emits what it emits alone, with the
-    same drafts (the same acceptance, to the position)."""
+    rows of a kind (app/drafters/block_rows.py): every row emits what it emits alone; where the
+    shared call is row-stable (the CPU) with the same drafts too (the same acceptance, to the
+    position). On the GPU a shared call may move an argmax row's drafts by rounding: its
+    acceptance, never its tokens."""
     block = {
         kind: LoopBuilder(embedded_target, None, plan_from_settings(Settings(drafter=DrafterSettings(
             kind=kind, model=str(REPO_ROOT / "models" / kind)))))
@@ -149,4 +151,4 @@ def test_block_drafter_rows_share_the_target_forward_and_emit_their_solo_output(
     assert max(passes["mtp"]) == 2 and max(passes["dflash"]) == 2  # and their drafting passes in one call each
     for case, one, many in zip(cases, solo, batched, strict=True):
         assert (many.emitted, many.text) == (one.emitted, one.text), case
-        assert many.stats.acceptance == one.stats.acceptance, case
+        assert many.stats.acceptance == one.stats.acceptance or not row_stable(), case
