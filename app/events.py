@@ -31,6 +31,7 @@ def speculative_request(
     coupled: bool,
     n_max: int,
     widths: dict[int, int],
+    plain_steps: int = 0,
     governor_pauses: int = 0,
     governor_resumes: int = 0,
     profile: str,
@@ -54,6 +55,7 @@ def speculative_request(
         predicted_n=predicted_n,
         n_max=n_max,
         widths={str(width): rounds for width, rounds in sorted(widths.items())},
+        plain_steps=plain_steps,
         governor_pauses=governor_pauses,
         governor_resumes=governor_resumes,
     )
@@ -64,11 +66,26 @@ def governor_changed(event: str, *, request_id: str, decided: int, ema: float, f
     structlog.get_logger(LOGGER).info(event, request_id=request_id, decided=decided, ema=round(ema, 4), floor=floor)
 
 
-def speculation_width_changed(*, batch: int, cap: int | None, previous: int | None, expected_gain: float) -> None:
-    """The engine's per-tick goodput choice capped the load-free rows' widths at `cap` (None: no
-    cap) for `batch` decoding rows, expecting `expected_gain` times the uncapped tokens per second."""
+def speculation_width_changed(
+    *,
+    request_id: str,
+    batch: int,
+    cap: int | None,
+    previous: int | None,
+    expected_gain: float,
+    prices: dict[str, list[float]],
+) -> None:
+    """The engine's per-tick choice now holds row `request_id` at width `cap` (None: the row's own
+    width) among `batch` decoding rows, expecting `expected_gain` times the tick's tokens per
+    second at every row's own width, at the tick's measured `prices` (milliseconds)."""
     structlog.get_logger(LOGGER).info(
-        "speculation_width_changed", batch=batch, cap=cap, previous=previous, expected_gain=expected_gain
+        "speculation_width_changed",
+        request_id=request_id,
+        batch=batch,
+        cap=cap,
+        previous=previous,
+        expected_gain=expected_gain,
+        prices=prices,
     )
 
 

@@ -19,6 +19,13 @@ class Rule(StrEnum):
         return self is not Rule.ARGMAX_AGAINST_ARGMAX
 
     @property
+    def width_independent(self) -> bool:
+        """A row's tokens are the same at every width, whatever was drafted: each emitted token
+        is the target's argmax (the argmax rules) or the target stream's own draw at its position
+        (sampler-match). The stochastic rule's accept test and residual read the drafts' q."""
+        return self is not Rule.STOCHASTIC
+
+    @property
     def identity(self) -> str:
         """What a seeded run under this rule equals (docs/acceptance-rules.md): "token", target-only's
         tokens (sampler-match, and greedy argmax, which is sampler-match); "distribution", a sample

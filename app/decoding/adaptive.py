@@ -18,9 +18,13 @@ width (on the held-out code prompts, 1.7 to 3.3 tokens per round at width 4 from
 the next, and low in a request's first rounds). Two successive windows compare two stretches of
 text, not two widths; interleaved, both widths see the same stretch. And a width that wins on
 one stretch (repetitive code, where width 8 accepts 30 % more a round) can lose on the rest, so
-the other width keeps being re-challenged. A round's time includes its drafter's cache update,
-which the block drafters evaluate in the round that settles it (app/drafters/block.py), not
-lazily inside the next round's forward.
+the other width keeps being re-challenged.
+
+A round is charged what the tick's measured prices say it cost (app/decoding/width.py
+`WidthPolicy.observe`): its share of the tick had no row drafted, plus what its own drafting
+added (its verify positions, its drafter's passes, the context rows they carry, its host work).
+The wall clock of a shared tick would charge each row every batch-mate's work, and narrow a width
+that pays. Before anything is measured a round is charged its wall time.
 """
 
 from __future__ import annotations
@@ -105,7 +109,7 @@ class WidthController:
         self.phase = Phase.SETTLED
 
     def observe(self, width: int, tokens: int, seconds: float) -> None:
-        """One verify round run at `width`: tokens emitted and its wall time."""
+        """One verify round run at `width`: tokens emitted and what it cost (module docstring)."""
         if self.phase is Phase.SETTLED:
             return
         if self.phase is Phase.TRIAL:

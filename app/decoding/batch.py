@@ -1,10 +1,14 @@
 """Many rows' steps advanced together: the forwards they ask for, served model by model in one pass.
 
-Each row's step is a generator of `Forward` requests (app/drafters/base.py). Every round, the
-rows waiting on a forward are grouped by model and each group goes through one `forward`;
-drafting forwards (a draft model's step j of every row) are served before any target forward, so
-all rows' target forwards of a tick end up in one pass. Each row judges, samples and draws keys
-in its own generator in the order it would alone, so its output never depends on its batch-mates.
+Each row's step is a generator of `Forward` requests and drafter passes (app/drafters/base.py,
+app/drafters/passes.py). Every round, the rows waiting are grouped by model and each group goes
+through one `forward` (or one call of its passes' `serve`); drafting (a draft model's step j of
+every row, a block drafter's pass of every row) is served before any target forward, so all rows'
+target forwards of a tick end up in one pass. Each row judges, samples and draws keys in its own
+generator in the order it would alone, so its output never depends on its batch-mates.
+
+The tick's parts are timed (app/execution/cost.py `TickClock`): the drafting phase, the target
+forward, the rest; the width policy prices the next ticks with them.
 
 A row whose step raises fails alone: its exception is its result. A failed batched forward fails
 the rows of that group (their caches may be half advanced).
@@ -12,6 +16,7 @@ the rows of that group (their caches may be half advanced).
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import TypeVar
@@ -19,6 +24,8 @@ from typing import TypeVar
 import mlx.core as mx
 
 from app.drafters.base import Forward, Steps
+from app.drafters.passes import DraftPass
+from app.execution.cost import TickClock
 from app.execution.forward import forward, measured_forward
 
 T = TypeVar("T")
@@ -27,9 +34,10 @@ T = TypeVar("T")
 def run_together(steps: Sequence[Steps[T]]) -> list[T | Exception]:
     """Run every step to its end; each one's result, or the exception that ended it."""
     results: list[T | Exception | None] = [None] * len(steps)
-    waiting: dict[int, Forward] = {}
+    waiting: dict[int, Forward | DraftPass] = {}
+    clock = TickClock()
 
-    def resume(index: int, logits: mx.array | None) -> None:
+    def resume(index: int, logits: object) -> None:
         try:
             waiting[index] = steps[index].send(logits)
         except StopIteration as done:
@@ -41,17 +49,21 @@ def run_together(steps: Sequence[Steps[T]]) -> list[T | Exception]:
         resume(index, None)
     while waiting:
         drafting = [i for i, request in waiting.items() if request.drafting]
+        if not drafting:
+            clock.drafts_read([r.tokens for r in waiting.values() if isinstance(r.tokens, mx.array)])
         served = drafting or list(waiting)
         for group in _by_model(served, waiting):
             requests = [waiting.pop(i) for i in group]
             try:
-                # a draft model's chain stays lazy (its next step is queued meanwhile), and so do
-                # the next steps pipelining rows queue (`ahead`): both go to the device at once
-                if drafting or all(request.ahead for request in requests):
+                if drafting:
+                    logits = _drafted(requests, clock)
+                elif all(request.ahead for request in requests):
+                    # the next steps pipelining rows queue (`ahead`) go to the device at once; their
+                    # rows read them next tick, so nothing here waits for them or times them
                     logits = forward(requests)
                     mx.async_eval(logits)
-                else:  # the rows judge on these logits next; their cost is what the width policy weighs
-                    logits = measured_forward(requests)
+                else:
+                    logits = _forwarded(requests, clock)
             except Exception as exc:
                 for i in group:
                     steps[i].close()
@@ -59,12 +71,38 @@ def run_together(steps: Sequence[Steps[T]]) -> list[T | Exception]:
                 continue
             for i, row_logits in zip(group, logits, strict=True):
                 resume(i, row_logits)
+    clock.close()
     return results  # type: ignore[return-value]  # every step has ended
 
 
-def _by_model(indices: list[int], waiting: dict[int, Forward]) -> list[list[int]]:
-    """The rows' indices grouped by the model their forward runs on (one pass per model)."""
+def _drafted(requests: list, clock: TickClock) -> list:
+    """One drafting pass of these rows (one model's): lazy, so the rows build their next pass meanwhile."""
+    if isinstance(requests[0], Forward):
+        model, sizes, outputs = requests[0].runner.model, [_size(r.tokens) for r in requests], forward(requests)
+    else:
+        model, sizes, outputs = requests[0].module, [r.positions for r in requests], requests[0].serve(requests)
+    mx.async_eval(outputs)
+    clock.drafted(model, sum(sizes), sum(size for size, r in zip(sizes, requests, strict=True) if r.sampled))
+    return outputs
+
+
+def _forwarded(requests: list[Forward], clock: TickClock) -> list[mx.array]:
+    """The rows' target forward: they judge on its logits next; its cost is what the width policy weighs."""
+    started = time.perf_counter()
+    logits = measured_forward(requests)
+    positions = [int(row_logits.shape[0]) for row_logits in logits]
+    clock.forwarded(requests[0].runner.model, positions, [r.sampled for r in requests], time.perf_counter() - started)
+    return logits
+
+
+def _size(tokens: object) -> int:
+    return int(tokens.size) if isinstance(tokens, mx.array) else len(tokens)
+
+
+def _by_model(indices: list[int], waiting: dict[int, Forward | DraftPass]) -> list[list[int]]:
+    """The rows' indices grouped by the model their forward (or pass) runs on (one call per model)."""
     groups: dict[int, list[int]] = defaultdict(list)
     for i in indices:
-        groups[id(waiting[i].runner.model)].append(i)
+        request = waiting[i]
+        groups[id(request.runner.model if isinstance(request, Forward) else request.module)].append(i)
     return list(groups.values())

@@ -5,7 +5,8 @@ drafter loads on first use (its load time is reported, and kept out of that requ
 a failed load fails that request only, and the next request tries again. The load and the first
 probes are once-per-process costs, kept out of the timings of the request that paid them. Before a width is used
 the exactness probe must have cleared it; a width that fails is never used, and when no width
-the loop needs passes, the request is declined to classic decode.
+the loop needs passes, the request is declined to classic decode. The tick's choice narrows rows
+below the declared width only once every verify width under it has been cleared too.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from app.acceptance import Rule
 from app.decoding.adaptive import ControlledWidth, WidthController
 from app.decoding.exactness import ProbeCache, ProbeVerdict
 from app.decoding.loop import Drafting
@@ -46,6 +48,7 @@ class BlockLoops:
     probes: ProbeCache = field(default_factory=ProbeCache)
     bound: BlockDrafterModel | None = None
     controller: WidthController | None = None
+    narrowable: bool = False  # every verify width below the declared one was cleared: the load may narrow rows
 
     def _load(self) -> float:
         if self.bound is not None:
@@ -79,7 +82,22 @@ class BlockLoops:
                 controller.settle()  # keep the declared width; never widen to one that is not exact
                 continue
             return verdict  # the request's block_loop_declined line is the warning
+        self.narrowable = self.plan.under_load and self._cleared_below(notes)
         return None
+
+    def _cleared_below(self, notes: list[Note]) -> bool:
+        """Probe the verify widths below the declared one (a width of 1 is a single step); whether
+        all were cleared (or the inexact override is on)."""
+        for width in range(2, self.controller.declared):
+            fresh = (id(self.target.model), width) not in self.probes.verdicts
+            verdict = self.probes.check(self.target.model, width)
+            failed = not verdict.exact and not self.plan.switches.allow_inexact
+            if fresh:
+                fields = {"width": width, "exact": verdict.exact, "position": verdict.position}
+                notes.append(Note("exactness_probe", fields, warning=failed))  # the rows then keep their widths
+            if failed:
+                return False
+        return True
 
     def _loaded(self) -> list[Note]:
         """Load the drafter if it is not yet; the `drafter_loaded` note when this call loaded it."""
@@ -111,6 +129,15 @@ class BlockLoops:
             notes.append(Note("block_loop_declined", {"reason": reason, "width": failed.width,
                                                       "position": failed.position}, warning=True))  # fmt: skip
             return Choice(None, notes, time.perf_counter() - started)
-        proposer = block_proposer(self.bound, lossless=self.plan.block_lossless, coupled=self.plan.couples(sampling))
-        drafting = Drafting(proposer, WidthPolicy(ControlledWidth(self.controller), n_max, n_min, load_free))
+        # a row whose tokens read its drafts' q runs its passes with their solo bits (app/drafters/block_rows.py)
+        rule = self.plan.rule(sampling)
+        shares = rule.width_independent
+        proposer = block_proposer(
+            self.bound, lossless=self.plan.block_lossless, coupled=self.plan.couples(sampling), shares=shares
+        )
+        source = ControlledWidth(self.controller)
+        narrowed = load_free and self.narrowable
+        # an argmax rule's verify draws nothing; a sampling drafter's drafts are drawn all the same
+        sampled = not sampling.is_greedy and (rule is not Rule.ARGMAX_AGAINST_ARGMAX or proposer.sampled)
+        drafting = Drafting(proposer, WidthPolicy(source, n_max, n_min, narrowed, proposer.passes, sampled))
         return Choice(drafting, notes, time.perf_counter() - started)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.acceptance import Rule
 from app.decoding.adaptive import FixedWidth
 from app.decoding.block_builder import BlockLoops, Choice
 from app.decoding.generation import Generation
@@ -100,22 +99,25 @@ class LoopBuilder:
         plan = self.plan
         if n_max <= 0:
             return Choice(None)
-        # an argmax rule emits the target's argmax stream at every width: only such rows follow the load
-        load_free = plan.under_load and plan.rule(request.sampling) in (Rule.GREEDY_ARGMAX, Rule.ARGMAX_AGAINST_ARGMAX)
+        # only rows whose tokens are the same at every width follow the tick's choice (app/decoding/width.py)
+        rule = plan.rule(request.sampling)
+        load_free = plan.under_load and rule is not None and rule.width_independent
         if self.block is not None:
             return self.block.choose(request.sampling, n_max, request.n_min, load_free)
+        sampled = not request.sampling.is_greedy  # its positions cost the sampler's work (the policy's prices)
         if plan.drafter_kind is DrafterKind.DRAFT_MODEL:
             proposer = DraftModelDrafter(
                 self.drafter, self.target.vocab_size, p_min=request.p_min, coupled=plan.couples(request.sampling)
             )
-            widths = WidthPolicy(FixedWidth(n_max), n_max, request.n_min, load_free)
+            widths = WidthPolicy(FixedWidth(n_max), n_max, request.n_min, load_free, proposer.passes, sampled)
             return Choice(Drafting(proposer, widths))
         if plan.drafter_kind is DrafterKind.PROMPT_LOOKUP:
             governor = make_governor(
                 n_max, policy=plan.governor_policy, adaptive=plan.governor_adaptive, floor=plan.governor_floor
             )
             proposer = PromptLookupDrafter()
-            widths = WidthPolicy(GovernedWidth(governor, proposer.lookup), n_max, request.n_min, load_free)
+            source = GovernedWidth(governor, proposer.lookup)
+            widths = WidthPolicy(source, n_max, request.n_min, load_free, proposer.passes, sampled)
             return Choice(Drafting(proposer, widths))
         return Choice(None)
 

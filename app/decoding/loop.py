@@ -81,7 +81,7 @@ def sample_next(state: RowState, logits: mx.array, greedy: bool = False) -> int:
 
 def decode_one(target: ModelRunner, state: RowState) -> Steps[list[int]]:
     """One plain decode step: forward the pending token, sample the next."""
-    logits = (yield Forward(target, state.tokens[target.length :]))[-1:]
+    logits = (yield Forward(target, state.tokens[target.length :], sampled=not state.sampler.is_greedy))[-1:]
     return [sample_next(state, logits)]
 
 

@@ -62,12 +62,14 @@ class RoundOutcome:
 
 @dataclass
 class RowStats:
-    """One row's counters: acceptance, jump-forward, the widths its rounds ran at, the governor's
-    pauses, and the notes not yet logged."""
+    """One row's counters: acceptance, jump-forward, the widths its rounds ran at, the steps it
+    decoded plainly, the governor's pauses, and the notes not yet logged."""
 
     acceptance: AcceptanceStats = field(default_factory=AcceptanceStats)
     jumped: int = 0
     widths: dict[int, int] = field(default_factory=dict)  # width -> verify rounds run at it
+    # steps that verified no draft (width 0: the tick's choice or a paused governor; a retracted proposal)
+    plain_steps: int = 0
     governor_pauses: int = 0
     governor_resumes: int = 0
     notes: list[Note] = field(default_factory=list)
@@ -85,6 +87,7 @@ class RowStats:
         self.governor_pauses += sum(note.event == "governor_paused" for note in outcome.notes)
         self.governor_resumes += sum(note.event == "governor_resumed" for note in outcome.notes)
         if not outcome.verified:
+            self.plain_steps += len(outcome.tokens) > outcome.jumped
             return
         self.widths[outcome.width] = self.widths.get(outcome.width, 0) + 1
         self.acceptance.observe(outcome.proposed, outcome.verdict)

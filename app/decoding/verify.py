@@ -69,7 +69,8 @@ def verifying(row: VerifyRow) -> Steps[Verified]:
     state, target, proposal, speculation = row.state, row.target, row.proposal, row.speculation
     base = len(state.tokens)
     inputs = mx.concatenate([mx.array(state.tokens[target.length :]), proposal.tokens])
-    request = Forward(target, inputs, hook=row.proposer.hook)
+    sampled = speculation.rule not in ARGMAX_RULES and not state.sampler.is_greedy
+    request = Forward(target, inputs, hook=row.proposer.hook, sampled=sampled)
     logits = yield request
     features = request.features  # the hook's rows of these positions (none without a hook)
     rows = logits[-(proposal.k + 1) :]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import mlx.core as mx
 
+from app.drafters.passes import DrafterPasses, DraftPass
 from app.execution.forward import RowForward, forward
 from app.sampling import Distribution
 
@@ -49,25 +50,31 @@ class Forward(RowForward):
     `drafting` forwards (a draft model's steps) are served before the target's, so every row's
     target forward of a tick goes in one pass. An `ahead` forward is the next step's, queued
     before this step's token is read (its input is that token, still lazy): it is sent to the
-    device at once and its logits are not waited for.
+    device at once and its logits are not waited for. `sampled`: the row's sampler draws here (its
+    positions cost the sampler's work too, which the width policy prices apart).
     """
 
     drafting: bool = False
     ahead: bool = False
+    sampled: bool = False
 
 
-Steps = Generator[Forward, mx.array, T]
+# A step asks for forwards (logits come back) and block drafters' passes (their results come back).
+Steps = Generator[Forward | DraftPass, Any, T]
 
 
 def run_alone(steps: Steps[T]) -> T:
-    """Serve each forward a step asks for on its own runner; the step's result."""
+    """Serve each forward or pass a step asks for on its own; the step's result."""
     try:
         request = next(steps)
         while True:
-            (logits,) = forward([request])
-            if request.ahead:
-                mx.async_eval(logits)
-            request = steps.send(logits)
+            if isinstance(request, Forward):
+                (result,) = forward([request])
+                if request.ahead:
+                    mx.async_eval(result)
+            else:
+                (result,) = request.serve([request])
+            request = steps.send(result)
     except StopIteration as done:
         return done.value
 
@@ -85,6 +92,7 @@ class Proposer(Protocol):
     one_hot_proposals: bool  # deterministic proposals: q is one-hot on the draft
     draws_within_grammar: bool  # a constrained row's drafts come from rows the grammar already masked
     hook: FeatureHook | None
+    passes: DrafterPasses  # how its drafting grows with the width, and what prices it (app/drafters/passes.py)
 
     def prefill(self, state: RowState, features: mx.array | None) -> bool:
         """Take in the prompt, once the target has decided the first token (`features`: the
@@ -113,8 +121,7 @@ class Proposer(Protocol):
 
 
 class ProposesAtOnce:
-    """For proposers that ask for no forward a batch could share (prompt lookup; block drafters,
-    whose forwards read their own row's target features)."""
+    """For proposers that ask for no forward a batch could share (prompt lookup)."""
 
     def proposing(self, state: RowState, width: int) -> Steps[Proposal]:
         yield from ()

@@ -3,6 +3,12 @@
 They condition on the target's hidden states and borrow its embedding and lm_head, so they are
 loaded against a target (`BlockDrafterModel`), and one `*Drafter` per row keeps the row's own
 drafter cache in step with the tokens the target decided.
+
+A row drafts through passes the tick serves for every row in one call (app/drafters/block_rows.py).
+The target's rows of the positions a round decides are owed to the drafter's cache and added at
+the head of the row's next drafting pass, not in the round that decided them: a row the width
+policy keeps at width 0 (it decodes plainly) pays nothing for its drafter, and a drafting row's
+context rows ride its first pass. The prompt's rows go in as the prompt is prefilled.
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from app.drafters.base import Proposal, ProposesAtOnce
+from app.drafters.base import Proposal, Steps, run_alone
 from app.drafters.block_model import DFlashModel, DraftShape, MtpHead
+from app.drafters.block_rows import DFlashPass, MtpPass
 from app.drafters.kinds import DETECTED, DrafterKind
+from app.drafters.passes import DrafterPasses, PassShape
 from app.execution.device import backend
 from app.execution.model import LoadedModel
 from app.execution.pool import Layers
@@ -36,6 +44,7 @@ if TYPE_CHECKING:
 
 MUSE_DECLARED_DEPTH = 4
 MTP_DEFAULT_DEPTH = 3
+OWED_PIECES = 16  # owed context pieces joined into one (and evaluated) beyond this many
 
 
 @dataclass
@@ -147,7 +156,7 @@ class ContextRows:
         restore_rows(self.cache, layers, n)
 
 
-class BlockProposer(ProposesAtOnce):
+class BlockProposer:
     """What one row of any block drafter shares: the bound drafter, and how a row becomes a draft.
 
     A `sampled` drafter draws a sampling request's proposals from its rows under the request's
@@ -156,19 +165,27 @@ class BlockProposer(ProposesAtOnce):
     sampler on the drafter's row without penalty windows, with its position's XTC coin: the rules
     need q to be what the draft was drawn from, not equal to p. Otherwise, and for greedy requests,
     a draft is its row's argmax and no q is reported. `coupled`: each draft draws with its
-    position's keys of the target's stream (app/sampling/streams.py).
+    position's keys of the target's stream (app/sampling/streams.py). `shares`: the row's passes
+    may share a call that is not row-stable (its rule's tokens do not read its drafts'
+    distribution; app/drafters/block_rows.py).
     """
 
     reports_distribution = True
     one_hot_proposals = False
     draws_within_grammar = False  # the loop renormalises q over the grammar's masks
 
-    def __init__(self, bound: BlockDrafterModel, sampled: bool = False, coupled: bool = False) -> None:
+    def __init__(
+        self, bound: BlockDrafterModel, sampled: bool = False, coupled: bool = False, shares: bool = True
+    ) -> None:
         self.bound = bound
         self.kind = bound.draft_kind
         self.hook = bound.hook
         self.sampled = sampled
         self.coupled = coupled
+        self.shares = shares
+        shape = PassShape.CHAIN if bound.kind is CheckpointKind.MTP else PassShape.BLOCK
+        self.passes = DrafterPasses(shape, bound.module)
+        self._owed: list[mx.array] = []  # target rows of decided positions not yet in the drafter's cache
 
     def keys(self, state: RowState, width: int) -> DraftKeys:
         """The keys of a proposal's `width` positions.
@@ -192,6 +209,27 @@ class BlockProposer(ProposesAtOnce):
         q = state.sampler.distribution(logits, None, coins)
         return mx.concatenate([q[i].draw(key) for i, (_, key) in enumerate(taken)]), q
 
+    def propose(self, state: RowState, width: int) -> Proposal:
+        return run_alone(self.proposing(state, width))
+
+    def owe(self, features: mx.array | None) -> None:
+        """A round's decided rows, for the next drafting pass; many rounds' are joined (and
+        evaluated) so a row that long decodes plainly holds one array, not each round's."""
+        if features is None:
+            return
+        self._owed.append(features)
+        if len(self._owed) > OWED_PIECES:
+            self._owed = [mx.concatenate(self._owed, axis=1)]
+            mx.async_eval(self._owed[0])
+
+    def draws(self, state: RowState) -> bool:
+        """Whether this row's drafts are drawn through its sampler (not its rows' argmax)."""
+        return self.sampled and not state.sampler.is_greedy
+
+    def take_owed(self) -> mx.array | None:
+        owed, self._owed = self._owed, []
+        return None if not owed else owed[0] if len(owed) == 1 else mx.concatenate(owed, axis=1)
+
 
 def proposal_of(drafts: list[mx.array], rows: list[Distribution | None]) -> Proposal:
     q = Distribution.stack(rows) if rows and rows[0] is not None else None
@@ -200,22 +238,24 @@ def proposal_of(drafts: list[mx.array], rows: list[Distribution | None]) -> Prop
 
 class DFlashDrafter(BlockProposer):
     """One row of a DFlash-family drafter: a context cache of target features, one masked forward
-    per round over [anchor, mask x (width - 1)].
+    per round over [anchor, mask x (width - 1)] with the context rows it owes.
 
     DFlash and the Muse assistant propose from rows 1.. (row k fills the token at anchor + k);
     DSpark proposes from every row (row j predicts anchor + j + 1) through its Markov chain, each
     row corrected by the previous draft.
     """
 
-    def __init__(self, bound: BlockDrafterModel, sampled: bool = False, coupled: bool = False) -> None:
-        super().__init__(bound, sampled, coupled)
+    def __init__(
+        self, bound: BlockDrafterModel, sampled: bool = False, coupled: bool = False, shares: bool = True
+    ) -> None:
+        super().__init__(bound, sampled, coupled, shares)
         self.model: DFlashModel = bound.module
         self.caches = [KVCache() for _ in self.model.layers]
         self.context = ContextRows(self.caches, lookahead=0)
 
     def add_context(self, features: mx.array) -> None:
         self.model.add_context(features, self.caches)
-        mx.eval([(cache.keys, cache.values) for cache in self.caches])  # in its own round (app/decoding/adaptive.py)
+        mx.eval([(cache.keys, cache.values) for cache in self.caches])
 
     def prefill(self, state: RowState, features: mx.array | None) -> bool:
         """The prompt positions past the rows the context holds (restored ones), chunk by chunk."""
@@ -224,15 +264,17 @@ class DFlashDrafter(BlockProposer):
             self.add_context(features[:, a - start : b - start])
         return True
 
-    def propose(self, state: RowState, width: int) -> Proposal:
-        """One masked forward anchored at the last decided token."""
+    def proposing(self, state: RowState, width: int) -> Steps[Proposal]:
+        """One masked forward anchored at the last decided token, the owed context rows first."""
         bound, shape = self.bound, self.bound.shape
         anchor, position = state.last, len(state.tokens) - 1
         dspark = bound.kind is CheckpointKind.DSPARK
         rows = width if dspark else width + 1
         block = mx.array([[anchor] + [shape.mask_token_id] * (rows - 1)])
-        hidden = self.model(bound.taps.embed_tokens(block), self.caches, position)
-        logits = bound.taps.lm_head(hidden)[0]
+        owed = self.take_owed()
+        logits = yield DFlashPass(
+            self.model, bound.taps, owed, block, self.caches, position, self.shares, self.draws(state)
+        )
         keys = self.keys(state, width)
         if not dspark:
             drafts, q = self.pick(logits[1:], state, keys)
@@ -247,50 +289,57 @@ class DFlashDrafter(BlockProposer):
     def settle(
         self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None, features: mx.array | None
     ) -> None:
-        """The verify rows now decided (the anchor and the accepted drafts) join the context."""
-        self.add_context(features)
+        """The verify rows now decided (the anchor and the accepted drafts) are owed to the context."""
+        self.owe(features)
 
 
 class MtpDrafter(BlockProposer):
     """One row of an MTP head: its KV cache holds one entry per decided position; drafting
     chains the head on its own output and the embedding of its last proposal."""
 
-    def __init__(self, bound: BlockDrafterModel, sampled: bool = False, coupled: bool = False) -> None:
-        super().__init__(bound, sampled, coupled)
+    def __init__(
+        self, bound: BlockDrafterModel, sampled: bool = False, coupled: bool = False, shares: bool = True
+    ) -> None:
+        super().__init__(bound, sampled, coupled, shares)
         self.head: MtpHead = bound.module
         self.cache = KVCache()
         self.context = ContextRows([self.cache], lookahead=1)
-        self.last: mx.array | None = None  # head output at the last decided position: predicts d0
+        self.last: mx.array | None = None  # head output at the last position the cache holds: predicts d0
+        self.last_logits: mx.array | None = None  # the target's logits of it (the first draft's while nothing is owed)
+        self._owed_tokens: list[int] = []  # the token after each owed row
         self.chained = 0
 
-    def add_context(self, hidden: mx.array, next_tokens: list[int]) -> None:
-        """Rows of (target hidden at i, token at i + 1) for decided positions."""
-        embedded = self.bound.taps.embed_tokens(mx.array([next_tokens]))
-        out = self.head(hidden, embedded, self.cache)
-        self.last = out[:, -1:]
-        mx.eval(self.last)  # with the cache update: in its own round (app/decoding/adaptive.py)
+    def _pass(self, hidden: mx.array, embedded: mx.array, sampled: bool = False) -> MtpPass:
+        return MtpPass(self.head, self.bound.taps, hidden, embedded, self.cache, self.shares, sampled)
 
-    def _logits(self, out: mx.array) -> mx.array:
-        return self.bound.taps.lm_head(self.head.norm(out))[0]
+    def _context(self, hidden: mx.array, next_tokens: list[int], sampled: bool = False) -> MtpPass:
+        """Rows of (target hidden at i, token at i + 1) for decided positions."""
+        return self._pass(hidden, self.bound.taps.embed_tokens(mx.array([next_tokens])), sampled)
 
     def prefill(self, state: RowState, features: mx.array | None) -> bool:
         """(hidden at i, token at i + 1) for the prompt positions past the rows the cache holds
         (restored ones), chunk by chunk; the first decided token pairs with the last position."""
         start = self.context.length
         for a, b in prompt_chunks(start, start + features.shape[1]):
-            self.add_context(features[:, a - start : b - start], state.tokens[a + 1 : b + 1])
+            rows = self._context(features[:, a - start : b - start], state.tokens[a + 1 : b + 1])
+            ((self.last, self.last_logits),) = MtpPass.serve([rows])
+            mx.eval(self.last)
         return True
 
-    def propose(self, state: RowState, width: int) -> Proposal:
-        """Chain the head `width` times from its output at the last decided position, each step
-        on the embedding of the draft before it."""
-        out = self.last
+    def proposing(self, state: RowState, width: int) -> Steps[Proposal]:
+        """Chain the head `width` times from its output at the last decided position (the owed
+        rows' call gives it), each step on the embedding of the draft before it."""
+        owed = self.take_owed()
+        if owed is not None:
+            tokens, self._owed_tokens = self._owed_tokens, []
+            self.last, self.last_logits = yield self._context(owed, tokens, self.draws(state))
+        out, logits = self.last, self.last_logits
         drafts, qs = [], []
         keys = self.keys(state, width)
         for step in range(width):
             if step:
-                out = self.head(out, self.bound.taps.embed_tokens(drafts[-1][None]), self.cache)
-            draft, q = self.pick(self._logits(out), state, keys)
+                out, logits = yield self._pass(out, self.bound.taps.embed_tokens(drafts[-1][None]), self.draws(state))
+            draft, q = self.pick(logits, state, keys)
             drafts.append(draft)
             qs.append(q)
         self.chained = width - 1
@@ -299,19 +348,21 @@ class MtpDrafter(BlockProposer):
     def settle(
         self, state: RowState, base: int, proposal: Proposal, verdict: Verdict | None, features: mx.array | None
     ) -> None:
-        """Drop the chain's entries; add (verify hidden, emitted token) for each decided row."""
+        """Drop the chain's entries; (verify hidden, emitted token) of each decided row is owed."""
         if self.chained:
             self.cache.trim(self.chained)
             self.chained = 0
-        self.add_context(features, state.tokens[base:])
+        if features is not None:
+            self.owe(features)
+            self._owed_tokens += state.tokens[base:]
 
 
 def block_proposer(
-    bound: BlockDrafterModel, lossless: bool = False, coupled: bool = False
+    bound: BlockDrafterModel, lossless: bool = False, coupled: bool = False, shares: bool = True
 ) -> DFlashDrafter | MtpDrafter:
     """One row's proposer over a loaded block drafter; `lossless`: the plan runs the lossless
     rules, so sampled requests draw their proposals from q (the Muse assistant always does);
-    `coupled`: with the target's keys of their positions."""
+    `coupled`: with the target's keys of their positions; `shares`: as BlockProposer says."""
     sampled = lossless or bound.kind is CheckpointKind.MUSE
-    proposer = MtpDrafter if bound.kind is CheckpointKind.MTP else DFlashDrafter
-    return proposer(bound, sampled, coupled)
+    drafter = MtpDrafter if bound.kind is CheckpointKind.MTP else DFlashDrafter
+    return drafter(bound, sampled, coupled, shares)

@@ -5,10 +5,16 @@ drafter holds `fc`, `hidden_norm`, `layers.N.*` (Qwen3-style) and `norm`, and bo
 target's embedding and lm_head; DSpark adds `markov_w1` / `markov_w2`; an MTP head holds `enorm`,
 `hnorm`, `eh_proj`, one decoder layer `layer.*` and `norm`. `ops/models/train_block_drafters.py`
 builds the same modules in torch; `ops/models/block_parity.py` checks both give the same outputs.
+
+The server calls them for many rows at once (`rows`, app/drafters/block_rows.py): the rows' inputs
+laid end to end through every product in one call, each row's attention over its own cache with
+its own shapes, so where products are row-stable each row gets the bits of its own call.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +25,8 @@ from mlx_lm.models.qwen3 import MLP, TransformerBlock
 from mlx_lm.models.qwen3 import ModelArgs as Qwen3Args
 
 from app.execution import row_invariant
+
+Span = tuple[int, int]  # a row's [start, end) in rows laid end to end
 
 
 @dataclass
@@ -94,26 +102,39 @@ class InjectedAttention(nn.Module):
         self.k_norm = nn.RMSNorm(d, eps=shape.rms_norm_eps)
         self.rope = nn.RoPE(d, traditional=False, base=shape.rope_theta)
 
-    def _keys_values(self, x: mx.array, offset: int) -> tuple[mx.array, mx.array]:
-        b, n, _ = x.shape
-        keys = self.k_norm(self.k_proj(x).reshape(b, n, self.n_kv_heads, -1)).transpose(0, 2, 1, 3)
-        values = self.v_proj(x).reshape(b, n, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    def _heads(self, keys: mx.array, values: mx.array, offset: int) -> tuple[mx.array, mx.array]:
+        """One row's projected keys and values `[1, n, kv * D]` as heads `[1, kv, n, D]`, normed and
+        rotated at positions offset.."""
+        b, n, _ = keys.shape
+        keys = self.k_norm(keys.reshape(b, n, self.n_kv_heads, -1)).transpose(0, 2, 1, 3)
+        values = values.reshape(b, n, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         return self.rope(keys, offset=offset), values
 
-    def add_context(self, h_ctx: mx.array, cache: KVCache) -> None:
-        keys, values = self._keys_values(h_ctx, cache.offset)
-        cache.update_and_fetch(keys, values)
+    def add_context(self, h_ctx: mx.array, caches: Sequence[KVCache], spans: Sequence[Span]) -> None:
+        """Context rows of several rows `[1, S, H]` (row r's at `spans[r]`): projected in one
+        product, appended to each row's cache at its own positions."""
+        keys, values = self.k_proj(h_ctx), self.v_proj(h_ctx)
+        for cache, (a, b) in zip(caches, spans, strict=True):
+            cache.update_and_fetch(*self._heads(keys[:, a:b], values[:, a:b], cache.offset))
 
-    def __call__(self, x: mx.array, cache: KVCache, offset: int) -> mx.array:
-        b, n, _ = x.shape
-        queries = self.q_norm(self.q_proj(x).reshape(b, n, self.n_heads, -1)).transpose(0, 2, 1, 3)
-        queries = self.rope(queries, offset=offset)
-        keys, values = self._keys_values(x, offset)
-        if cache.offset:
-            keys = mx.concatenate([cache.keys[..., : cache.offset, :], keys], axis=2)
-            values = mx.concatenate([cache.values[..., : cache.offset, :], values], axis=2)
-        out = row_invariant.attention(queries, keys, values, self.scale, causal=False)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+    def __call__(
+        self, x: mx.array, caches: Sequence[KVCache], spans: Sequence[Span], offsets: Sequence[int]
+    ) -> mx.array:
+        """Block rows of several rows `[1, L, H]` (row r's at `spans[r]`, at positions offsets[r]..):
+        the products over all of them at once, each row's attention over its own cache and block."""
+        queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        outputs = []
+        for cache, (a, b), offset in zip(caches, spans, offsets, strict=True):
+            n = b - a
+            row_queries = self.q_norm(queries[:, a:b].reshape(1, n, self.n_heads, -1)).transpose(0, 2, 1, 3)
+            row_queries = self.rope(row_queries, offset=offset)
+            row_keys, row_values = self._heads(keys[:, a:b], values[:, a:b], offset)
+            if cache.offset:
+                row_keys = mx.concatenate([cache.keys[..., : cache.offset, :], row_keys], axis=2)
+                row_values = mx.concatenate([cache.values[..., : cache.offset, :], row_values], axis=2)
+            out = row_invariant.attention(row_queries, row_keys, row_values, self.scale, causal=False)
+            outputs.append(out.transpose(0, 2, 1, 3).reshape(1, n, -1))
+        return self.o_proj(joined(outputs))
 
 
 class DraftLayer(nn.Module):
@@ -124,8 +145,10 @@ class DraftLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(shape.hidden_size, eps=shape.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(shape.hidden_size, eps=shape.rms_norm_eps)
 
-    def __call__(self, x: mx.array, cache: KVCache, offset: int) -> mx.array:
-        x = x + self.self_attn(self.input_layernorm(x), cache, offset)
+    def __call__(
+        self, x: mx.array, caches: Sequence[KVCache], spans: Sequence[Span], offsets: Sequence[int]
+    ) -> mx.array:
+        x = x + self.self_attn(self.input_layernorm(x), caches, spans, offsets)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -145,16 +168,28 @@ class DFlashModel(nn.Module):
             self.markov_w2 = nn.Linear(shape.markov_rank, vocab_size, bias=False)
 
     def add_context(self, features: mx.array, caches: list[KVCache]) -> None:
-        """Append target feature rows `[1, S, n_ids * H]` to every layer's context cache."""
+        """Append one row's target feature rows `[1, S, n_ids * H]` to every layer's context cache."""
+        self.add_contexts(features, [caches], [(0, features.shape[1])])
+
+    def add_contexts(self, features: mx.array, rows: Sequence[list[KVCache]], spans: Sequence[Span]) -> None:
+        """Several rows' feature rows `[1, S, n_ids * H]` (row r's at `spans[r]`, appended to the
+        layer caches `rows[r]`), every product over all of them at once."""
         h_ctx = self.hidden_norm(self.fc(features))
-        for layer, cache in zip(self.layers, caches, strict=True):
-            layer.self_attn.add_context(h_ctx, cache)
+        for index, layer in enumerate(self.layers):
+            layer.self_attn.add_context(h_ctx, [caches[index] for caches in rows], spans)
 
     def __call__(self, block: mx.array, caches: list[KVCache], offset: int) -> mx.array:
-        """Block embeddings `[1, L, H]` at positions offset..offset+L-1; returns normed hidden."""
+        """One row's block embeddings `[1, L, H]` at positions offset..offset+L-1; returns normed hidden."""
+        return self.rows(block, [caches], [(0, block.shape[1])], [offset])
+
+    def rows(
+        self, block: mx.array, rows: Sequence[list[KVCache]], spans: Sequence[Span], offsets: Sequence[int]
+    ) -> mx.array:
+        """Several rows' blocks `[1, L, H]` (row r's at `spans[r]`, its layer caches `rows[r]`), as
+        each row's own call would give them where the products are row-stable."""
         x = block
-        for layer, cache in zip(self.layers, caches, strict=True):
-            x = layer(x, cache, offset)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, [caches[index] for caches in rows], spans, offsets)
         return self.norm(x)
 
     def markov_bias(self, previous: mx.array) -> mx.array:
@@ -182,3 +217,41 @@ class MtpHead(nn.Module):
             mask = "causal"
         with row_invariant.exact_forward():  # on the GPU, the wide calls skip MLX's slow fused attention
             return self.layer(x, mask, cache)
+
+    def rows(self, hidden: mx.array, embedded: mx.array, caches: Sequence[KVCache], spans: Sequence[Span]) -> mx.array:
+        """Several rows' calls at once: rows `[1, S, H]` (row r's at `spans[r]`, causal among
+        themselves, appended to `caches[r]`); every product over all rows, each row's attention
+        through the function its own call (`__call__`) uses, on its own cache, so each row gets
+        its own call's output where the products are row-stable."""
+        x = self.eh_proj(mx.concatenate([self.enorm(embedded), self.hnorm(hidden)], axis=-1))
+        block, attention = self.layer, self.layer.self_attn
+        attend = sys.modules[type(attention).__module__].scaled_dot_product_attention  # as the block's own call
+        with row_invariant.exact_forward():
+            h = block.input_layernorm(x)
+            queries, keys, values = attention.q_proj(h), attention.k_proj(h), attention.v_proj(h)
+            outputs = []
+            for cache, (a, b) in zip(caches, spans, strict=True):
+                n = b - a
+                q = attention.q_norm(queries[:, a:b].reshape(1, n, attention.n_heads, -1)).transpose(0, 2, 1, 3)
+                k = attention.k_norm(keys[:, a:b].reshape(1, n, attention.n_kv_heads, -1)).transpose(0, 2, 1, 3)
+                v = values[:, a:b].reshape(1, n, attention.n_kv_heads, -1).transpose(0, 2, 1, 3)
+                q, k = attention.rope(q, offset=cache.offset), attention.rope(k, offset=cache.offset)
+                k, v = cache.update_and_fetch(k, v)
+                out = attend(q, k, v, cache=cache, scale=attention.scale, mask="causal" if n > 1 else None)
+                outputs.append(out.transpose(0, 2, 1, 3).reshape(1, n, -1))
+            h = x + attention.o_proj(joined(outputs))
+            return h + block.mlp(block.post_attention_layernorm(h))
+
+
+def spans_of(lengths: Sequence[int]) -> list[Span]:
+    """The [start, end) of each of consecutive pieces of these lengths."""
+    spans, start = [], 0
+    for length in lengths:
+        spans.append((start, start + length))
+        start += length
+    return spans
+
+
+def joined(rows: Sequence[mx.array]) -> mx.array:
+    """Rows' pieces `[1, n_r, ...]` as one `[1, sum n_r, ...]` (one piece as it is)."""
+    return rows[0] if len(rows) == 1 else mx.concatenate(list(rows), axis=1)

@@ -8,6 +8,7 @@ import mlx.core as mx
 
 from app.drafters.base import Forward, Proposal, Steps, run_alone
 from app.drafters.kinds import DrafterKind
+from app.drafters.passes import DrafterPasses, PassShape
 from app.execution.runner import ModelRunner
 from app.sampling import Distribution
 from app.sampling.grammar import masked
@@ -36,6 +37,7 @@ class DraftModelDrafter:
     def __init__(self, drafter: LoadedModel, target_vocab_size: int, p_min: float = 0.0, coupled: bool = False) -> None:
         self.runner = ModelRunner(drafter.model)
         self.runner.require_rewindable("drafter")
+        self.passes = DrafterPasses(PassShape.CHAIN, drafter.model)  # one forward per draft position
         self.target_vocab_size = target_vocab_size
         self.p_min = p_min
         self.coupled = coupled  # draws with the target's keys of its positions (app/sampling/streams.py)
@@ -77,7 +79,9 @@ class DraftModelDrafter:
         # mask; otherwise the whole chain stays lazy and is evaluated with the verify forward.
         needs_host = sampler.needs_context or self.p_min > 0.0 or constraint is not None
         base = len(state.tokens)
-        logits = self._fit((yield Forward(self.runner, state.tokens[self.runner.length :], drafting=True))[-1:])
+        sampled = not sampler.is_greedy  # each draft drawn through the request's sampler
+        pending = state.tokens[self.runner.length :]
+        logits = self._fit((yield Forward(self.runner, pending, drafting=True, sampled=sampled))[-1:])
         drafts: list[mx.array] = []
         rows: list[Distribution] = []
         followed, ended = 0, False  # drafts the grammar's matcher follows, rolled back at the end
@@ -113,7 +117,7 @@ class DraftModelDrafter:
             if ended:
                 break
             if i + 1 < width:
-                logits = self._fit((yield Forward(self.runner, draft, drafting=True))[-1:])
+                logits = self._fit((yield Forward(self.runner, draft, drafting=True, sampled=sampled))[-1:])
         state.history.rewind(base)
         if constraint is not None:
             constraint.rollback(followed)

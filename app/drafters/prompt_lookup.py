@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from app.drafters.base import Proposal, ProposesAtOnce
 from app.drafters.kinds import DrafterKind
 from app.drafters.ngram import NgramIndex
+from app.drafters.passes import NO_PASSES
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -24,6 +25,7 @@ class PromptLookupDrafter(ProposesAtOnce):
 
     kind = DrafterKind.PROMPT_LOOKUP
     hook = None  # reads nothing of the target's forward
+    passes = NO_PASSES  # a lookup in its own index: nothing to price
     reports_distribution = True
     one_hot_proposals = True
     draws_within_grammar = True  # no rows: a draft the grammar forbids is cut, an allowed one kept

@@ -18,7 +18,7 @@ from app.decoding.outcome import Note
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.warmup import warm, warm_shapes, warms
 from app.drafters.kinds import DrafterKind
-from app.execution.cost import ForwardCost, cost_of
+from app.execution.cost import HOST, TARGET_ROWS, ForwardCost, PlaneCost, cost_of, forget, plane_of
 from app.execution.forward import batching
 from app.execution.lockstep import Lockstep
 from app.execution.model import LoadedModel, load_model
@@ -109,6 +109,13 @@ class ModelHost:
         self._log.info("model_warming", batch_sizes=list(shapes.batch_sizes), widths=list(shapes.widths))
         started = time.perf_counter()
         rows = warm(self.builder, shapes)
+        # the warm-up's timings were kernels compiling: the width policy prices what serving measures
+        block = self.builder.block
+        for model in (self.builder.target, self.builder.drafter):
+            if model is not None:
+                forget(model.model)
+        if block is not None and block.bound is not None:
+            forget(block.bound.module)
         self._log.info("model_warmed", rows=rows, seconds=round(time.perf_counter() - started, 3))
 
     def _load_one(self, path: str, role: str) -> LoadedModel:
@@ -153,3 +160,11 @@ class ModelHost:
     def forward_cost(self) -> ForwardCost | None:
         """The target's measured forward costs (None until it is loaded)."""
         return cost_of(self.builder.target.model) if self.builder is not None else None
+
+    def target_cost(self) -> PlaneCost | None:
+        """The target's measured forwards against their rows and positions (None until it is loaded)."""
+        return plane_of(self.builder.target.model, TARGET_ROWS) if self.builder is not None else None
+
+    def host_cost(self) -> PlaneCost | None:
+        """The rows' measured host work of a tick (None until the target is loaded)."""
+        return plane_of(self.builder.target.model, HOST) if self.builder is not None else None

@@ -67,6 +67,7 @@ class Metrics:
     spec_decode_num_drafts_total: int = 0
     spec_decode_num_draft_tokens_total: int = 0
     spec_decode_num_accepted_tokens_total: int = 0
+    spec_decode_plain_steps_total: int = 0  # drafting rows' steps that verified nothing (width 0)
     spec_accepted_per_position: list[int] = field(default_factory=list)
     spec_accepted_lengths: list[int] = field(default_factory=list)  # [k]: verify rounds that accepted k drafts
     spec_widths: list[int] = field(default_factory=list)  # [w]: verify rounds the width policy ran at width w
@@ -98,6 +99,7 @@ class Metrics:
         self.spec_decode_num_drafts_total += timings.draft_rounds
         self.spec_decode_num_draft_tokens_total += timings.draft_n or 0
         self.spec_decode_num_accepted_tokens_total += timings.draft_n_accepted or 0
+        self.spec_decode_plain_steps_total += row.plain_steps
         stats = row.acceptance
         _add(self.spec_accepted_per_position, stats.accepted_per_position)
         _add(self.spec_accepted_lengths, stats.accepted_lengths)

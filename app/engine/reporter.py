@@ -6,6 +6,8 @@ docs/log-events.md); the counters are what /metrics serves.
 
 from __future__ import annotations
 
+import dataclasses
+
 import structlog
 
 from app import events
@@ -39,11 +41,9 @@ class Reporter:
             else:
                 events.loop_note(note.event, request_id=job.request_id, warning=note.warning, **note.fields)
 
-    def width_changed(self, change: WidthChange) -> None:
-        """The tick's goodput choice moved (app/decoding/width.py `Goodput`)."""
-        events.speculation_width_changed(
-            batch=change.batch, cap=change.cap, previous=change.previous, expected_gain=change.expected_gain
-        )
+    def width_changed(self, job: Job, change: WidthChange) -> None:
+        """The tick's choice moved the width it holds a row at (app/decoding/width.py `Goodput`)."""
+        events.speculation_width_changed(request_id=job.request_id, **dataclasses.asdict(change))
 
     def prepared(self, notes: list[Note]) -> None:
         """What preparing a block drafter before any request noted (no request id: none asked)."""
@@ -81,6 +81,7 @@ class Reporter:
             coupled=speculation.coupled,
             n_max=result.n_max,
             widths=stats.widths,
+            plain_steps=stats.plain_steps,
             governor_pauses=stats.governor_pauses,
             governor_resumes=stats.governor_resumes,
             profile=self.profile,

@@ -4,8 +4,9 @@ Each tick advances the active rows by one step each, all together, their forward
 (app/decoding/batch.py: every row's draft step j in one pass on the drafter, every row's target
 forward in one tick of the target): a prefilling row feeds one chunk of its prompt, a decoding
 row takes a decode step or a verify round, so prompts that arrive together are prefilled
-together and time to first token does not grow with the queue of prompts. Target-only rows
-pipeline: each queues its next forward before its token is read.
+together and time to first token does not grow with the queue of prompts. Each drafting row's width
+is set first by the tick's choice (app/decoding/width.py `Goodput`). Target-only rows pipeline:
+each queues its next forward before its token is read.
 Rows never share state (caches, samplers, key streams), so each row's output is exactly what
 it would be alone. A tick forwards at most `max_batch_tokens` target positions (at least one
 row); rows left over go first next tick, so none starves. Requests beyond `max_rows` wait in
@@ -92,7 +93,9 @@ class Scheduler:
         # work that needs the models but is no row (embeddings), a step at a time between ticks
         self._calls: deque[tuple[Generator[None, None, object], Future]] = deque()
         self.share = HeavyShare(limits.heavy_work_share)
-        self.goodput = Goodput(host.forward_cost)  # the tick's width cap under load
+        self.goodput = Goodput(
+            host.forward_cost, host.host_cost, host.target_cost
+        )  # each drafting row's width, per tick
         self._log = structlog.get_logger("mlxcel.engine")
 
     # --- called from other threads (HTTP, signal handlers): the lock only -------------------
@@ -314,19 +317,25 @@ class Scheduler:
 
     def _step(self, rows: list[Row]) -> None:
         decoding = [row for row in rows if row.generation.prefilled]  # before this tick's prefills end
-        if len(decoding) > 1:
+        if decoding:
             self._weigh_widths(decoding)
-        for row, outcome in zip(rows, run_together([row.steps() for row in rows]), strict=True):
+        started = time.perf_counter()
+        outcomes = run_together([row.steps() for row in rows])
+        if len(decoding) == len(rows):  # the choice priced decoding rows alone: a prompt's chunk is no part of it
+            self.goodput.measured(time.perf_counter() - started)
+        for row, outcome in zip(rows, outcomes, strict=True):
             self._settle(row, outcome)
 
     def _weigh_widths(self, decoding: list[Row]) -> None:
-        """The goodput choice of this tick's width cap (app/decoding/width.py), logged when it moves."""
-        policies = [row.generation.widths for row in decoding if row.generation.widths is not None]
-        if not policies:
+        """The tick's choice of each drafting row's width (app/decoding/width.py), logged per row
+        when the width it holds the row at moves."""
+        drafting = [row for row in decoding if row.generation.widths is not None]
+        if not drafting:
             return
-        change = self.goodput.choose(policies, positions=len(decoding) - len(policies))
-        if change is not None:
-            self.reporter.width_changed(change)
+        policies = [row.generation.widths for row in drafting]
+        changes = self.goodput.choose(policies, positions=len(decoding) - len(policies))
+        for index, change in changes.items():
+            self.reporter.width_changed(drafting[index].job, change)
 
     def _sweep_cancelled(self) -> None:
         for row in [row for row in self.rows.values() if row.job.cancelled]:

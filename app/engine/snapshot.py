@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from app.decoding.builder import RowRequest
+from app.decoding.generation import Generation
 from app.decoding.plan import LoopPlan
 from app.engine.host import ModelInfo
 from app.engine.metrics import Metrics
@@ -20,6 +21,7 @@ class DraftCounts:
     proposed: int
     accepted: int
     rounds: int
+    width: int | None  # its latest step's width as its width policy decided it (0: plain; None: none yet)
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,6 @@ class EngineSnapshot:
 
 def row_view(row: Row) -> RowView:
     generation = row.generation
-    stats = generation.stats.acceptance
     return RowView(
         slot=row.slot,
         request_id=row.job.request_id,
@@ -59,8 +60,16 @@ def row_view(row: Row) -> RowView:
         decided=len(row.generation.emitted),
         finished=row.generation.finished,
         n_max=generation.n_max,
-        draft=DraftCounts(stats.proposed, stats.accepted, stats.rounds) if generation.speculation.drafting else None,
+        draft=draft_counts(generation),
     )
+
+
+def draft_counts(generation: Generation) -> DraftCounts | None:
+    """A drafting row's counts so far and its current width (None: the row runs no drafter)."""
+    if not generation.speculation.drafting or generation.widths is None:
+        return None
+    stats = generation.stats.acceptance
+    return DraftCounts(stats.proposed, stats.accepted, stats.rounds, generation.widths.current)
 
 
 def copy_metrics(metrics: Metrics, cache: CacheCounters | None) -> Metrics:

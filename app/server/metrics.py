@@ -53,6 +53,10 @@ WIDTH = (
     "mlxcel_spec_decode_width",
     "Verify rounds by the width (proposals) the width policy decided for them (le: at most that many).",
 )
+PLAIN_STEPS = (
+    "mlxcel_spec_decode_plain_steps_total",
+    "Steps of drafting rows that verified no draft (width 0: the tick's choice, a paused governor).",
+)
 UNMATCHED = "unmatched"  # the route label of a path no route serves (keeps the label set bounded)
 
 
@@ -88,6 +92,8 @@ class EngineCollector:
         yield per_position
         yield counts_histogram(ACCEPTED_LENGTH, m.spec_accepted_lengths)
         yield counts_histogram(WIDTH, m.spec_widths)
+        name, help_text = PLAIN_STEPS
+        yield CounterMetricFamily(name, help_text, value=m.spec_decode_plain_steps_total)
         for histogram in vars(m.latencies).values():
             yield from histogram.collect()
 

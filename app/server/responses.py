@@ -227,6 +227,9 @@ class SlotDraft(msgspec.Struct, kw_only=True):
     draft_n: int
     draft_n_accepted: int
     draft_rounds: int
+    # mlxcel's: the proposals of the row's latest step as its width policy decided them (0: a plain
+    # step; null: the row has not stepped yet)
+    width: int | None
 
 
 class Slot(msgspec.Struct, kw_only=True):

@@ -201,7 +201,10 @@ def slot(index: int, row: RowView | None, n_ctx: int) -> Slot:
         speculative_p_min=request.p_min,
     )
     draft = row.draft and SlotDraft(
-        draft_n=row.draft.proposed, draft_n_accepted=row.draft.accepted, draft_rounds=row.draft.rounds
+        draft_n=row.draft.proposed,
+        draft_n_accepted=row.draft.accepted,
+        draft_rounds=row.draft.rounds,
+        width=row.draft.width,
     )
     return Slot(
         id=index,

@@ -3,30 +3,38 @@
 Starts one `mlxcel serve` per profile and `mlx_lm.server` on the same target (through
 ops/bench/mlx_lm_server.py: same BLAS, float32, EOS ignored, batching up to the largest client
 count, no prompt cache since ours has none), all at once. For each client count c the held-out
-prompts are sent in waves of c concurrent streaming `/v1/completions` requests (T = 0, a fixed
-token count, EOS ignored), every arm taking the same wave in turn, so arms see the same machine
-state. A cell covers every prompt at least once per repeat.
+prompts are sent in waves of c concurrent streaming `/v1/completions` requests (a fixed token
+count, EOS ignored), every arm taking the same wave in turn, so arms see the same machine state.
+A cell covers every prompt at least once per repeat.
 
 Per arm and client count: aggregate tokens/s (all tokens over the waves' wall time, prefill
-included), time to first token, and inter-token latency: the gap before a frame spread over the
-tokens it carries (a speculative round of 3 tokens after 30 ms counts as three 10 ms gaps).
+included), time to first token, inter-token latency (the gap before a frame spread over the
+tokens it carries: a speculative round of 3 tokens after 30 ms counts as three 10 ms gaps), and
+the widths the server's rounds ran at (its /metrics before and after each wave): the mean width
+over every step of a drafting row, and the share of plain steps (width 0).
 
     python -m ops.bench.concurrency [--clients 1,2,4,8,16] [--tokens 64] [--repeats 2]
+        [--temperatures 0,0.7] [--sampled-clients 1,8,16]
         [--profiles target-only,default,prompt-lookup,mtp] [--target DIR | --target random-1.2b]
-        [--temperature 0.7] [--no-fixed] [--no-fast] [--no-mlx-lm] [--note TEXT] [--write] [--json FILE]
+        [--no-fixed] [--no-fast] [--no-mlx-lm] [--note TEXT] [--write] [--json FILE]
 
 A profile may carry variants after `+`, each a few settings in the server's environment
 (`VARIANTS`): `mtp+lossless` (drafter.block_rule = "lossless"), `default+uncoupled`
 (speculative.coupled = false), `default+stochastic` (the stochastic rule), combined as in
-`mtp+lossless+stochastic`. `--temperature` above 0 sends sampled requests, each seeded by its
-prompt, and reports each arm's per-position acceptance (from `timings.speculative`); with both
-`PROFILE` and `PROFILE+stochastic` present it states issue 39's goals at 8 clients.
+`mtp+lossless+stochastic`. Every arm reports its per-position acceptance (from
+`timings.speculative`); with both `PROFILE` and `PROFILE+stochastic` present at a temperature
+above 0, the section states issue 39's goals at 8 clients.
+
+`--temperatures` runs the waves once per temperature on the same servers; above 0 every request
+carries a seed (its prompt's, the same in every arm) and the client counts are
+`--sampled-clients`; `mlx_lm.server` runs at T = 0 only (it batches no seeded request).
 
 Every profile with a drafter also runs as a fixed-width arm, `PROFILE@fixed`: the same profile
-with its widths held (no block-loop width trials, no governor, no goodput choice under load:
+with its widths held (no block-loop width trials, no governor, no per-row choice under load:
 the `FIXED_WIDTH` settings), the fixed k most servers draft whatever the batch. The goals
 compare each profile with the better of target-only and its fixed-width arm at every client
-count (issue 26: at least 0.95x).
+count and temperature (issue 36: at least 1.0x), and one client with target-only (issue 36, on
+the H200: at least 1.5x). `--json` keeps every figure for ops/bench/plot.py.
 
 Every profile also runs as a fast-path arm, `PROFILE@fast`: the same profile with
 `execution.exact = false` (MLX's own kernels, a row's bits may depend on its batch-mates, as
@@ -58,6 +66,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 from ops.bench.prompts import HELD_OUT_CODE
 from ops.bench.spawn import REPO_ROOT, spawned, spawned_server
 from ops.models.random_target import SIZE_1_2B, build_random_target
@@ -70,7 +80,9 @@ FAST_PATH = {"MLXCEL_EXECUTION__EXACT": "false"}
 EXACTNESS_PRICE = 1.25  # issue 35: the exact path within this of the fast path's throughput
 FIXED_WIDTH = {"MLXCEL_ADAPTIVE__ENABLED": "false", "MLXCEL_ADAPTIVE__UNDER_LOAD": "false",
                "MLXCEL_GOVERNOR__ADAPTIVE": "false"}  # fmt: skip
-GOODPUT_GOAL = 0.95
+GOODPUT_GOAL = 1.0
+SINGLE_STREAM_GOAL = 1.5  # one client against target-only (the H200's goal)
+SEED = 1000  # a sampled request's seed: SEED + its prompt's index, in every arm
 VARIANT = "+"  # PROFILE+VARIANT: the profile with VARIANTS[VARIANT] in its server's environment
 VARIANTS = {
     "lossless": {"MLXCEL_DRAFTER__BLOCK_RULE": "lossless"},
@@ -84,6 +96,8 @@ RANDOM_1_2B = "random-1.2b"
 EMBEDDED_TARGET = REPO_ROOT / "models" / "target"
 FRAME = re.compile(rb"^data: (\{.*\})\r?$", re.M)
 WARMUP_TOKENS = 8
+WIDTH_BUCKET = re.compile(r'^mlxcel_spec_decode_width_bucket\{le="(\d+)"\} (\S+)$', re.M)
+PLAIN_STEPS = re.compile(r"^mlxcel_spec_decode_plain_steps_total (\S+)$", re.M)
 
 
 @dataclass
@@ -105,6 +119,8 @@ class Cell:
     inter_token_s: list[float] = field(default_factory=list)
     tested: int = 0  # speculative positions tested and drafts accepted (timings.speculative)
     accepted: int = 0
+    widths: dict[int, int] = field(default_factory=dict)  # verify rounds by width (the server's /metrics)
+    plain_steps: int = 0  # drafting rows' steps at width 0
 
     @property
     def tokens_per_second(self) -> float:
@@ -113,6 +129,43 @@ class Cell:
     @property
     def per_position_acceptance(self) -> float:
         return self.accepted / self.tested if self.tested else 0.0
+
+    def width_summary(self) -> str:
+        """Mean width over every step of the drafting rows, and the share of plain steps."""
+        steps = sum(self.widths.values()) + self.plain_steps
+        if not steps:
+            return ""
+        mean = sum(w * n for w, n in self.widths.items()) / steps
+        return f"{mean:.1f} ({100 * self.plain_steps / steps:.0f} %)"
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """A server's width counters (/metrics) at one moment."""
+
+    widths: dict[int, int]
+    plain_steps: int
+
+    @classmethod
+    def scrape(cls, url: str) -> Rounds:
+        return cls.parse(httpx.get(f"{url}/metrics", timeout=30).text)
+
+    @classmethod
+    def parse(cls, text: str) -> Rounds:
+        """From /metrics' exposition: the width histogram's cumulative buckets, the plain steps."""
+        cumulative = sorted((int(w), float(count)) for w, count in WIDTH_BUCKET.findall(text))
+        widths, below = {}, 0.0
+        for width, count in cumulative:
+            widths[width], below = int(count - below), count
+        plain = PLAIN_STEPS.search(text)
+        return cls(widths, int(float(plain.group(1))) if plain else 0)
+
+    def since(self, earlier: Rounds, cell: Cell) -> None:
+        """Add the rounds between `earlier` and this to `cell`."""
+        for width, count in self.widths.items():
+            if moved := count - earlier.widths.get(width, 0):
+                cell.widths[width] = cell.widths.get(width, 0) + moved
+        cell.plain_steps += self.plain_steps - earlier.plain_steps
 
 
 def request_body(prompt: str, n: int, arm: str, temperature: float = 0.0) -> bytes:
@@ -123,6 +176,8 @@ def request_body(prompt: str, n: int, arm: str, temperature: float = 0.0) -> byt
         fields["seed"] = HELD_OUT_CODE.index(prompt)
     if arm != MLX_LM:  # mlx_lm.server ignores EOS through its wrapper; its frames carry one token each
         fields |= {"ignore_eos": True, "timings_per_token": True, "speculative_diagnostics": True}
+    if temperature > 0:  # the same draws in every arm: a seed per prompt
+        fields["seed"] = SEED + HELD_OUT_CODE.index(prompt)
     return json.dumps(fields).encode()
 
 
@@ -207,23 +262,26 @@ def mlx_lm_command(max_clients: int, target: Path) -> list[str]:
 def measure(
     urls: dict[str, str], clients: list[int], n: int, repeats: int, temperature: float = 0.0
 ) -> dict[tuple[str, int], Cell]:
-    arms = list(urls)
-    stage("warming up every arm")
+    arms = [arm for arm in urls if temperature == 0 or arm != MLX_LM]
+    stage(f"warming up every arm (T = {temperature:g})")
     for arm in arms:  # load, compile and size the caches before timing anything
         wave(urls[arm], [request_body(p, WARMUP_TOKENS, arm, temperature) for p in waves_of(max(clients), 0)[0]])
     cells = {(arm, c): Cell() for arm in arms for c in clients}
     turn = 0
     waves = sum(len(waves_of(c, repeat)) for repeat in range(repeats) for c in clients) * len(arms)
-    with progress(waves, "waves") as bar:
+    with progress(waves, f"waves at T = {temperature}") as bar:
         for repeat in range(repeats):
             for c in clients:
                 for prompts in waves_of(c, repeat):
                     turn += 1
                     for arm in arms[turn % len(arms) :] + arms[: turn % len(arms)]:
+                        before = Rounds.scrape(urls[arm]) if arm != MLX_LM else None
                         streams, seconds = wave(urls[arm], [request_body(p, n, arm, temperature) for p in prompts])
                         cells[arm, c].seconds += seconds
                         for stream in streams:
                             record(cells[arm, c], stream, n)
+                        if before is not None:
+                            Rounds.scrape(urls[arm]).since(before, cells[arm, c])
                         bar.update()
     return cells
 
@@ -290,7 +348,8 @@ def target_only_goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
 
 
 def goodput_goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
-    """Issue 26: each profile against the better of target-only and its fixed-width arm."""
+    """Issue 36: each profile against the better of target-only and its fixed-width arm at every
+    client count, and at one client against target-only."""
     lines = []
     for arm in dict.fromkeys(arm for arm, _ in cells):
         if (arm + FIXED, 1) not in cells:
@@ -306,6 +365,11 @@ def goodput_goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
         listed = ", ".join(f"{c}: {r:.2f}x" for c, r in ratios)
         lines.append(f"- `{arm}` against the better of target-only and `{arm}{FIXED}` by clients: {listed} "
                      f"(goal ≥ {GOODPUT_GOAL}x at every count: {'met' if met else 'missed'}).")  # fmt: skip
+        if (TARGET_ONLY, 1) in cells and (arm, 1) in cells:
+            single = ratio(cells[arm, 1], cells[TARGET_ONLY, 1])
+            lines.append(
+                f"- `{arm}` at 1 client against target-only: {single} (goal on the H200 ≥ {SINGLE_STREAM_GOAL}x)."
+            )
     return lines
 
 
@@ -329,7 +393,7 @@ def coupling_goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
 
 
 def goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
-    """Issue 12's goals for the default profile at 8 clients, and issue 26's, where this run measured them."""
+    """Issue 12's goals for the default profile at 8 clients, and issue 36's, where this run measured them."""
     one, eight, theirs = cells.get(("default", 1)), cells.get(("default", 8)), cells.get((MLX_LM, 8))
     if not (one and eight):
         return target_only_goals(cells) + exactness_price(cells) + goodput_goals(cells) + coupling_goals(cells)
@@ -343,7 +407,7 @@ def goals(cells: dict[tuple[str, int], Cell]) -> list[str]:
     return lines + target_only_goals(cells) + exactness_price(cells) + goodput_goals(cells) + coupling_goals(cells)
 
 
-def render(cells: dict[tuple[str, int], Cell], n: int, repeats: int, note: str = "", temperature: float = 0.0) -> str:
+def cell_table(cells: dict[tuple[str, int], Cell]) -> str:
     arms = list(dict.fromkeys(arm for arm, _ in cells))
     clients = sorted({c for _, c in cells})
     rows = []
@@ -352,21 +416,34 @@ def render(cells: dict[tuple[str, int], Cell], n: int, repeats: int, note: str =
             cell = cells[arm, c]
             rows.append([arm if arm == MLX_LM else f"`{arm}` profile", str(c), f"{cell.tokens_per_second:.1f}",
                          ratio(cell, cells.get((arm, 1))), ratio(cell, cells.get((MLX_LM, c))),
+                         ratio(cell, cells.get((TARGET_ONLY, c))), cell.width_summary(),
                          spread(cell.inter_token_s, ".1f"), spread(cell.first_token_s, ".0f"),
                          f"{cell.per_position_acceptance:.3f}" if cell.tested else ""])  # fmt: skip
-    header = ["arm", "clients", "aggregate tokens/s", "vs own 1 client", f"vs {MLX_LM}",
-              "inter-token ms p50 / p95", "first token ms p50 / p95", "per-position acceptance"]  # fmt: skip
-    sampled = f"T={temperature:g} (seeded by prompt)" if temperature > 0 else "T=0"
+    header = ["arm", "clients", "aggregate tokens/s", "vs own 1 client", f"vs {MLX_LM}", "vs target-only",
+              "mean width (plain steps)", "inter-token ms p50 / p95", "first token ms p50 / p95",
+              "per-position acceptance"]  # fmt: skip
+    return table(header, rows)
+
+
+def render(
+    cells: dict[tuple[str, int], Cell], n: int, repeats: int, note: str = "",
+    sampled: dict[float, dict[tuple[str, int], Cell]] | None = None,
+) -> str:  # fmt: skip
+    """The section: the T = 0 table and goals, then each sampled temperature's (`sampled`)."""
     intro = (
         f"{machine()}. Waves of concurrent streaming `/v1/completions` clients over the "
-        f"{len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, {sampled}, EOS ignored, {repeats} repeats, "
+        f"{len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, EOS ignored, {repeats} repeats, "
         f"arms interleaved wave by wave. `{MLX_LM}` 0.32.2 runs the same target as float32 on the same "
         "BLAS, batching up to the largest client count (`--decode-concurrency`, `--prompt-concurrency`), "
-        "prompt cache off. Inter-token latency spreads each frame's gap over the tokens it carries."
+        "prompt cache off. Inter-token latency spreads each frame's gap over the tokens it carries; the "
+        "mean width is over every step of the drafting rows (plain steps: width 0)."
     )
     parts = ["## Concurrent streaming clients (`ops/bench/concurrency.py`)", "", intro, ""]
     parts += [note, ""] if note else []
-    parts += [table(header, rows), "", *goals(cells)]
+    parts += ["T = 0:", "", cell_table(cells), "", *goals(cells)] if cells else []
+    for temperature, hot in (sampled or {}).items():
+        parts += ["", f"T = {temperature}, each request seeded (its prompt's seed in every arm):", "", cell_table(hot),
+                  "", *goodput_goals(hot), *coupling_goals(hot)]  # fmt: skip
     return "\n".join(parts)
 
 
@@ -379,19 +456,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=64, help="tokens per request")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
+        "--temperatures",
+        type=lambda text: sorted({float(t) for t in text.split(",")}),
+        default=[0.0],
+        help="e.g. 0,0.7: the waves once per temperature (above 0 seeded)",
+    )
+    parser.add_argument("--sampled-clients", type=numbers, default=[1, 8, 16],
+                        help="client counts at temperatures above 0")  # fmt: skip
+    parser.add_argument(
         "--profiles",
         type=lambda text: text.split(","),
         default=PROFILES,
         help=f"profiles, each with optional variants: PROFILE{VARIANT}VARIANT ({', '.join(VARIANTS)})",
     )
-    parser.add_argument("--temperature", type=float, default=0.0, help="above 0: seeded sampled requests")
     parser.add_argument("--target", help=f"a model directory, or {RANDOM_1_2B} (built first); default: the embedded")
     parser.add_argument("--no-fixed", action="store_true", help=f"leave the fixed-width arms (PROFILE{FIXED}) out")
     parser.add_argument("--no-fast", action="store_true", help=f"leave the fast-path arms (PROFILE{FAST}) out")
     parser.add_argument("--no-mlx-lm", action="store_true", help=f"leave {MLX_LM} out")
     parser.add_argument("--note", default="", help="a line for the section (e.g. the machine's state)")
     parser.add_argument("--write", action="store_true", help=WRITE_HELP)
-    parser.add_argument("--json", type=Path, help="also write each arm's aggregate tokens/s by clients (for plot.py)")
+    parser.add_argument("--json", type=Path, help="also write each cell's figures (for plot.py)")
     return parser.parse_args(argv)
 
 
@@ -408,7 +492,8 @@ def main(argv: list[str] | None = None) -> None:
     with ExitStack() as servers:
         target = target_dir(args.target, Path(servers.enter_context(tempfile.TemporaryDirectory())))
         # as many rows as the widest wave, as mlx_lm.server batches up to it (server.max_rows is 8 by default)
-        flags = ["--parallel", str(max(args.clients)), *([] if args.target is None else ["-m", str(target)])]
+        widest = max(args.clients + (args.sampled_clients if any(args.temperatures) else []))
+        flags = ["--parallel", str(widest), *([] if args.target is None else ["-m", str(target)])]
         urls = {}
         arms = args.profiles + ([] if args.no_fixed else fixed_arms(args.profiles))
         for arm in arms + ([] if args.no_fast else fast_arms(args.profiles)):
@@ -418,16 +503,33 @@ def main(argv: list[str] | None = None) -> None:
         if not args.no_mlx_lm:
             # mlx_lm.server initialises mx.distributed, which needs more of the environment than PATH
             stage(f"starting {MLX_LM}")
-            command = mlx_lm_command(max(args.clients), target)
+            command = mlx_lm_command(widest, target)
             urls[MLX_LM] = servers.enter_context(spawned(command, dict(os.environ)))[0]
-        cells = measure(urls, args.clients, args.tokens, args.repeats, args.temperature)
-    body = render(cells, args.tokens, args.repeats, args.note, args.temperature)
+        runs = {t: measure(urls, args.clients if t == 0 else args.sampled_clients, args.tokens, args.repeats, t)
+                for t in args.temperatures}  # fmt: skip
+    cells = runs.pop(0.0, {})
+    body = render(cells, args.tokens, args.repeats, args.note, sampled=runs)
     print(body)
     if args.json:
-        aggregate = {arm: {c: cells[arm, c].tokens_per_second for a, c in cells if a == arm} for arm, _ in cells}
-        args.json.write_text(json.dumps({"machine": machine(), "tokens_per_second": aggregate}, indent=1))
+        args.json.write_text(json.dumps(figures({0.0: cells, **runs} if cells else runs), indent=1))
     if args.write:
-        write_section("concurrency" if args.temperature == 0 else "concurrency-sampled", body)
+        write_section("concurrency", body)
+
+
+def figures(runs: dict[float, dict[tuple[str, int], Cell]]) -> dict:
+    """What plot.py reads: per temperature, each arm's aggregate tokens/s and mean width by clients
+    (`tokens_per_second` also at the top: the T = 0 run's, or the first)."""
+
+    def by_arm(cells: dict[tuple[str, int], Cell], value) -> dict:  # noqa: ANN001
+        return {arm: {c: value(cells[arm, c]) for a, c in cells if a == arm} for arm, _ in cells}
+
+    per_temperature = {
+        str(t): {"tokens_per_second": by_arm(cells, lambda cell: cell.tokens_per_second),
+                 "mean_width": by_arm(cells, lambda cell: cell.width_summary())}
+        for t, cells in runs.items()
+    }  # fmt: skip
+    first = next(iter(per_temperature.values()), {"tokens_per_second": {}})
+    return {"machine": machine(), "tokens_per_second": first["tokens_per_second"], "runs": per_temperature}
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import pytest
 import structlog
 
 from app.acceptance import Rule, Verdict
+from app.decoding import exactness
 from app.decoding.adaptive import (
     ABANDON_AFTER,
     WARMUP_ROUNDS,
@@ -148,6 +149,26 @@ def test_a_failing_ceiling_keeps_the_declared_width(embedded_target, monkeypatch
     assert builder.block.controller.phase is Phase.SETTLED and builder.block.controller.width() == 4
 
 
+def test_the_load_narrows_block_rows_only_below_widths_the_probe_cleared(embedded_target, monkeypatch) -> None:
+    """The tick's choice may run a block row below its declared width (4 for the MTP head) only
+    once verify widths 2 and 3 are cleared too; one that fails keeps the rows at their widths."""
+    monkeypatch.delenv("MLXCEL_MTP_ALLOW_INEXACT", raising=False)
+    request = RowRequest(embedded_target.tokenizer.encode(CODE), GREEDY, max_tokens=8)
+    cleared = block_builder(embedded_target)
+    generation = cleared.build(request)
+    probed = sorted(n.fields["width"] for n in generation.notes if n.event == "exactness_probe")
+    assert probed == [2, 3, 4] and generation.widths.load_free
+
+    def failing_at_3(model: object, width: int) -> ProbeVerdict:
+        return ProbeVerdict(3, False, 1, 1e-3) if width == 3 else probe_width(model, width)
+
+    monkeypatch.setattr(exactness, "probe_width", failing_at_3)
+    held = block_builder(embedded_target).build(request)
+    assert held.speculation.draft_kind == "mtp" and not held.widths.load_free
+    (warning,) = [n for n in held.notes if n.event == "exactness_probe" and n.warning]
+    assert warning.fields["width"] == 3
+
+
 def test_prepare_loads_and_probes_before_any_request(embedded_target) -> None:
     """What a reload's engine does before it takes over: the first request then pays nothing."""
     builder = block_builder(embedded_target)
@@ -264,7 +285,9 @@ def test_server_output_at_t0_is_target_greedy(profile_server, reference, profile
             assert body["content"] == expected
             assert body["timings"]["draft_kind"] == ("mtp" if profile == "mtp" else "dflash")
         probed = [e["width"] for e in server.events("exactness_probe")]
-        assert sorted(probed) == ([4, 8] if profile == "muse" else [4] if profile == "mtp" else [8])
+        declared = 4 if profile in ("mtp", "muse") else 8
+        ceiling = 8 if profile == "muse" else declared  # and every verify width below the declared one
+        assert sorted(probed) == sorted({*range(2, declared), declared, ceiling})
         first_round = server.events("speculative_request")[0]["timestamp"]
         assert all(e["timestamp"] <= first_round for e in server.events("exactness_probe"))
         if profile == "dspark":

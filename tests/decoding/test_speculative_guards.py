@@ -14,12 +14,14 @@ from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.loop import SpeculativeLoop
 from app.decoding.plan import LoopPlan, Switches
+from app.decoding.width import Goodput
 from app.drafters.draft_model import DraftModelDrafter
 from app.execution.model import LoadedModel, load_model
 from app.execution.runner import ModelRunner
 from app.sampling import SamplingParams
 from ops.models.tiny import build_tiny_model
 from tests.support.batched import Arrival, run_batched, run_rows, seeded_stream
+from tests.support.costs import swinging_costs
 from tests.support.derived_models import anti_drafter, fixed_distribution_pair
 from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
 
@@ -140,6 +142,27 @@ def test_the_target_distribution_holds_while_the_width_changes_every_round(const
         generation.widths.source = CyclingWidth(generation.state.rng.seed)
 
     stream = seeded_stream(builder, RowRequest(prompt=[1, 2, 3], sampling=SIX, max_tokens=0), sample_count(), moving)
+    assert chi_square(stream, TOKENS, P) < CRITICAL_DOF5_ALPHA_1E4
+
+
+@pytest.mark.slow
+def test_the_target_distribution_holds_while_the_ticks_choice_moves_the_widths(constant_pair) -> None:
+    """Sampler-match rows are load-free: the engine's choice sets each row's width before every
+    tick (its acceptance against the tick's prices, which swing mid-stream here, probes and
+    surveys; width 0 included). The stream is still the target's distribution (alpha 1e-4)."""
+    builder = speculative(*constant_pair, k=4)
+    goodput = Goodput(lambda: None)
+    goodput.cost = swinging_costs(goodput)
+    rows: list[Generation] = []
+
+    def choose(live: list[Generation]) -> None:
+        rows.extend(g for g in live if g not in rows)
+        goodput.choose([g.widths for g in live])
+
+    request = RowRequest(prompt=[1, 2, 3], sampling=SIX, max_tokens=0)
+    stream = seeded_stream(builder, request, sample_count(), before_tick=choose)
+    assert all(g.widths.load_free and g.speculation.rule is Rule.SAMPLER_MATCH for g in rows)
+    assert all(g.stats.plain_steps for g in rows) and len(set().union(*(g.stats.widths for g in rows))) >= 2
     assert chi_square(stream, TOKENS, P) < CRITICAL_DOF5_ALPHA_1E4
 
 

@@ -3,25 +3,39 @@ measured forward cost, the goodput choice under load, and exactness while the wi
 
 from __future__ import annotations
 
+import itertools
 import random
 
+import mlx.nn as nn
 import pytest
 
-from app.acceptance import Verdict
-from app.decoding.adaptive import FixedWidth
+from app.acceptance import Rule, Verdict
+from app.decoding.adaptive import ControlledWidth, FixedWidth, WidthController
 from app.decoding.batch import run_together
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan, plan_from_settings
-from app.decoding.width import Goodput, GovernedWidth, WidthPolicy, expected_tokens, row_n_max
+from app.decoding.width import (
+    FORGET,
+    SURVEY_EVERY,
+    Acceptance,
+    Goodput,
+    GovernedWidth,
+    WidthPolicy,
+    expected_tokens,
+    row_n_max,
+)
 from app.drafters.governor import make_governor
-from app.execution.cost import ForwardCost
+from app.drafters.passes import NO_PASSES, DrafterPasses, PassShape
+from app.execution.cost import DRAFTING, HOST, TARGET_ROWS, ForwardCost, PlaneCost, cost_of, forget, plane_of
 from app.execution.model import LoadedModel
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams
 from tests.support.batched import run_rows
+from tests.support.costs import measured, swinging_costs
 
 GREEDY = SamplingParams(temperature=0.0)
+HOT = SamplingParams(temperature=0.7)
 PROMPTS = ["def merge_sorted(left, right):\n", "class LRUCache:\n", "import json\n\n\ndef load(path):\n"]
 
 
@@ -43,73 +57,281 @@ def test_forward_cost_fits_a_line_through_its_buckets() -> None:
     for positions in (16, 64, 64, 4):
         cost.observe(positions, 0.01 + 0.001 * positions)
     assert cost.line() == pytest.approx((0.01, 0.001), rel=1e-6)
+    module = nn.Linear(1, 1)
+    cost_of(module).observe(4, 0.01)
+    for record in (TARGET_ROWS, HOST, DRAFTING):
+        plane_of(module, record).observe((2, 4), 0.01)
+    forget(module)  # what the warm-up measured was kernels compiling
+    assert not cost_of(module).buckets
+    assert not any(plane_of(module, record).buckets for record in (TARGET_ROWS, HOST, DRAFTING))
 
 
-def policy(n_max: int = 7, load_free: bool = True, alpha: float = 0.5, n_min: int = 0) -> WidthPolicy:
-    return WidthPolicy(FixedWidth(7), n_max=n_max, n_min=n_min, load_free=load_free, alpha=alpha)
+def policy(
+    n_max: int = 7, load_free: bool = True, alpha: float = 0.5, n_min: int = 0, passes: DrafterPasses = NO_PASSES
+) -> WidthPolicy:
+    """A row that has run one round (the tick's choice leaves a row's first round at its own width)."""
+    acceptance = Acceptance.prior(alpha)
+    acceptance.rounds = 1
+    return WidthPolicy(FixedWidth(7), n_max=n_max, n_min=n_min, load_free=load_free, passes=passes,
+                       acceptance=acceptance)  # fmt: skip
+
+
+def test_the_targets_forwards_are_fitted_against_rows_and_positions() -> None:
+    """A forward costing 5 ms, 2 ms a row and 0.1 ms a position: the plane recovers each part once
+    the forwards ran at more than one width; at one width alone rows and positions cannot be told
+    apart, and the fit then prices positions alone (a row more as much as a wider row)."""
+    cost = PlaneCost(keep=(1, 0))  # positions before rows, as the engine's record
+    for rows in (1, 2, 4, 8):
+        cost.observe((rows, 5 * rows), 0.005 + 0.002 * rows + 0.0001 * 5 * rows)
+    fixed, (per_row, per_position) = cost.plane()
+    assert per_row == 0.0 and per_position == pytest.approx(0.0005, rel=1e-6)
+    for rows, width in ((8, 0), (4, 2), (16, 1)):
+        positions = rows * (1 + width)
+        cost.observe((rows, positions), 0.005 + 0.002 * rows + 0.0001 * positions)
+    fixed, parts = cost.plane()
+    assert (fixed, *parts) == pytest.approx((0.005, 0.002, 0.0001), rel=1e-6)
+    rows = [policy(alpha=0.5) for _ in range(8)]
+    line = lambda: measured(0.005, 0.0021)  # noqa: E731 - one line through rows and positions alike
+    assert widths_after(Goodput(line), rows) == [0] * 8  # every position priced like a row: no drafting pays
+    rows = [policy(alpha=0.5) for _ in range(8)]
+    assert all(w >= 3 for w in widths_after(Goodput(line, target=lambda: cost), rows))  # a position is cheap
+
+
+def test_a_verify_rounds_own_host_work_is_priced_apart_from_its_positions() -> None:
+    """Host work of 1 ms a verifying row, nothing per position: a row that drafts at all pays
+    the millisecond once, so it drafts wide or not at all, never a single draft."""
+    host = PlaneCost(keep=(1, 2, 3, 0))
+    for rows, verifying, positions in ((8, 0, 8), (8, 8, 40), (4, 2, 10), (8, 4, 20), (2, 2, 6), (4, 4, 8)):
+        host.observe((rows, verifying, positions, 0), 0.0002 * rows + 0.001 * verifying)
+    fixed, parts = host.plane()
+    assert (fixed, *parts) == pytest.approx((0.0, 0.0002, 0.001, 0.0, 0.0), abs=1e-9)
+    target = lambda: measured(0.01, 0.00001)  # noqa: E731
+    widths = widths_after(Goodput(target, host=lambda: host), [policy(alpha=0.6) for _ in range(8)])
+    assert all(w >= 3 for w in widths)
+    widths = widths_after(Goodput(target, host=lambda: host), [policy(alpha=0.05) for _ in range(8)])
+    assert widths == [0] * 8
 
 
 def test_a_round_is_decided_once_within_cap_budget_and_the_ticks_limit() -> None:
     row = policy(n_max=5)
-    assert row.wanted() == 5 and row.decide(budget=100) == 5
+    assert row.wanted() == 5 and row.decide(budget=100) == 5 and row.current == 5
     assert row.decide(budget=3) == 2  # the round's last token is within the budget too
     row.limit = 1
-    assert row.decide(budget=100) == 1
+    assert row.decide(budget=100) == 1 and row.current == 1
     assert row.decide(budget=100) == 5  # a tick's limit holds for that tick's round only
+    row.limit = 0
+    assert row.decide(budget=100) == 0 and row.current == 0  # width 0: the row decodes plainly
     assert policy(n_min=3).retracts(2) and not policy(n_min=3).retracts(3) and policy().retracts(0)
 
 
-def test_observed_rounds_move_the_acceptance_estimate() -> None:
-    row = policy(alpha=0.5)
+def test_observed_rounds_move_the_acceptance_estimate_by_positions_tested() -> None:
+    row = WidthPolicy(FixedWidth(7), n_max=7)
+    assert row.alpha == pytest.approx(0.5) and row.acceptance.rounds == 0
     row.decide(budget=100)
-    row.observe([2], 7, Verdict(accepted=0, tokens=[2], tested=1), 0.001)
-    assert row.alpha == pytest.approx(0.35)
     row.observe([1] * 8, 7, Verdict(accepted=7, tokens=[1] * 8, tested=7), 0.001)
-    assert row.alpha == pytest.approx(0.545)  # a full accept pulls it back up
+    assert row.alpha == pytest.approx((FORGET * 0.5 + 7) / (FORGET + 7))  # seven positions outweigh the prior
+    row.observe([2], 7, Verdict(accepted=0, tokens=[2], tested=1), 0.001)
+    assert row.alpha == pytest.approx((FORGET * (FORGET * 0.5 + 7)) / (FORGET * (FORGET + 7) + 1))
+    before = row.alpha
     row.observe([3], 0, None, 0.001)
-    assert row.alpha == pytest.approx(0.545)  # a plain step is no evidence
+    assert row.alpha == before and row.acceptance.rounds == 2  # a plain step is no evidence
 
 
-def measured(fixed: float, per_position: float) -> ForwardCost:
-    cost = ForwardCost()
-    for positions in (8, 64):
-        cost.observe(positions, fixed + per_position * positions)
-    return cost
+def drafter(fixed: float, per_position: float, shape: PassShape = PassShape.CHAIN) -> DrafterPasses:
+    """A drafter whose passes were measured at these costs (a module of its own: its record)."""
+    module = nn.Linear(1, 1)
+    for positions in (1, 16):
+        plane_of(module, DRAFTING).observe((positions, 0), fixed + per_position * positions)
+    return DrafterPasses(shape, module)
 
 
-def test_under_load_low_acceptance_rows_are_narrowed_where_it_pays() -> None:
-    """Sixteen rows accepting 30 % per position on a forward whose positions dominate its cost:
-    width 7 spends positions that mostly get rejected, so the choice narrows them."""
+def widths_after(goodput: Goodput, rows: list[WidthPolicy], ticks: int = 1) -> list[int | None]:
+    for _ in range(ticks):
+        goodput.choose(rows)
+    return [row.limit for row in rows]
+
+
+def test_each_row_gets_its_own_width_from_its_own_acceptance() -> None:
+    """On a forward whose positions dominate its cost, a row accepting 95 % keeps drafting while
+    rows accepting 5 % decode plainly (width 0) in the same tick."""
+    rows = [policy(alpha=0.95)] + [policy(alpha=0.05) for _ in range(7)]
+    goodput = Goodput(lambda: measured(0.004, 0.0005))
+    changes = goodput.choose(rows)
+    assert rows[0].limit == 7 and all(row.limit == 0 for row in rows[1:])
+    assert set(changes) == set(range(1, 8)) and all(c.cap == 0 and c.batch == 8 for c in changes.values())
+    assert changes[1].expected_gain > 1.02 and all(row.held_at == 0 for row in rows[1:])
+    assert goodput.choose(rows) == {}  # nothing moved: no second event
+
+
+def test_the_drafters_passes_are_priced_with_the_target() -> None:
+    """The same rows, the same target: a drafter whose passes cost twice a target forward makes
+    drafting lose (every row decodes plainly); prompt lookup's free drafting keeps the widths."""
+    target = lambda: measured(0.01, 0.00001)  # noqa: E731 - the forward costs nearly nothing per position
+    dear = drafter(0.02, 0.0001)
+    assert widths_after(Goodput(target), [policy(alpha=0.7, passes=dear) for _ in range(4)]) == [0] * 4
+    free = [policy(alpha=0.7) for _ in range(4)]
+    assert widths_after(Goodput(target), free) == [7] * 4
+    cheap = drafter(0.0001, 0.00001)
+    assert all(w >= 3 for w in widths_after(Goodput(target), [policy(alpha=0.7, passes=cheap) for _ in range(4)]))
+
+
+def test_a_drafter_measured_at_one_batch_size_prices_smaller_passes_for_their_rows() -> None:
+    """Passes measured only over sixteen rows (one bucket, no slope yet) price a lone row's pass
+    at a sixteenth: it drafts (and its own passes get measured), not held back by what sixteen
+    rows' passes cost."""
+    module = nn.Linear(1, 1)
+    plane_of(module, DRAFTING).observe((16, 0), 0.016)
+    lone = [policy(alpha=0.8, passes=DrafterPasses(PassShape.CHAIN, module))]
+    assert widths_after(Goodput(lambda: measured(0.01, 0.0001)), lone)[0] >= 4
+
+
+def test_a_sampled_rows_positions_are_priced_with_the_samplers_work() -> None:
+    """Host work of 2 ms a sampled position (the sampler pipeline over k + 1 rows), nothing for
+    an argmax one: of rows accepting alike, greedy ones draft wide, sampled ones plainly."""
+    host = PlaneCost(keep=(1, 2, 3, 0))
+    for rows, verifying, positions, sampled in ((8, 0, 8, 4), (8, 8, 40, 20), (4, 4, 20, 0), (8, 4, 24, 12),
+                                                (2, 2, 6, 6), (4, 0, 4, 4), (6, 3, 18, 3)):  # fmt: skip
+        host.observe((rows, verifying, positions, sampled), 0.0002 * rows + 0.002 * sampled)
+    fixed, parts = host.plane()
+    assert (fixed, *parts) == pytest.approx((0.0, 0.0002, 0.0, 0.0, 0.002), abs=1e-9)
+    greedy, hot = [policy(alpha=0.6) for _ in range(4)], [policy(alpha=0.6) for _ in range(4)]
+    for row in hot:
+        row.sampled = True
+    widths = widths_after(Goodput(lambda: measured(0.01, 0.00001), host=lambda: host), greedy + hot)
+    assert all(w >= 3 for w in widths[:4]) and widths[4:] == [0] * 4
+
+
+def test_the_rows_host_work_is_priced_by_its_positions() -> None:
+    target = lambda: measured(0.01, 0.00001)  # noqa: E731
+    host = PlaneCost(keep=(1, 2, 3, 0))
+    for rows, verifying, positions in ((4, 0, 4), (4, 4, 32), (2, 1, 9), (4, 2, 12), (1, 1, 5)):
+        host.observe((rows, verifying, positions, 0), 0.0005 * rows + 0.001 * positions)  # a tenth of the forward
+    rows = [policy(alpha=0.5) for _ in range(4)]
+    assert all(w < 7 for w in widths_after(Goodput(target, lambda: host), rows))
+
+
+def test_the_whole_ticks_time_calibrates_what_the_fits_leave_out() -> None:
+    """Ticks measured at three times what the parts' fits predict for the rows' drafting (a cost
+    the fits miss) raise the drafting scale toward 3, and the rows then draft less; plain ticks
+    measured as predicted leave the plain scale at 1."""
+    rows = [policy(alpha=0.6) for _ in range(8)]
+    goodput = Goodput(lambda: measured(0.02, 0.0005))
+    before = widths_after(goodput, rows)
+    for _ in range(120):
+        goodput.choose(rows)
+        plain, drafting = goodput._expected
+        goodput.measured(plain + 3 * drafting / goodput.drafting_scale)
+    assert goodput.drafting_scale == pytest.approx(3.0, rel=0.05) and goodput.plain_scale == 1.0
+    assert sum(widths_after(goodput, rows)) < sum(before)
+
+
+def test_held_rows_keep_their_width_and_lone_rows_are_chosen_too() -> None:
+    held = [policy(alpha=0.05, load_free=False) for _ in range(4)]
+    free = [policy(alpha=0.05) for _ in range(4)]
+    Goodput(lambda: measured(0.001, 0.001)).choose(held + free)
+    assert all(row.limit is None for row in held) and all(row.limit == 0 for row in free)
+    lone = [policy(alpha=0.05)]
+    assert widths_after(Goodput(lambda: measured(0.001, 0.001)), lone) == [0]
+    unmeasured = [policy(alpha=0.0) for _ in range(8)]
+    assert Goodput(lambda: ForwardCost()).choose(unmeasured) == {} and all(r.limit is None for r in unmeasured)
+    fresh = WidthPolicy(FixedWidth(7), n_max=7, load_free=True)  # no round yet: its own width once
+    assert widths_after(Goodput(lambda: measured(0.001, 0.001)), [fresh]) == [None]
+
+
+def test_the_widths_in_force_hold_until_others_beat_them_clearly() -> None:
     rows = [policy(alpha=0.3) for _ in range(16)]
     goodput = Goodput(lambda: measured(0.001, 0.001))
-    change = goodput.choose(rows, positions=0)
-    assert change is not None and change.batch == 16 and change.cap is not None and change.cap < 7
-    assert change.expected_gain > 1.02 and all(row.limit == change.cap for row in rows)
-    assert goodput.choose(rows, positions=0) is None  # unchanged: no second event
+    first = widths_after(goodput, rows)
+    assert first[0] < 7
+    for row in rows:  # acceptance drifts a little: the best width may move by one, not enough to switch
+        row.acceptance = Acceptance.prior(0.32)
+        row.acceptance.rounds = 1
+    assert goodput.choose(rows) == {} and widths_after(goodput, rows) == first
+    goodput.cost = lambda: measured(0.05, 0.0)  # positions cost nothing now: every row's own width
+    lifted = goodput.choose(rows)
+    assert len(lifted) == 16 and all(c.cap is None and c.previous == first[0] for c in lifted.values())
 
 
-def test_a_forward_whose_cost_is_fixed_keeps_the_full_width() -> None:
-    rows = [policy(alpha=0.8) for _ in range(4)]
-    assert Goodput(lambda: measured(0.05, 0.00001)).choose(rows, positions=0) is None
-    assert all(row.limit is None for row in rows)
+def observe_probe(row: WidthPolicy, accepted: bool) -> None:
+    width = row.decide(budget=100)
+    tokens = [5, 6] if accepted else [5]
+    row.observe(tokens, width, Verdict(accepted=int(accepted), tokens=tokens, tested=1), 0.001)
 
 
-def test_sampled_rows_and_lone_rows_are_never_narrowed() -> None:
-    sampled = [policy(alpha=0.3, load_free=False) for _ in range(8)]
-    greedy = [policy(alpha=0.3) for _ in range(8)]
-    Goodput(lambda: measured(0.001, 0.001)).choose(sampled + greedy, positions=0)
-    assert all(row.limit is None for row in sampled) and all(row.limit is not None for row in greedy)
-    lone = [policy(alpha=0.0)]
-    assert Goodput(lambda: measured(0.001, 0.001)).choose(lone, positions=0) is None and lone[0].limit is None
-    unmeasured = [policy(alpha=0.0) for _ in range(8)]
-    assert Goodput(lambda: ForwardCost()).choose(unmeasured, positions=0) is None
+def test_a_row_held_at_width_0_probes_and_comes_back_when_its_acceptance_recovers() -> None:
+    """Held at 0, a row verifies one draft after four ticks; a probe that misses doubles the gap,
+    one that is accepted probes again the next tick, and once its acceptance has recovered the
+    choice gives it its width back (with one event each way)."""
+    row = policy(alpha=0.02)
+    goodput = Goodput(lambda: measured(0.001, 0.001))
+
+    def tick(accepted: bool) -> int | None:
+        changes = goodput.choose([row])
+        limit = row.limit
+        if limit:
+            observe_probe(row, accepted)
+        else:
+            row.decide(budget=100)
+        return limit, changes
+
+    first = [tick(accepted=False) for _ in range(12)]
+    assert [limit for limit, _ in first] == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1]  # after 4 ticks, then after 8
+    assert [bool(changes) for _, changes in first] == [True] + [False] * 11  # held at 0: one event
+    later = []
+    while row.held_at == 0 and len(later) < 40:
+        later.append(tick(accepted=True))
+    limits = [limit for limit, _ in later]
+    assert row.held_at != 0 and later[-1][1]  # given its width back, with an event
+    assert limits.count(1) >= 2 and limits[-3:-1] == [1, 1]  # accepted probes follow each other
 
 
-def builder_of(kind: str, target: LoadedModel, drafter: LoadedModel) -> LoopBuilder:
+def test_a_row_its_costs_hold_at_width_0_probes_rarely() -> None:
+    """Rows accepting 85 % that still decode plainly because the drafter costs more than it
+    saves: a probe could not change that, so they probe every sixteenth tick only."""
+    rows = [policy(alpha=0.85, passes=drafter(0.05, 0.0001)) for _ in range(4)]
+    goodput = Goodput(lambda: measured(0.01, 0.00001))
+    probes = 0
+    for _ in range(47):
+        goodput.choose(rows)
+        probes += rows[0].limit == 1
+        for row in rows:
+            if row.limit:
+                observe_probe(row, accepted=True)
+            else:
+                row.decide(budget=100)
+    assert all(row.held_at == 0 for row in rows) and 1 <= probes <= 3
+
+
+def test_every_sixteenth_tick_surveys_half_the_widths_then_the_rows_own() -> None:
+    rows = [policy(alpha=0.9) for _ in range(4)]
+    goodput = Goodput(lambda: measured(0.05, 0.00001))
+    limits = [widths_after(goodput, rows)[0] for _ in range(SURVEY_EVERY)]
+    assert limits[: SURVEY_EVERY - 1] == [7] * (SURVEY_EVERY - 1) and limits[-1] == 3
+    narrow = [policy(alpha=0.05) for _ in range(4)]
+    goodput = Goodput(lambda: measured(0.001, 0.001))
+    limits = [widths_after(goodput, narrow)[0] for _ in range(2 * SURVEY_EVERY)]
+    assert limits[SURVEY_EVERY - 1] == 0 and limits[-1] == 7  # held at 0, surveyed at its own width
+
+
+def test_a_block_loop_round_is_charged_its_priced_cost_not_the_wall_clock() -> None:
+    """The controller of a block loop row sees what the tick's prices say its round cost, so its
+    batch-mates' work in the same tick is not charged to its width."""
+    controller = WidthController(declared=4, ceiling=8)
+    row = WidthPolicy(ControlledWidth(controller), n_max=7, load_free=False)
+    row.price = lambda width: 0.002 * (1 + width)
+    width = row.decide(budget=100)
+    row.observe([1, 2, 3], width, Verdict(accepted=2, tokens=[1, 2, 3], tested=3), seconds=5.0)
+    assert controller.window.seconds == pytest.approx(0.002 * (1 + width))  # not the 5 s of the tick
+
+
+def builder_of(
+    kind: str, target: LoadedModel, drafter: LoadedModel, block_rule: str | None = None, governed: bool = True
+) -> LoopBuilder:
     if kind == "mtp":
-        settings = Settings(drafter=DrafterSettings(kind="mtp", model=str(REPO_ROOT / "models" / "mtp")))
+        rule = {"block_rule": block_rule} if block_rule else {}
+        settings = Settings(drafter=DrafterSettings(kind="mtp", model=str(REPO_ROOT / "models" / "mtp"), **rule))
         return LoopBuilder(target, None, plan_from_settings(settings, environ={}))
-    plan = LoopPlan(drafter_kind=kind, num_draft_tokens=4, governor_policy="break-even")
+    plan = LoopPlan(drafter_kind=kind, num_draft_tokens=4, governor_policy="break-even", governor_adaptive=governed)
     return LoopBuilder(target, drafter if kind == "draft-model" else None, plan)
 
 
@@ -139,6 +361,37 @@ def test_temperature_zero_rows_are_byte_identical_while_the_ticks_cap_moves(
     assert sum(len(g.stats.widths) >= 2 for g in rows) >= 2
 
 
+@pytest.mark.parametrize("kind", ["draft-model", "prompt-lookup", "mtp"])
+def test_rows_emit_target_only_tokens_at_every_width_the_policy_picks(embedded_target, embedded_drafter, kind) -> None:
+    """The engine's choice sets every row's width before each tick (its own acceptance, the tick's
+    prices swinging mid-stream, probes, surveys), width 0 included: greedy rows emit the target's
+    greedy stream and seeded T = 0.7 sampler-match rows target-only's tokens, token for token."""
+    plain = LoopBuilder(embedded_target, None, LoopPlan())
+    # the governor left out: its pauses would take prompt lookup's rows out of the choice
+    builder = builder_of(kind, embedded_target, embedded_drafter, block_rule="lossless", governed=False)
+    encode = embedded_target.tokenizer.encode
+    requests = [
+        RowRequest(encode(prompt), sampling, max_tokens=48, seed=40 + i, ignore_eos=True)
+        for i, (prompt, sampling) in enumerate(itertools.product(PROMPTS, [GREEDY, HOT]))
+    ]
+    expected = [generation.emitted for generation in run_rows([plain.build(r) for r in requests])]
+    rows = [builder.build(request) for request in requests]
+    assert {row.speculation.rule for row in rows} == {Rule.GREEDY_ARGMAX, Rule.SAMPLER_MATCH}
+    assert all(row.widths.load_free for row in rows)
+    for generation in rows:
+        generation.prefill()
+    goodput = Goodput(lambda: None)
+    goodput.cost = swinging_costs(goodput)
+    while live := [g for g in rows if not g.finished]:
+        goodput.choose([g.widths for g in live])
+        for outcome in run_together([g.steps() for g in live]):
+            if isinstance(outcome, Exception):
+                raise outcome
+    assert [g.emitted for g in rows] == expected
+    assert all(g.stats.plain_steps and g.stats.widths for g in rows)  # width 0 and wider, every row
+    assert len(set().union(*(g.stats.widths for g in rows))) >= 2  # and more than one width drafted
+
+
 def test_governor_pauses_reach_the_rows_stats_as_notes(embedded_target) -> None:
     """A prompt-lookup row whose lookups stop paying: its governor pauses (and resumes on its
     shadow lookups), and the row's stats count each change once, from its rounds' outcomes."""
@@ -154,32 +407,6 @@ def test_governor_pauses_reach_the_rows_stats_as_notes(embedded_target) -> None:
     paused = [note for note in generation.notes if note.event == "governor_paused"]
     assert len(paused) == governor.pauses
     assert all(set(note.fields) == {"ema", "floor"} for note in paused)
-
-
-def test_the_cap_in_force_holds_until_another_beats_it_clearly() -> None:
-    rows = [policy(alpha=0.3) for _ in range(16)]
-    goodput = Goodput(lambda: measured(0.001, 0.001))
-    first = goodput.choose(rows, positions=0)
-    assert first is not None
-    for row in rows:  # acceptance drifts a little: the best cap may move by one, not enough to switch
-        row.alpha = 0.32
-    assert goodput.choose(rows, positions=0) is None and goodput.cap == first.cap
-    goodput.cost = lambda: measured(0.05, 0.00001)  # positions cost nothing now: no cap pays
-    lifted = goodput.choose(rows, positions=0)
-    assert lifted is not None and lifted.cap is None and lifted.previous == first.cap
-
-
-def test_a_zero_cap_still_verifies_one_draft_every_eighth_tick() -> None:
-    """At cap 0 nothing is verified, so acceptance could never move: every eighth tick at cap 0
-    caps the rows at one draft instead (and logs nothing: the cap in force is still 0)."""
-    rows = [policy(alpha=0.0) for _ in range(8)]
-    goodput = Goodput(lambda: measured(0.001, 0.001))
-    limits, changes = [], []
-    for _ in range(16):
-        changes.append(goodput.choose(rows, positions=0))
-        limits.append(rows[0].limit)
-    assert goodput.cap == 0 and sum(change is not None for change in changes) == 1
-    assert limits.count(1) == 2 and limits.count(0) == 14
 
 
 def test_a_round_the_load_narrowed_is_no_evidence_for_the_governor() -> None:

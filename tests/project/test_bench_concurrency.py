@@ -6,12 +6,17 @@ import json
 
 import pytest
 
+from app.engine.metrics import Metrics
+from app.server.metrics import HttpMetrics, exposition
 from ops.bench.concurrency import (
     MLX_LM,
+    SEED,
     Cell,
+    Rounds,
     Stream,
     arm_settings,
     fast_arms,
+    figures,
     fixed_arms,
     parse_args,
     record,
@@ -73,8 +78,8 @@ def test_table_ratios_and_goals() -> None:
         (MLX_LM, 8): Cell(tokens=400, seconds=2.0, first_token_s=[0.2], inter_token_s=[0.04] * 10),
     }
     text = render(cells, n=64, repeats=1, note="a busy machine")
-    assert "| `default` profile | 8 | 400.0 | 4.00x | 2.00x | 15.0 / 15.0 | 100 / 100 |" in text
-    assert "| mlx_lm.server | 1 | 50.0 | 1.00x | 1.00x | 20.0 / 20.0 | 60 / 60 |" in text
+    assert "| `default` profile | 8 | 400.0 | 4.00x | 2.00x |  |  | 15.0 / 15.0 | 100 / 100 |" in text
+    assert "| mlx_lm.server | 1 | 50.0 | 1.00x | 1.00x |  |  | 20.0 / 20.0 | 60 / 60 |" in text
     assert "4.00x aggregate (goal ≥ 3x); p95 inter-token latency 1.50x" in text
     assert "at 8 clients: 2.00x (goal ≥ 1.5x)" in text and "a busy machine" in text
 
@@ -92,11 +97,13 @@ def test_fixed_width_arms_and_the_goodput_goal() -> None:
         ("mtp@fixed", 1): Cell(tokens=190, seconds=1.0),
         ("mtp@fixed", 8): Cell(tokens=300, seconds=1.0),
     }
+    cells["mtp", 8] = Cell(tokens=400, seconds=1.0)
     text = render(cells, n=64, repeats=1)
-    assert "`mtp` against the better of target-only and `mtp@fixed` by clients: 1: 1.05x, 8: 0.95x" in text
-    assert "(goal ≥ 0.95x at every count: met)" in text
-    cells["mtp", 8] = Cell(tokens=379, seconds=1.0)
-    assert "8: 0.95x (goal ≥ 0.95x at every count: missed)" in render(cells, n=64, repeats=1)
+    assert "`mtp` against the better of target-only and `mtp@fixed` by clients: 1: 1.05x, 8: 1.00x" in text
+    assert "(goal ≥ 1.0x at every count: met)" in text
+    assert "`mtp` at 1 client against target-only: 2.00x (goal on the H200 ≥ 1.5x)" in text
+    cells["mtp", 8] = Cell(tokens=399, seconds=1.0)
+    assert "8: 1.00x (goal ≥ 1.0x at every count: missed)" in render(cells, n=64, repeats=1)
 
 
 def test_variants_sampled_requests_and_the_coupling_goal() -> None:
@@ -109,7 +116,7 @@ def test_variants_sampled_requests_and_the_coupling_goal() -> None:
     )
     assert arm_settings("default+stochastic@fixed")[1]["MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT"] == "1"
     body = json.loads(request_body(HELD_OUT_CODE[3], 16, "default", temperature=0.7))
-    assert (body["temperature"], body["seed"], body["speculative_diagnostics"]) == (0.7, 3, True)
+    assert (body["temperature"], body["seed"], body["speculative_diagnostics"]) == (0.7, SEED + 3, True)
     assert "seed" not in json.loads(request_body(HELD_OUT_CODE[3], 16, "default"))
     speculative = {"positions_tested": 10, "accepted": 8}
     final = frame({"choices": [{"text": "ab"}], "usage": {"completion_tokens": 2},
@@ -122,8 +129,8 @@ def test_variants_sampled_requests_and_the_coupling_goal() -> None:
         ("default", 8): Cell(tokens=950, seconds=1.0, tested=100, accepted=85),
         ("default+stochastic", 8): Cell(tokens=1000, seconds=1.0, tested=100, accepted=90),
     }
-    text = render(cells, n=64, repeats=1, temperature=0.7)
-    assert "T=0.7 (seeded by prompt)" in text and "| 0.850 |" in text
+    text = render({}, n=64, repeats=1, sampled={0.7: cells})
+    assert "T = 0.7, each request seeded" in text and "| 0.850 |" in text
     assert "0.850 against 0.900, 0.94x (goal ≥ 0.9x: met); aggregate tokens/s 0.95x (goal ≥ 0.95x: met)" in text
 
 
@@ -144,3 +151,53 @@ def test_fast_path_arms_price_exactness_and_the_target_only_goals() -> None:
     assert "`target-only@fast` over `target-only` by clients: 1: 1.10x, 16: 1.33x (goal ≤ 1.25x: missed)" in text
     assert "single stream: 300 tokens/s (goal ≥ 250 on the 1.2 B target); 16 clients against 1: 8.00x" in text
     assert "`mlx_lm.server` at 16 clients: 2.40x (goal ≥ 2x, ≥ 1.5x 4-bit); time to first token p95 0.50x" in text
+
+
+def test_sampled_waves_are_seeded_alike_in_every_arm_and_reported_apart() -> None:
+    """At T > 0 each request carries its prompt's seed (the same in every arm); the sampled
+    temperatures get their own tables and goals, and the JSON keeps every temperature's figures."""
+    prompt = HELD_OUT_CODE[3]
+    body = json.loads(request_body(prompt, 16, "default", 0.7))
+    assert body["temperature"] == 0.7 and body["seed"] == SEED + 3
+    assert "seed" not in json.loads(request_body(prompt, 16, "default"))
+    args = parse_args(["--temperatures", "0.7,0", "--sampled-clients", "8,1"])
+    assert args.temperatures == [0.0, 0.7] and args.sampled_clients == [1, 8]
+    cold = {("target-only", 1): Cell(tokens=100, seconds=1.0), ("default", 1): Cell(tokens=150, seconds=1.0)}
+    hot = {("target-only", 1): Cell(tokens=80, seconds=1.0), ("default", 1): Cell(tokens=70, seconds=1.0),
+           ("default@fixed", 1): Cell(tokens=60, seconds=1.0, widths={4: 10}, plain_steps=0)}  # fmt: skip
+    text = render(cold, n=16, repeats=1, sampled={0.7: hot})
+    assert "T = 0.7, each request seeded" in text
+    assert "| `default@fixed` profile | 1 | 60.0 | 1.00x |  | 0.75x | 4.0 (0 %) |" in text
+    assert "`default` against the better of target-only and `default@fixed` by clients: 1: 0.88x" in text
+    saved = figures({0.0: cold, 0.7: hot})
+    assert saved["tokens_per_second"]["default"] == {1: 150.0}
+    assert saved["runs"]["0.7"]["tokens_per_second"]["default@fixed"] == {1: 60.0}
+    assert saved["runs"]["0.7"]["mean_width"]["default@fixed"] == {1: "4.0 (0 %)"}
+
+
+def test_the_widths_rounds_ran_at_come_from_the_servers_metrics() -> None:
+    """The cumulative width histogram and the plain-step counter of two scrapes, as one cell's
+    rounds by width: its mean width over every step, and the share of plain ones."""
+    metrics = Metrics(spec_widths=[0, 2, 2, 0, 10], spec_decode_plain_steps_total=5)
+    before = Rounds.parse(exposition(metrics, HttpMetrics()).decode())
+    assert before == Rounds(widths={0: 0, 1: 2, 2: 2, 3: 0, 4: 10}, plain_steps=5)
+    after = Rounds(widths={0: 0, 1: 6, 2: 8, 4: 20}, plain_steps=15)
+    cell = Cell()
+    after.since(before, cell)
+    assert cell.widths == {1: 4, 2: 6, 4: 10} and cell.plain_steps == 10
+    assert cell.width_summary() == f"{(4 + 12 + 40) / 30:.1f} (33 %)"
+
+
+def test_the_plot_draws_a_panel_per_file_and_temperature(tmp_path) -> None:
+    from ops.bench import plot
+
+    cells = {("target-only", 1): Cell(tokens=100, seconds=1.0), ("default", 1): Cell(tokens=150, seconds=1.0),
+             ("default@fixed", 1): Cell(tokens=140, seconds=1.0)}  # fmt: skip
+    (tmp_path / "cpu.json").write_text(json.dumps(figures({0.0: cells, 0.7: cells})))
+    (tmp_path / "old.json").write_text(json.dumps({"machine": "m", "tokens_per_second": {"default": {"1": 1.0}}}))
+    assert [label for label, _ in plot.panels(json.loads((tmp_path / "cpu.json").read_text()))] == [
+        "T = 0.0",
+        "T = 0.7",
+    ]
+    plot.main([str(tmp_path / "cpu.json"), str(tmp_path / "old.json"), "--out", str(tmp_path / "p.png")])
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

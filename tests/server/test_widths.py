@@ -1,6 +1,7 @@
 """One row, one width: /props, /slots, the response's generation_settings and the events report
-the width cap the row's width policy resolved (app/decoding/width.py row_n_max), and /metrics
-counts the widths its rounds ran at."""
+the width cap the row's width policy resolved (app/decoding/width.py row_n_max); /slots shows the
+width of the row's latest step, which is one its rounds ran at (the event's `widths`) or 0 (a
+plain step, the event's `plain_steps`); /metrics counts the widths its rounds ran at."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ def test_props_slots_response_and_event_report_the_same_width(default_server, re
     if requested is not None:
         body["speculative.n_max"] = requested
     seen: list[int] = []
+    current: list[int] = []  # draft.width of the row's slot: its latest step's width
     done = threading.Event()
     answer: dict = {}
 
@@ -31,7 +33,9 @@ def test_props_slots_response_and_event_report_the_same_width(default_server, re
         thread.start()
         while not done.is_set():  # the row's slot while it decodes
             slots = http.get("/slots").json()
-            seen += [s["params"]["speculative.n_max"] for s in slots if s["id_task"] == request_id]
+            mine = [s for s in slots if s["id_task"] == request_id]
+            seen += [s["params"]["speculative.n_max"] for s in mine]
+            current += [s["draft"]["width"] for s in mine if s.get("draft") and s["draft"]["width"] is not None]
         thread.join()
     expected = default_n_max if requested is None else min(requested, default_n_max)
     assert default_n_max == 4  # the default profile's draft model
@@ -41,6 +45,9 @@ def test_props_slots_response_and_event_report_the_same_width(default_server, re
     assert event["n_max"] == expected
     assert event["widths"] and max(int(w) for w in event["widths"]) <= expected
     assert sum(event["widths"].values()) == event["rounds"] == answer["timings"]["draft_rounds"]
+    ran = {int(w) for w in event["widths"]} | ({0} if event["plain_steps"] else set())
+    assert current and set(current) <= ran and max(current) <= expected
+    assert event["plain_steps"] + event["rounds"] <= event["predicted_n"]
 
 
 def test_metrics_export_the_widths_rounds_ran_at(default_server) -> None:
@@ -50,3 +57,4 @@ def test_metrics_export_the_widths_rounds_ran_at(default_server) -> None:
     buckets = [line for line in text.splitlines() if line.startswith("mlxcel_spec_decode_width_bucket")]
     assert buckets and buckets[-1].startswith('mlxcel_spec_decode_width_bucket{le="+Inf"}')
     assert float(buckets[-1].split()[-1]) > 0
+    assert any(line.startswith("mlxcel_spec_decode_plain_steps_total ") for line in text.splitlines())

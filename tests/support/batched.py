@@ -20,32 +20,40 @@ class Arrival:
     leaves: int | None = None  # the tick it is dropped at, finished or not (a cancelled request)
 
 
-def run_batched(arrivals: Sequence[Arrival]) -> int:
+Tick = Callable[[list[Generation]], object]  # sees each tick's decoding rows before they step (the engine's choice)
+
+
+def run_batched(arrivals: Sequence[Arrival], before_tick: Tick = lambda _: None) -> int:
     """Run every arrival until it finishes or leaves; the most rows that decoded in one tick."""
     waiting, live, widest, tick = list(arrivals), [], 0, 0
     while waiting or live:
         live += [a for a in waiting if a.joins <= tick]
         waiting = [a for a in waiting if a.joins > tick]
         live = [a for a in live if not a.generation.finished and (a.leaves is None or tick < a.leaves)]
-        decoding = sum(a.generation.prefilled for a in live)
+        decoding = [a.generation for a in live if a.generation.prefilled]
+        before_tick(decoding)
         for outcome in run_together([a.generation.ticking() for a in live]):
             if isinstance(outcome, Exception):
                 raise outcome
-        widest = max(widest, decoding)
+        widest = max(widest, len(decoding))
         tick += 1
     return widest
 
 
-def run_rows(generations: Sequence[Generation]) -> list[Generation]:
+def run_rows(generations: Sequence[Generation], before_tick: Tick = lambda _: None) -> list[Generation]:
     """Run rows to their ends stepping together from the first tick. Each row emits exactly what it
     would alone (its output never depends on its batch-mates), at a fraction of the cost: one
     forward per model and tick serves every row."""
-    run_batched([Arrival(generation) for generation in generations])
+    run_batched([Arrival(generation) for generation in generations], before_tick)
     return list(generations)
 
 
 def seeded_stream(
-    builder: LoopBuilder, request: RowRequest, n: int, adjust: Callable[[Generation], object] = lambda _: None
+    builder: LoopBuilder,
+    request: RowRequest,
+    n: int,
+    adjust: Callable[[Generation], object] = lambda _: None,
+    before_tick: Tick = lambda _: None,
 ) -> list[int]:
     """n tokens from STREAM_ROWS rows of `request` seeded 0, 1, ..., stepping together (`adjust`
     sees each row before it runs). For models whose distribution is the same at every position
@@ -55,6 +63,6 @@ def seeded_stream(
     rows = [builder.build(replace(request, max_tokens=per_row, seed=seed)) for seed in range(STREAM_ROWS)]
     for generation in rows:
         adjust(generation)
-    stream = [token for generation in run_rows(rows) for token in generation.emitted]
+    stream = [token for generation in run_rows(rows, before_tick) for token in generation.emitted]
     assert len(stream) >= n, "a row ended early"
     return stream[:n]

@@ -1,0 +1,64 @@
+"""A drafter's work in a tick: its passes, how they grow with the rows' widths, and the calls that
+many rows' passes share.
+
+Every drafter kind drafts with passes the engine's tick serves for all rows together
+(app/decoding/batch.py), before any target forward:
+
+- a draft model: one forward per draft position, each over the rows drafting that far (the j-th
+  step of every row in one `forward(rows)`, app/drafters/draft_model.py);
+- an MTP head: one head call per draft position (the first also takes the context rows the row
+  owes), every row's in one call (app/drafters/block_rows.py `MtpPass`);
+- a DFlash-family drafter: one block forward per round with the context rows owed, every row's
+  in one call (`DFlashPass`);
+- prompt lookup: none (a lookup in the row's own index).
+
+`DrafterPasses` says which of these shapes a row's drafter has and whose measured costs price
+them (app/execution/cost.py `DRAFTING`), for the width policy (app/decoding/width.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+
+
+class PassShape(StrEnum):
+    CHAIN = "chain"  # one pass per draft position, over the rows drafting that far (draft model, MTP)
+    BLOCK = "block"  # one pass over every drafting row's block (DFlash family)
+    NONE = "none"  # nothing forwarded (prompt lookup)
+
+
+@dataclass(frozen=True)
+class DrafterPasses:
+    """How a row's drafter spends a tick: the shape of its passes, and the module whose measured
+    pass costs price them (None: nothing to price)."""
+
+    shape: PassShape = PassShape.NONE
+    module: nn.Module | None = None
+
+
+NO_PASSES = DrafterPasses()
+
+
+class DraftPass(Protocol):
+    """One row's share of a drafter call the tick's rows run as one (block drafters); the batch
+    serves the passes of one `module` with one `serve` and sends each row its own result."""
+
+    drafting: bool  # always True: served before any target forward, as a draft model's steps
+    module: nn.Module  # which drafter: its rows' passes share a call, and its costs are recorded
+    sampled: bool  # the row's draft is drawn through its sampler (priced apart)
+
+    @property
+    def positions(self) -> int:
+        """The row's tokens in this pass (what the pass's cost grows with)."""
+        ...
+
+    @staticmethod
+    def serve(passes: Sequence[DraftPass]) -> list[object]:
+        """Every pass's result, in order (lazy)."""
+        ...
