@@ -212,6 +212,11 @@ class BlockProposer:
     def propose(self, state: RowState, width: int) -> Proposal:
         return run_alone(self.proposing(state, width))
 
+    def prefilling(self, state: RowState, features: mx.array | None) -> Steps[bool]:
+        """The prompt's context rows go in at once: they ask for no pass a batch shares."""
+        yield from ()
+        return self.prefill(state, features)
+
     def owe(self, features: mx.array | None) -> None:
         """A round's decided rows, for the next drafting pass; many rounds' are joined (and
         evaluated) so a row that long decodes plainly holds one array, not each round's."""

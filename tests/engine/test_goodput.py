@@ -67,8 +67,9 @@ def test_narrowed_rows_keep_their_solo_tokens(engine: Engine, log: io.StringIO) 
     assert [r.tokens for r in together] == [r.tokens for r in solo]
     lines = [json.loads(line) for line in log.getvalue()[start:].splitlines() if line.startswith("{")]
     changes = [e for e in lines if e["event"] == "speculation_width_changed"]
-    assert changes and all(e["batch"] >= 2 and e["request_id"].startswith("goodput-") for e in changes)
-    first = changes[0]
+    assert changes and all(e["request_id"].startswith("goodput-") for e in changes)
+    # the last row left decoding is chosen alone (batch 1), as a lone drafting row is
+    first = next(e for e in changes if e["batch"] >= 2)
     assert first["cap"] < 4 and first["previous"] is None and first["expected_gain"] > 1.02
     assert set(first["prices"]) == {"target", "host", "drafter_chain"} and len(first["prices"]["target"]) == 3
     assert len({e["request_id"] for e in changes}) >= 2  # each row's own line
