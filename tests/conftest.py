@@ -3,6 +3,7 @@ shared servers, with the xdist groups that start each of them on one worker only
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -23,6 +24,10 @@ from tests.support.server import API_KEY, RunningServer, serve
 # and the other starts on its worker too (at most one extra start per server).
 SERVER_FIXTURES = {"keyed_server": "keyed", "default_server": "default", "target_only_server": "target-only"}
 SHIPPED = set(shipped_profiles())
+# Profile servers a worker keeps running at once; the least recently used stops for a new one.
+# Each holds its models, KV pools and buffers (0.3 to 2.6 GB seen): kept all session, every
+# shipped profile on both workers plus the workers themselves outgrew CI's 24 GiB.
+LIVE_PROFILE_SERVERS = 3
 
 
 def server_group(item: pytest.Item) -> str | None:
@@ -72,26 +77,35 @@ def tiny_model(tiny_dir: Path) -> LoadedModel:
 
 @pytest.fixture(scope="session")
 def profile_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], RunningServer]]:
-    """`profile_server(name)`: one server per shipped profile, started on first use, shared by the
-    session's tests and stopped at its end (a test that needs other flags starts its own)."""
-    running: dict[str, RunningServer] = {}
-    with ExitStack() as servers:
+    """`profile_server(name)`: a server for a shipped profile, started on first use and shared by
+    the session's tests; at most LIVE_PROFILE_SERVERS run at once (a test that needs other flags
+    starts its own). Ask for it in each test: a server asked for long ago may have been stopped."""
+    running: OrderedDict[str, tuple[RunningServer, ExitStack]] = OrderedDict()
 
-        def server_for(profile: str) -> RunningServer:
-            if profile not in running:
-                running[profile] = servers.enter_context(serve(tmp_path_factory.mktemp(profile), "--profile", profile))
-            return running[profile]
+    def server_for(profile: str) -> RunningServer:
+        if profile in running:
+            running.move_to_end(profile)
+            return running[profile][0]
+        while len(running) >= LIVE_PROFILE_SERVERS:
+            running.popitem(last=False)[1][1].close()
+        stack = ExitStack()
+        running[profile] = (stack.enter_context(serve(tmp_path_factory.mktemp(profile), "--profile", profile)), stack)
+        return running[profile][0]
 
+    try:
         yield server_for
+    finally:
+        for _, stack in reversed(running.values()):
+            stack.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def default_server(profile_server: Callable[[str], RunningServer]) -> RunningServer:
     """The embedded default profile (classic draft model), shared by the server tests."""
     return profile_server("default")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def target_only_server(profile_server: Callable[[str], RunningServer]) -> RunningServer:
     return profile_server("target-only")
 

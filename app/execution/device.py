@@ -34,8 +34,11 @@ CUDA_ROW_INVARIANT_ROWS = 1024
 # MLX's CPU buffer cache: 32 MiB by default. A tick's attention copies each of its rows' slots of
 # the KV pool (app/execution/attention.py, a few MiB per layer); past the cache those buffers are
 # unmapped when freed and faulted in again on the next allocation: 1 ms per copy measured on the
-# embedded target at 16 rows, 0.1 ms with the buffers kept.
-CPU_BUFFER_CACHE = 1 << 30
+# embedded target at 16 rows, 0.1 ms with the buffers kept. A tick copies at most its pools, so
+# the cache grows with them, up to a ceiling: a flat 1 GiB for every process made a few idle
+# servers of a 30 MB model hold gigabytes between them.
+CPU_BUFFER_CACHE_FLOOR = 32 << 20
+CPU_BUFFER_CACHE_CEILING = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,14 @@ def backend() -> Backend:
     return Backend("cpu", row_stable_rows())
 
 
-def keep_buffers() -> None:
-    """Size MLX's buffer cache for the device's ticks (the CPU's; the GPU's default is its memory)."""
+def keep_buffers(pool_bytes: int) -> None:
+    """Let MLX's CPU buffer cache keep what a tick copies out of `pool_bytes` of KV pool (never
+    lowering what a larger pool of the process asked for; the GPU's default is its memory)."""
     if not backend().gpu:
-        mx.set_cache_limit(max(mx.get_cache_memory(), CPU_BUFFER_CACHE))
+        wanted = min(CPU_BUFFER_CACHE_CEILING, CPU_BUFFER_CACHE_FLOOR + pool_bytes)
+        previous = mx.set_cache_limit(wanted)
+        if previous > wanted:
+            mx.set_cache_limit(previous)
 
 
 def compute_dtype(model: nn.Module, config: dict[str, Any], requested: str) -> mx.Dtype | None:

@@ -12,7 +12,7 @@ import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load as mlx_lm_load
 
-from app.execution.device import compute_dtype, keep_buffers
+from app.execution.device import compute_dtype
 from app.execution.prepare import prepare
 from app.loading.checkpoint import Checkpoint, ModelLoadError, read_checkpoint, require_standalone
 
@@ -72,5 +72,4 @@ def load_model(
     if target_dtype is not None or shard_group is not None:
         mx.eval(model.parameters())
     prepare(model, exact=exact, sharded=shard_group is not None)
-    keep_buffers()
     return LoadedModel(checkpoint=checkpoint, model=model, tokenizer=tokenizer)

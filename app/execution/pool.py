@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from app.execution.device import keep_buffers
+
 SCRATCH = 0  # the slot padding tokens use; never a row's
 MIN_CAPACITY = 256  # rows per slot at first (a multiple of mlx-lm's KVCache step)
 MIN_SLOTS = 4  # slots at first, scratch included; doubled when a row finds none free
@@ -53,6 +55,7 @@ class KVPool:
         self.keys = [mx.zeros((slots, s.kv_heads, capacity, s.head_dim), s.dtype) for s in self.shapes]
         self.values = [mx.zeros((slots, s.kv_heads, capacity, s.head_dim), s.dtype) for s in self.shapes]
         mx.eval(self.keys, self.values)
+        keep_buffers(self.nbytes)
         self._free = list(range(slots - 1, SCRATCH, -1))  # popped from the end: the lowest slot first
 
     @property
@@ -62,6 +65,10 @@ class KVPool:
     @property
     def capacity(self) -> int:
         return int(self.keys[0].shape[2])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values, strict=True))
 
     @property
     def held(self) -> int:
@@ -136,6 +143,7 @@ class KVPool:
         self.keys = [grown(k) for k in self.keys]
         self.values = [grown(v) for v in self.values]
         mx.eval(self.keys, self.values)
+        keep_buffers(self.nbytes)
 
 
 def _written(buffer: mx.array, slot: int, rows: mx.array) -> mx.array:

@@ -269,8 +269,8 @@ def test_disabled_or_equal_widths_never_adapt() -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(target_only_server) -> dict[str, str]:
-    with target_only_server.client() as http:
+def reference(profile_server) -> dict[str, str]:
+    with profile_server("target-only").client() as http:
         return {p: http.post("/completion", json={"prompt": p, "n_predict": 48, "temperature": 0}).json()["content"]
                 for p in (CODE, LONG)}  # fmt: skip
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +21,13 @@ from ops.bench.spawn import free_port
 
 STARTUP_S = 90
 API_KEY = "s3cret"  # the conftest's keyed_server
+
+
+def die_with_parent() -> None:
+    """In the child before it runs: the kernel sends SIGTERM when the worker that started it dies
+    (an OOM kill of an xdist worker otherwise leaves its servers holding their memory)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -62,17 +71,20 @@ def serve(tmp: Path, *args: str, env: dict[str, str] | None = None, port: int | 
     """Start `mlxcel serve ARGS` on `port` (a free one by default); wait for /health 200; stop it afterwards."""
     port = port or free_port()
     log = tmp / f"server-{port}.log"
+    output = tmp / f"server-{port}.out"  # a file, not a pipe nobody reads: a full pipe stalls the server
     environment = clean_env(MLXCEL_LOGGING__DESTINATION=str(log), **(env or {}))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--port", str(port), *args],
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    with output.open("w") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", "--port", str(port), *args],
+            env=environment,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=die_with_parent,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, process)
+        wait_healthy(url, process, output)
         yield RunningServer(url, log, process)
     finally:
         process.terminate()
@@ -82,11 +94,13 @@ def serve(tmp: Path, *args: str, env: dict[str, str] | None = None, port: int | 
             process.kill()
 
 
-def wait_healthy(url: str, process: subprocess.Popen) -> None:
+def wait_healthy(url: str, process: subprocess.Popen, output: Path | None = None) -> None:
+    """Until /health answers 200; a process that exits first fails, with its output if `output` holds it."""
     deadline = time.monotonic() + STARTUP_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise AssertionError(f"server exited with {process.returncode}: {process.stderr.read()}")
+            said = output.read_text() if output else "(see its output)"
+            raise AssertionError(f"server exited with {process.returncode}: {said}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return
