@@ -14,6 +14,7 @@ object.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,7 +51,9 @@ class TargetTaps:
     def __init__(self, model: nn.Module) -> None:
         self.num_layers = len(model.model.layers)
         self.embed_tokens = model.model.embed_tokens
-        self._model = model
+        # weakly: the model's prepared record (app/execution/prepare.py) holds these taps, and a
+        # strong reference back would keep the model, its pool and its record alive for good
+        self._model = weakref.ref(model)
         self._wanted: tuple[int | str, ...] = ()  # the open capture's names, in order
         self._seen: dict[int | str, list[mx.array]] = {}
         self._collected: dict[int | str, mx.array] | None = None
@@ -101,8 +104,9 @@ class TargetTaps:
 
     def lm_head(self, hidden: mx.array) -> mx.array:
         """The target's output layer (tied embedding or its own head), for borrowing drafters."""
-        if hasattr(self._model, "lm_head"):
-            return self._model.lm_head(hidden)
+        model = self._model()
+        if hasattr(model, "lm_head"):
+            return model.lm_head(hidden)
         return self.embed_tokens.as_linear(hidden)
 
 

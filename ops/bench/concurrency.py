@@ -433,8 +433,9 @@ def render(
     intro = (
         f"{machine()}. Waves of concurrent streaming `/v1/completions` clients over the "
         f"{len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, EOS ignored, {repeats} repeats, "
-        f"arms interleaved wave by wave. `{MLX_LM}` 0.32.2 runs the same target as float32 on the same "
-        "BLAS, batching up to the largest client count (`--decode-concurrency`, `--prompt-concurrency`), "
+        f"arms interleaved wave by wave. `{MLX_LM}` 0.32.2 runs the same target in the dtype our loader "
+        "picks (float32 for small models on the CPU, the checkpoint's own on a GPU) on the same BLAS, "
+        "batching up to the largest client count (`--decode-concurrency`, `--prompt-concurrency`), "
         "prompt cache off. Inter-token latency spreads each frame's gap over the tokens it carries; the "
         "mean width is over every step of the drafting rows (plain steps: width 0)."
     )

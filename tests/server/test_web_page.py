@@ -70,11 +70,14 @@ def test_the_page_streams_an_answer_and_charts_the_rounds(default_server, browse
     lengths, per_position = shown["charts"]
     spec = want.json()["timings"]["speculative"]
     assert len(lengths) == len(spec["accepted_lengths"]) == 5  # rounds that accepted 0..4 of the 4 drafts
-    assert sum(lengths) == spec["rounds"] and len(per_position) == 4
+    # the charts count the page's own rounds: the same text, but a second request's rounds may
+    # differ, each row's width following the server's measured prices (app/decoding/width.py)
+    assert sum(lengths) == int(shown["facts"]["rounds"]) > 0 and len(per_position) == 4
     assert all(0 <= share <= 1 for share in per_position)
     assert shown["prompt"] == ""  # sent, not a new line
     # every accepted draft tinted, one per token frame: as many as the answer accepted
-    assert shown["tinted"] == int(shown["facts"]["drafted / accepted"].split(" / ")[1]) == spec["accepted"] > 0
+    assert shown["tinted"] == int(shown["facts"]["drafted / accepted"].split(" / ")[1]) > 0
+    assert spec["accepted"] > 0
     assert shown["ratio"] > 0 and "× (target alone " in shown["speedup"]
     assert "biased" in shown["legend"] and "greedy path" in shown["legend"]
     icon = browser.evaluate("fetch('/favicon.ico').then(r => r.status + ' ' + r.headers.get('content-type'))")

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,8 +27,7 @@ API_KEY = "s3cret"  # the conftest's keyed_server
 def die_with_parent() -> None:
     """In the child before it runs: the kernel sends SIGTERM when the worker that started it dies
     (an OOM kill of an xdist worker otherwise leaves its servers holding their memory)."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -73,6 +73,9 @@ def serve(tmp: Path, *args: str, env: dict[str, str] | None = None, port: int | 
     log = tmp / f"server-{port}.log"
     output = tmp / f"server-{port}.out"  # a file, not a pipe nobody reads: a full pipe stalls the server
     environment = clean_env(MLXCEL_LOGGING__DESTINATION=str(log), **(env or {}))
+    # the death signal follows the thread that started the child: only the main thread lives as
+    # long as the worker (test_replicas starts its servers from a pool's threads)
+    tied = sys.platform == "linux" and threading.current_thread() is threading.main_thread()
     with output.open("w") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "app", "serve", "--port", str(port), *args],
@@ -80,7 +83,7 @@ def serve(tmp: Path, *args: str, env: dict[str, str] | None = None, port: int | 
             stdout=sink,
             stderr=subprocess.STDOUT,
             text=True,
-            preexec_fn=die_with_parent,
+            preexec_fn=die_with_parent if tied else None,
         )
     url = f"http://127.0.0.1:{port}"
     try:
