@@ -24,7 +24,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from app.execution import row_invariant
 from app.execution.attention import Attending, Placement, PoolLayer, RowGroup, RowLayout
@@ -71,7 +70,7 @@ def bucket(n: int) -> int:
     return -(-n // step) * step
 
 
-def run_tick(model: nn.Module, record: Prepared, rows: Sequence[TickRow], taps: tuple[int | str, ...]) -> TickResult:
+def run_tick(record: Prepared, rows: Sequence[TickRow], taps: tuple[int | str, ...]) -> TickResult:
     """The rows' logits (lazy) and the named taps' outputs; the pool holds their keys and values."""
     pool = record.pool()
     pool.reserve(max(row.start + row.width for row in rows))
@@ -89,7 +88,7 @@ def run_tick(model: nn.Module, record: Prepared, rows: Sequence[TickRow], taps: 
         layout = _layout(rows, size, is_compiled)
         inputs += layout
         groups = (len(layout) - 1) // 4
-    step = _step(model, record, attending, taps, is_compiled, groups)
+    step = _step(record, attending, taps, is_compiled, groups)
     out = step(*inputs, *pool.state())
     layers = 2 * len(pool.shapes)
     pool.replace(out[1 : 1 + layers])
@@ -152,17 +151,19 @@ def _layout(rows: Sequence[TickRow], size: int, compiled: bool) -> list[mx.array
 
 
 def _step(
-    model: nn.Module, record: Prepared, attending: Attending, taps: tuple[int | str, ...], compiled: bool, groups: int
+    record: Prepared, attending: Attending, taps: tuple[int | str, ...], compiled: bool, groups: int
 ) -> Callable[..., list[mx.array]]:
     """The tick's function of (token ids, positions, slots[, the layout's `groups` row groups and
     places], *pool state), made once per model, attention, taps collected and row groups;
-    compiled where ticks are."""
+    compiled where ticks are. It reaches the model through the record's weak reference: the record
+    keeps the function, and a model held by its own record would never be freed."""
     key = (attending, taps, compiled, groups)
     if key in record.ticks:
         return record.ticks[key]
     exact = attending is not Attending.STOCK
     layered = attending is not Attending.KERNEL
     tapped = record.taps
+    model_of = record.model
 
     def step(tokens: mx.array, positions: mx.array, slots: mx.array, *rest: mx.array) -> list[mx.array]:
         layout, state = None, rest
@@ -175,7 +176,7 @@ def _step(
         layers = [PoolLayer(state[i], state[half + i], placement) for i in range(half)]
         collect = tapped.collecting(taps) if taps else nullcontext({})
         with row_invariant.exact_forward() if exact else nullcontext(), collect as seen:
-            logits = model(tokens[:, None], cache=layers)
+            logits = model_of()(tokens[:, None], cache=layers)
         outputs = [logits.reshape(tokens.shape[0], -1)]
         outputs += [layer.keys for layer in layers] + [layer.values for layer in layers]
         return outputs + [seen[name] for name in taps]
@@ -194,9 +195,7 @@ def forward_rows(
     taps = record.taps
     wanted = taps.wanted if taps is not None else ()
     names = tuple(dict.fromkeys([*wanted, *(name for hook in hooks for name in hook)]))
-    model = record.model()
-    assert model is not None
-    result = run_tick(model, record, rows, names)
+    result = run_tick(record, rows, names)
     spans, start = [], 0
     for row in rows:
         spans.append((start, start + row.width))
