@@ -14,8 +14,8 @@ from app.decoding.outcome import Note, RoundOutcome, RowStats
 from app.decoding.speculation import Speculation
 from app.decoding.timings import Timings
 from app.decoding.width import WidthPolicy
-from app.drafters.base import Steps, run_alone
 from app.execution.prompt_cache import RowCaching
+from app.execution.steps import Steps, run_alone
 from app.sampling.logprobs import TokenLogprob
 from app.sampling.state import RowState
 

@@ -7,7 +7,7 @@ the decided rows, when it reads them) and its counters settled. The cache always
 decided token but the last.
 
 `verifying` is one row's verify as a step that asks for its target forward, so the engine's tick
-serves every row's in one batched pass (app/decoding/batch.py); `verify` does that for a list of
+serves every row's in one batched pass (app/execution/steps.py `run_together`); `verify` does that for a list of
 rows. A row whose proposer reads the target's hidden states (block drafters) asks for its forward
 with its hook, and gets the hook's rows of its own positions with its logits, batched or not
 (app/execution/forward.py).
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from app.acceptance import Rule, Verdict, rules
-from app.decoding.batch import run_together
 from app.decoding.outcome import ClosedForms
 from app.decoding.speculation import Speculation
-from app.drafters.base import Forward, Proposal, Proposer, Steps
+from app.drafters.base import Proposal, Proposer
 from app.execution.runner import ModelRunner
+from app.execution.steps import Forward, Steps, run_together
 from app.sampling import Distribution
 from app.sampling.grammar import masked
 from app.sampling.state import RowState

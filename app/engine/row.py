@@ -12,7 +12,7 @@ import msgspec
 from app.decoding.builder import RowRequest
 from app.decoding.generation import Delta, Generation
 from app.decoding.timings import Timings, make_timings
-from app.drafters.base import Steps
+from app.execution.steps import Steps
 from app.sampling.logprobs import TokenLogprob
 
 

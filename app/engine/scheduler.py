@@ -1,7 +1,7 @@
 """The scheduler: the queue, its lock, admission, ticks and cancellation.
 
 Each tick advances the active rows by one step each, all together, their forwards batched
-(app/decoding/batch.py: every row's draft step j in one pass on the drafter, every row's target
+(app/execution/steps.py `run_together`: every row's draft step j in one pass on the drafter, every row's target
 forward in one tick of the target): a prefilling row feeds one chunk of its prompt, a decoding
 row takes a decode step or a verify round, so prompts that arrive together are prefilled
 together and time to first token does not grow with the queue of prompts. Each drafting row's width
@@ -34,7 +34,6 @@ from enum import StrEnum
 
 import structlog
 
-from app.decoding.batch import run_together
 from app.decoding.block_builder import DrafterUnavailableError
 from app.decoding.generation import Delta
 from app.decoding.width import Goodput
@@ -42,6 +41,7 @@ from app.engine.host import ModelHost
 from app.engine.reporter import Reporter
 from app.engine.row import Event, Failed, Job, Row, Started
 from app.engine.share import HeavyShare
+from app.execution.steps import run_together
 from app.profiles.schema import ServerSettings
 from app.runtime.bounds import RequestBoundError
 from app.runtime.logging import internal_error_message, log_internal_error
