@@ -11,8 +11,8 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from app.decoding.loop import RoundLoop
 from app.decoding.outcome import Note, RoundOutcome, RowStats
+from app.decoding.row_events import Delta
 from app.decoding.speculation import Speculation
-from app.decoding.timings import Timings
 from app.decoding.width import WidthPolicy
 from app.execution.prompt_cache import RowCaching
 from app.execution.steps import Steps, run_alone
@@ -25,24 +25,6 @@ class StopType(StrEnum):
     EOS = "eos"
     LIMIT = "limit"
     WORD = "word"
-
-
-@dataclass(frozen=True)
-class Delta:
-    """What one step added: decided tokens and the text that is now safe to stream.
-
-    The engine streams deltas as they come, with the request's `timings` so far (base keys only)
-    when it asked for per-token timings, and the tokens' log-probabilities when it asked for them.
-    """
-
-    tokens: list[int]
-    text: str
-    timings: Timings | None = None
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, when the request asked
-    # `text` cut at the tokens it came from, one piece per token (they join to `text`), so a
-    # stream can send a round's tokens one frame each, as llama-server does
-    pieces: list[str] = field(default_factory=list)
-    drafted: list[bool] = field(default_factory=list)  # per token: an accepted draft (else decided by the target)
 
 
 @dataclass

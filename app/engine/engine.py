@@ -20,9 +20,10 @@ from concurrent.futures import Future
 
 import structlog
 
+from app.decoding.row_events import Failed
 from app.engine.host import ModelHost, ModelInfo
 from app.engine.reporter import Reporter
-from app.engine.row import Failed, Job
+from app.engine.row import Job
 from app.engine.scheduler import EngineState, Scheduler, UnavailableError, unavailable_message
 from app.engine.snapshot import EngineSnapshot, copy_metrics, row_view
 from app.execution.embedding import embeddings

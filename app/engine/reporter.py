@@ -13,9 +13,10 @@ import structlog
 from app import events
 from app.decoding.generation import Generation
 from app.decoding.outcome import Note
+from app.decoding.row_events import Finished
 from app.decoding.width import WidthChange
 from app.engine.metrics import Metrics
-from app.engine.row import Finished, Job, Row
+from app.engine.row import Job, Row
 
 GOVERNOR_EVENTS = ("governor_paused", "governor_resumed")
 

@@ -35,11 +35,11 @@ from enum import StrEnum
 import structlog
 
 from app.decoding.block_builder import DrafterUnavailableError
-from app.decoding.generation import Delta
+from app.decoding.row_events import Delta, Event, Failed, Started
 from app.decoding.width import Goodput
 from app.engine.host import ModelHost
 from app.engine.reporter import Reporter
-from app.engine.row import Event, Failed, Job, Row, Started
+from app.engine.row import Job, Row
 from app.engine.share import HeavyShare
 from app.execution.steps import run_together
 from app.profiles.schema import ServerSettings
