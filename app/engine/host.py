@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import structlog
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from app.decoding.builder import LoopBuilder, RowRequest
@@ -18,6 +17,7 @@ from app.decoding.outcome import Note
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.warmup import warm, warm_shapes, warms
 from app.drafters.kinds import DrafterKind
+from app.events import engine as events
 from app.execution.cost import HOST, TARGET_ROWS, ForwardCost, PlaneCost, cost_of, forget, plane_of
 from app.execution.forward import batching
 from app.execution.lockstep import Lockstep
@@ -58,7 +58,6 @@ class ModelHost:
         self.info: ModelInfo | None = None
         self.lockstep: Lockstep | None = None  # rank 0's orders to the followers of a tensor-parallel target
         self.warms = warms(settings.server.warmup)  # the forwards run once before the engine is ready
-        self._log = structlog.get_logger("mlxcel.engine")
 
     def load(self) -> ModelInfo:
         """Load the target (and a classic drafter); block drafters load on their first request."""
@@ -78,7 +77,7 @@ class ModelHost:
             if loaded is not None:
                 reserve_rows(loaded.model, 2 * server.max_rows + 2)
         self.builder = LoopBuilder(target, drafter, self.plan, prompt_cache if server.prompt_cache_mb else None)
-        self._log.info("models_loaded", target=str(target.path), seconds=round(time.perf_counter() - started, 3))
+        events.models_loaded(target=str(target.path), seconds=time.perf_counter() - started)
         self.info = ModelInfo(
             path=str(target.path),
             context_limit=self.builder.context_limit,
@@ -93,7 +92,7 @@ class ModelHost:
         if self.info.template_caps is not None and not self.info.template_caps.supports_tools:
             # the model never sees a request's tools, so `auto` answers text, never a call
             template = server.chat_template_file or "the model's own"
-            self._log.warning("chat_template_ignores_tools", template=template)
+            events.chat_template_ignores_tools(template=template)
         return self.info
 
     def prepare(self) -> list[Note]:
@@ -106,7 +105,7 @@ class ModelHost:
         `model_warmed` after."""
         assert self.builder is not None
         shapes = warm_shapes(self.plan, self.settings.server.max_rows)
-        self._log.info("model_warming", batch_sizes=list(shapes.batch_sizes), widths=list(shapes.widths))
+        events.model_warming(batch_sizes=list(shapes.batch_sizes), widths=list(shapes.widths))
         started = time.perf_counter()
         rows = warm(self.builder, shapes)
         # the warm-up's timings were kernels compiling: the width policy prices what serving measures
@@ -116,14 +115,14 @@ class ModelHost:
                 forget(model.model)
         if block is not None and block.bound is not None:
             forget(block.bound.module)
-        self._log.info("model_warmed", rows=rows, seconds=round(time.perf_counter() - started, 3))
+        events.model_warmed(rows=rows, seconds=time.perf_counter() - started)
 
     def _load_one(self, path: str, role: str) -> LoadedModel:
         """One checkpoint, with `model_loading` before and `model_loaded` after (load progress)."""
-        self._log.info("model_loading", role=role, path=path)
+        events.model_loading(role=role, path=path)
         started = time.perf_counter()
         model = self._load_target() if role == "target" else load_model(path, role=role, exact=self.plan.exact)
-        self._log.info("model_loaded", role=role, path=str(model.path), seconds=round(time.perf_counter() - started, 3))
+        events.model_loaded(role=role, path=str(model.path), seconds=time.perf_counter() - started)
         return model
 
     def _load_target(self) -> LoadedModel:

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 import msgspec
-import structlog
 
 from app.drafters.kinds import DETECTED, DrafterKind
+from app.events import profiles as events
 from app.loading import ModelLoadError, read_checkpoint
 from app.profiles.checks import check_models
 from app.profiles.loader import ProfileError, Resolved, add_profile_flags, flags_of, origin, resolve, shipped_profiles
@@ -43,7 +43,6 @@ def settle_drafter(settings: Settings, sources: dict[str, str]) -> DrafterSettin
       (`--draft-kind none` over a profile's drafter), and warned about when set together.
     """
     drafter = settings.drafter
-    log = structlog.get_logger("mlxcel.profiles")
     rank = {key: RANK[sources[key]] for key in ("target.model", "drafter.kind", "drafter.model")}
     kind = drafter.kind if rank["drafter.kind"] >= rank["target.model"] else "none"
     model = drafter.model if rank["drafter.model"] >= rank["target.model"] else None
@@ -52,10 +51,10 @@ def settle_drafter(settings: Settings, sources: dict[str, str]) -> DrafterSettin
             kind = str(DETECTED[read_checkpoint(model).kind])
         except ModelLoadError as exc:
             raise ProfileError(f"{origin('drafter.model', sources, Path(settings.source))}: {exc}") from exc
-        log.info("drafter_kind_resolved", kind=kind, explicit=False, model=model)
+        events.drafter_kind_resolved(kind=kind, explicit=False, model=model)
     elif model and not DrafterKind(kind).needs_model:
         if rank["drafter.model"] >= rank["drafter.kind"]:
-            log.warning("drafter_model_ignored", kind=kind, model=model)
+            events.drafter_model_ignored(kind=kind, model=model)
         model = None
     return msgspec.structs.replace(drafter, kind=kind, model=model)
 
