@@ -13,15 +13,13 @@ from collections.abc import Callable
 import uvicorn
 
 from app.cli.exit_codes import EXIT_CONFIG, EXIT_FAILURE
-from app.decoding.plan import SamplerClass
-from app.drafters.kinds import DrafterKind
 from app.engine.engine import Engine, EngineState
+from app.engine.host import startup
 from app.engine.reload import Reloader
 from app.engine.switch import EngineSwitch
 from app.events import serve as events
 from app.events.speculation import Startup, acceptance_rule_active
 from app.loading import ModelLoadError
-from app.loading.chat_template import TemplateCaps
 from app.profiles import Resolved
 from app.profiles.schema import Settings
 from app.server.access import with_access_log
@@ -84,35 +82,7 @@ def announce(engine: Engine, address: tuple[str, int]) -> None:
 
 def startup_fields(engine: Engine, address: tuple[str, int]) -> Startup:
     """The loop this server built, and the address it listens on (the bound port, also for port 0)."""
-    settings, plan = engine.settings, engine.plan
-    drafter = settings.drafter
-    widths = plan.block_widths
-    lookup = plan.drafter_kind is DrafterKind.PROMPT_LOOKUP
-    return {
-        "profile": settings.profile,
-        "profile_file": settings.source,
-        "target": settings.target.model,
-        "drafter_kind": drafter.kind,
-        "drafter_model": drafter.model,
-        "rule": plan.rules[SamplerClass.SAMPLED],
-        "rule_at_temperature_0": plan.rules[SamplerClass.ARGMAX],
-        "coupled": plan.couplings[SamplerClass.SAMPLED],
-        "width": (widths[0] if widths else plan.width) or None,
-        "adaptive_max_width": widths[1] if widths and plan.adaptive else None,
-        "governor_floor": plan.governor_floor if lookup else None,
-        "governor_policy": plan.governor_policy if lookup else None,
-        "env_overrides": dict(settings.env),
-        "batching": engine.model.batching if engine.model is not None else None,
-        # false: the chat template drops a request's tools, so `auto` never answers a call
-        "template_renders_tools": caps.supports_tools if (caps := template_caps(engine)) is not None else None,
-        "exact": settings.execution.exact,
-        "host": address[0],
-        "port": address[1],
-    }
-
-
-def template_caps(engine: Engine) -> TemplateCaps | None:
-    return engine.model.template_caps if engine.model is not None else None
+    return startup(engine.settings, engine.plan, engine.model, address)
 
 
 def listen(config: uvicorn.Config) -> socket.socket:

@@ -14,10 +14,11 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.outcome import Note
-from app.decoding.plan import LoopPlan, plan_from_settings
+from app.decoding.plan import LoopPlan, SamplerClass, plan_from_settings
 from app.decoding.warmup import warm, warm_shapes, warms
 from app.drafters.kinds import DrafterKind
 from app.events import engine as events
+from app.events.speculation import Startup
 from app.execution.cost import HOST, TARGET_ROWS, ForwardCost, PlaneCost, cost_of, forget, plane_of
 from app.execution.forward import batching
 from app.execution.lockstep import Lockstep
@@ -40,6 +41,20 @@ class ModelInfo:
     writes_thinking: bool  # the chat template in use has thinking tags (reasoning_format parses them)
     template_caps: chat_template.TemplateCaps | None  # what the chat template in use renders (None: no template)
 
+    @classmethod
+    def of(cls, builder: LoopBuilder, settings: Settings) -> ModelInfo:
+        """What the builder's target is, with the profile's chat template."""
+        target, template_file = builder.target, settings.server.chat_template_file
+        return cls(
+            path=str(target.path),
+            context_limit=builder.context_limit,
+            vocab_size=target.vocab_size,
+            tokenizer=target.tokenizer,
+            batching=batching(target.model),
+            writes_thinking=chat_template.writes_thinking(chat_template.chosen_source(target.tokenizer, template_file)),
+            template_caps=template_caps(target.tokenizer, settings),
+        )
+
 
 def template_caps(tokenizer: TokenizerWrapper, settings: Settings) -> chat_template.TemplateCaps | None:
     """What the chat template in use renders (None: the model has none), found once at load."""
@@ -48,6 +63,36 @@ def template_caps(tokenizer: TokenizerWrapper, settings: Settings) -> chat_templ
         return None
     limits = chat_template.Limits(settings.server.template_timeout_s, settings.server.template_max_chars)
     return chat_template.capabilities(template, limits, dict(getattr(tokenizer, "special_tokens_map", {})))
+
+
+def startup(settings: Settings, plan: LoopPlan, info: ModelInfo | None, address: tuple[str, int] | None) -> Startup:
+    """The loop built from `settings`, its target (`info`, None until loaded) and where it listens
+    (None: nowhere, `mlxcel generate`): the startup events' fields."""
+    drafter = settings.drafter
+    widths = plan.block_widths
+    lookup = plan.drafter_kind is DrafterKind.PROMPT_LOOKUP
+    caps = info.template_caps if info is not None else None
+    return Startup(
+        profile=settings.profile,
+        profile_file=settings.source,
+        target=settings.target.model,
+        drafter_kind=drafter.kind,
+        drafter_model=drafter.model,
+        rule=plan.rules[SamplerClass.SAMPLED],
+        rule_at_temperature_0=plan.rules[SamplerClass.ARGMAX],
+        coupled=plan.couplings[SamplerClass.SAMPLED],
+        width=(widths[0] if widths else plan.width) or None,
+        adaptive_max_width=widths[1] if widths and plan.adaptive else None,
+        governor_floor=plan.governor_floor if lookup else None,
+        governor_policy=plan.governor_policy if lookup else None,
+        env_overrides=dict(settings.env),
+        batching=info.batching if info is not None else None,
+        # false: the chat template drops a request's tools, so `auto` never answers a call
+        template_renders_tools=caps.supports_tools if caps is not None else None,
+        exact=settings.execution.exact,
+        host=address[0] if address is not None else None,
+        port=address[1] if address is not None else None,
+    )
 
 
 class ModelHost:
@@ -78,17 +123,7 @@ class ModelHost:
                 reserve_rows(loaded.model, 2 * server.max_rows + 2)
         self.builder = LoopBuilder(target, drafter, self.plan, prompt_cache if server.prompt_cache_mb else None)
         events.models_loaded(target=str(target.path), seconds=time.perf_counter() - started)
-        self.info = ModelInfo(
-            path=str(target.path),
-            context_limit=self.builder.context_limit,
-            vocab_size=target.vocab_size,
-            tokenizer=target.tokenizer,
-            batching=batching(target.model),
-            writes_thinking=chat_template.writes_thinking(
-                chat_template.chosen_source(target.tokenizer, server.chat_template_file)
-            ),
-            template_caps=template_caps(target.tokenizer, settings),
-        )
+        self.info = ModelInfo.of(self.builder, settings)
         if self.info.template_caps is not None and not self.info.template_caps.supports_tools:
             # the model never sees a request's tools, so `auto` answers text, never a call
             template = server.chat_template_file or "the model's own"

@@ -25,14 +25,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def settled(resolved: Resolved) -> Resolved:
     """A resolved profile with its drafter settled (`settle_drafter`) and its models checked."""
-    settings = resolved.settings
-    settings = msgspec.structs.replace(settings, drafter=settle_drafter(settings, resolved.sources))
+    drafter, detected = settle_drafter(resolved.settings, resolved.sources)
+    settings = msgspec.structs.replace(resolved.settings, drafter=drafter)
     check_models(settings, resolved.sources)
-    return Resolved(settings, resolved.sources)
+    return Resolved(settings, resolved.sources, drafter_detected=detected)
 
 
-def settle_drafter(settings: Settings, sources: dict[str, str]) -> DrafterSettings:
-    """The drafter the settings mean, each drafter key weighed against the keys set with more authority.
+def settle_drafter(settings: Settings, sources: dict[str, str]) -> tuple[DrafterSettings, bool]:
+    """The drafter the settings mean, each drafter key weighed against the keys set with more
+    authority, and whether its kind was read from the model's config.json.
 
     - A drafter key set with less authority than the target is dropped: a drafter belongs to the
       target it was paired with, so `-m DIR` alone serves DIR without the profile's drafter.
@@ -46,7 +47,8 @@ def settle_drafter(settings: Settings, sources: dict[str, str]) -> DrafterSettin
     rank = {key: RANK[sources[key]] for key in ("target.model", "drafter.kind", "drafter.model")}
     kind = drafter.kind if rank["drafter.kind"] >= rank["target.model"] else "none"
     model = drafter.model if rank["drafter.model"] >= rank["target.model"] else None
-    if model and rank["drafter.model"] > rank["drafter.kind"]:
+    detected = bool(model) and rank["drafter.model"] > rank["drafter.kind"]
+    if detected:
         try:
             kind = str(DETECTED[read_checkpoint(model).kind])
         except ModelLoadError as exc:
@@ -56,7 +58,7 @@ def settle_drafter(settings: Settings, sources: dict[str, str]) -> DrafterSettin
         if rank["drafter.model"] >= rank["drafter.kind"]:
             events.drafter_model_ignored(kind=kind, model=model)
         model = None
-    return msgspec.structs.replace(drafter, kind=kind, model=model)
+    return msgspec.structs.replace(drafter, kind=kind, model=model), detected
 
 
 __all__ = [
