@@ -10,18 +10,16 @@ import sys
 import time
 from collections.abc import Callable
 
-import structlog
 import uvicorn
 
-from app import events
 from app.cli.exit_codes import EXIT_CONFIG, EXIT_FAILURE
-from app.decoding.plan import SamplerClass
-from app.drafters.kinds import DrafterKind
 from app.engine.engine import Engine, EngineState
+from app.engine.host import startup
 from app.engine.reload import Reloader
 from app.engine.switch import EngineSwitch
+from app.events import serve as events
+from app.events.speculation import Startup, acceptance_rule_active
 from app.loading import ModelLoadError
-from app.loading.chat_template import TemplateCaps
 from app.profiles import Resolved
 from app.profiles.schema import Settings
 from app.server.access import with_access_log
@@ -50,18 +48,17 @@ class DrainingServer(uvicorn.Server):
         self.engines = engines  # the serving engine, and any a reload replaced that still finish requests
         self.drain_deadline: float | None = None
         self._first: tuple[int, float] | None = None  # the signal that started the drain, and when
-        self._log = structlog.get_logger("mlxcel.serve")
 
     def handle_exit(self, sig: int, frame: object) -> None:
         now = time.monotonic()
         if self.drain_deadline is not None or self.should_exit:
             if self._first is not None and self._first[0] == sig and now - self._first[1] < REPEAT_WINDOW_S:
-                self._log.info("signal_repeated", signal=signal.Signals(sig).name)
+                events.signal_repeated(signal=signal.Signals(sig).name)
                 return
-            self._log.warning("forced_exit", signal=signal.Signals(sig).name)
+            events.forced_exit(signal=signal.Signals(sig).name)
             os._exit(128 + sig)
         timeout = self.engines.current.settings.server.drain_timeout_s
-        self._log.info("draining", signal=signal.Signals(sig).name, timeout_s=timeout)
+        events.draining(signal=signal.Signals(sig).name, timeout_s=timeout)
         self._first = sig, now
         self.engines.drain()
         self.drain_deadline = now + timeout
@@ -71,7 +68,7 @@ class DrainingServer(uvicorn.Server):
             if self.engines.current.state is not EngineState.DRAINING or self.engines.idle:
                 self.should_exit = True
             elif time.monotonic() >= self.drain_deadline:
-                self._log.warning("drain_timed_out", rows=self.engines.running_rows)
+                events.drain_timed_out(rows=self.engines.running_rows)
                 self.engines.abort("the server shut down before this request finished")
         return await super().on_tick(counter)
 
@@ -79,41 +76,13 @@ class DrainingServer(uvicorn.Server):
 def announce(engine: Engine, address: tuple[str, int]) -> None:
     """The startup line and the `acceptance_rule_active` event, once the loop is built."""
     fields = startup_fields(engine, address)
-    structlog.get_logger("mlxcel.serve").info("server_ready", **fields)
-    events.acceptance_rule_active(**fields)
+    events.server_ready(**fields)
+    acceptance_rule_active(**fields)
 
 
-def startup_fields(engine: Engine, address: tuple[str, int]) -> dict[str, object]:
+def startup_fields(engine: Engine, address: tuple[str, int]) -> Startup:
     """The loop this server built, and the address it listens on (the bound port, also for port 0)."""
-    settings, plan = engine.settings, engine.plan
-    drafter = settings.drafter
-    widths = plan.block_widths
-    lookup = plan.drafter_kind is DrafterKind.PROMPT_LOOKUP
-    return {
-        "profile": settings.profile,
-        "profile_file": settings.source,
-        "target": settings.target.model,
-        "drafter_kind": drafter.kind,
-        "drafter_model": drafter.model,
-        "rule": plan.rules[SamplerClass.SAMPLED],
-        "rule_at_temperature_0": plan.rules[SamplerClass.ARGMAX],
-        "coupled": plan.couplings[SamplerClass.SAMPLED],
-        "width": (widths[0] if widths else plan.width) or None,
-        "adaptive_max_width": widths[1] if widths and plan.adaptive else None,
-        "governor_floor": plan.governor_floor if lookup else None,
-        "governor_policy": plan.governor_policy if lookup else None,
-        "env_overrides": dict(settings.env),
-        "batching": engine.model.batching if engine.model is not None else None,
-        # false: the chat template drops a request's tools, so `auto` never answers a call
-        "template_renders_tools": caps.supports_tools if (caps := template_caps(engine)) is not None else None,
-        "exact": settings.execution.exact,
-        "host": address[0],
-        "port": address[1],
-    }
-
-
-def template_caps(engine: Engine) -> TemplateCaps | None:
-    return engine.model.template_caps if engine.model is not None else None
+    return startup(engine.settings, engine.plan, engine.model, address)
 
 
 def listen(config: uvicorn.Config) -> socket.socket:
@@ -122,7 +91,7 @@ def listen(config: uvicorn.Config) -> socket.socket:
     sock = config.bind_socket()
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    structlog.get_logger("mlxcel.serve").info("listening", url=url, host=host, port=port)
+    events.listening(url=url, host=host, port=port)
     return sock
 
 
@@ -144,13 +113,13 @@ def serve(settings: Settings, resolve: Callable[[], Resolved]) -> int:
             server.should_exit = True
 
     engines = EngineSwitch(Engine(settings, on_failure=on_failure, on_ready=on_ready))
-    engines.on_swap.append(lambda engine: events.acceptance_rule_active(**startup_fields(engine, address)))
+    engines.on_swap.append(lambda engine: acceptance_rule_active(**startup_fields(engine, address)))
     reloader = Reloader(engines, resolve, on_failure)
     limits = settings.server
     max_connections = connection_cap(limits.max_connections)
     if max_connections < limits.max_connections:
-        structlog.get_logger("mlxcel.serve").warning(
-            "connection_cap_lowered", wanted=limits.max_connections, max_connections=max_connections,
+        events.connection_cap_lowered(
+            wanted=limits.max_connections, max_connections=max_connections,
             reason="the descriptor limit (ulimit -n) leaves room for no more",
         )  # fmt: skip
     config = uvicorn.Config(

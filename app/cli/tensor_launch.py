@@ -31,9 +31,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
-import structlog
-
 from app.cli.exit_codes import EXIT_CONFIG, EXIT_FAILURE
+from app.events import tensor as events
 from app.loading import ModelLoadError
 from app.profiles.schema import Settings
 
@@ -84,7 +83,7 @@ def supervise(settings: Settings, serve_argv: list[str]) -> int:
         launcher(), "--backend", "ring", "-n", str(world_size), "--starting-port", str(free_ring_ports(world_size)),
         "--", sys.executable, "-m", "app", *serve_argv,
     ]  # fmt: skip
-    structlog.get_logger("mlxcel.tensor").info("ranks_launching", world_size=world_size, command=command)
+    events.ranks_launching(world_size=world_size, command=command)
     with tempfile.TemporaryDirectory(prefix="mlxcel-ranks-") as folder:
         status_file = Path(folder) / "rank0-status"
         environment = os.environ | {STATUS_FILE_ENV: str(status_file), SUPERVISOR_ENV: str(os.getpid())}
@@ -140,7 +139,7 @@ def watch_supervisor() -> None:
             try:
                 os.kill(int(pid), 0)
             except ProcessLookupError:
-                structlog.get_logger("mlxcel.tensor").warning("supervisor_gone", supervisor_pid=int(pid))
+                events.supervisor_gone(supervisor_pid=int(pid))
                 os._exit(EXIT_FAILURE)
 
     threading.Thread(target=watch, name="mlxcel-supervisor-watch", daemon=True).start()
@@ -164,7 +163,6 @@ def follow_rank(settings: Settings) -> int:
     """A follower rank: repeat rank 0's forwards until it says stop (or a peer is lost)."""
     from app.execution.tensor_parallel import follow
 
-    log = structlog.get_logger("mlxcel.tensor")
     outcome: list[BaseException | None] = []
 
     def work() -> None:
@@ -183,7 +181,7 @@ def follow_rank(settings: Settings) -> int:
         if len(signalled) > 1:
             os._exit(128 + sig)
         wait_s = settings.server.drain_timeout_s + FOLLOWER_MARGIN_S
-        log.info("rank_waiting_for_rank_0", signal=signal.Signals(sig).name, timeout_s=wait_s)
+        events.rank_waiting_for_rank_0(signal=signal.Signals(sig).name, timeout_s=wait_s)
         deadline = threading.Timer(wait_s, os._exit, args=(128 + sig,))
         deadline.daemon = True  # a follower that stops in time exits without waiting for it
         deadline.start()

@@ -10,12 +10,13 @@ from enum import StrEnum
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from app.decoding.loop import RoundLoop
-from app.decoding.outcome import Note, RoundOutcome, RowStats
+from app.decoding.outcome import Note, RoundOutcome, RowStats, log_notes
+from app.decoding.row_events import Delta
 from app.decoding.speculation import Speculation
-from app.decoding.timings import Timings
 from app.decoding.width import WidthPolicy
-from app.drafters.base import Steps, run_alone
+from app.events.speculation import Speculated
 from app.execution.prompt_cache import RowCaching
+from app.execution.steps import Steps, run_alone
 from app.sampling.logprobs import TokenLogprob
 from app.sampling.state import RowState
 
@@ -25,24 +26,6 @@ class StopType(StrEnum):
     EOS = "eos"
     LIMIT = "limit"
     WORD = "word"
-
-
-@dataclass(frozen=True)
-class Delta:
-    """What one step added: decided tokens and the text that is now safe to stream.
-
-    The engine streams deltas as they come, with the request's `timings` so far (base keys only)
-    when it asked for per-token timings, and the tokens' log-probabilities when it asked for them.
-    """
-
-    tokens: list[int]
-    text: str
-    timings: Timings | None = None
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, when the request asked
-    # `text` cut at the tokens it came from, one piece per token (they join to `text`), so a
-    # stream can send a round's tokens one frame each, as llama-server does
-    pieces: list[str] = field(default_factory=list)
-    drafted: list[bool] = field(default_factory=list)  # per token: an accepted draft (else decided by the target)
 
 
 @dataclass
@@ -184,6 +167,37 @@ class Generation:
     def notes(self) -> list[Note]:
         """Every note the row's loop choice and rounds left (app/decoding/outcome.py `Note`)."""
         return self.stats.notes
+
+    def log_notes(self, request_id: str | None) -> None:
+        """Log what the row noted since the last call, each note once: how its loop was chosen
+        (block loops: drafter loaded, probes, declines), prompt lookup's governor pausing or
+        resuming (with the tokens the row has decided)."""
+        log_notes(self.stats.unlogged(), request_id, decided=len(self.emitted))
+
+    def speculated(self) -> Speculated | None:
+        """What the row's verify rounds did, for its event once it has finished (None: it ran none)."""
+        speculation, stats = self.speculation, self.stats
+        if not (speculation.drafting and stats.ran):
+            return None
+        acceptance = stats.acceptance
+        return Speculated(
+            rule=str(speculation.rule),
+            draft_kind=str(speculation.draft_kind),
+            biased=speculation.biased(self.state.sampler.is_greedy),
+            coupled=speculation.coupled,
+            rounds=acceptance.rounds,
+            proposed=acceptance.proposed,
+            positions_tested=acceptance.positions_tested,
+            accepted=acceptance.accepted,
+            per_position_acceptance=round(acceptance.per_position_acceptance, 4),
+            mean_accepted_len=round(acceptance.mean_accepted_len, 4),
+            predicted_n=len(self.emitted),
+            n_max=self.n_max,
+            widths={str(width): rounds for width, rounds in sorted(stats.widths.items())},
+            plain_steps=stats.plain_steps,
+            governor_pauses=stats.governor_pauses,
+            governor_resumes=stats.governor_resumes,
+        )
 
     def _stepped(self, outcome: RoundOutcome) -> Delta:
         self.last_token_at = time.perf_counter()

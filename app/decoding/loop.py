@@ -3,7 +3,7 @@
 Both satisfy `RoundLoop`; `Generation` drives either one and folds the `RoundOutcome` each step
 returns into the row's stats (app/decoding/outcome.py): a loop keeps no counters and nothing
 outside it reads its state. A step exists twice over one body: `steps` asks for its forwards
-(the engine batches many rows' steps, app/decoding/batch.py) and `step` serves them itself (a
+(the engine batches many rows' steps, app/execution/steps.py) and `step` serves them itself (a
 lone row; the target-only loop then also pipelines).
 """
 
@@ -20,8 +20,9 @@ from app.decoding.outcome import RoundOutcome
 from app.decoding.speculation import Speculation
 from app.decoding.verify import VerifyRow, verifying
 from app.decoding.width import WidthPolicy
-from app.drafters.base import Forward, Proposal, Proposer, Steps, run_alone
+from app.drafters.base import Proposal, Proposer
 from app.execution.runner import PREFILL_CHUNK, ModelRunner
+from app.execution.steps import Forward, Steps, run_alone
 from app.execution.target_taps import FeatureHook
 from app.sampling.grammar import Constraint, masked
 from app.sampling.state import RowState

@@ -13,6 +13,15 @@ from dataclasses import dataclass, field
 from app.acceptance import AcceptanceStats, Verdict
 from app.decoding.speculation import Speculation
 from app.decoding.timings import SpeculativeDiagnostics
+from app.events import speculation as events
+
+GOVERNOR_EVENTS = {"governor_paused": events.governor_paused, "governor_resumed": events.governor_resumed}
+LOOP_EVENTS = {  # how a block loop was chosen
+    "drafter_loaded": events.drafter_loaded,
+    "exactness_probe": events.exactness_probe,
+    "exactness_probe_overridden": events.exactness_probe_overridden,
+    "block_loop_declined": events.block_loop_declined,
+}
 
 
 @dataclass
@@ -24,6 +33,16 @@ class Note:
     event: str
     fields: dict[str, object]
     warning: bool = False
+
+
+def log_notes(notes: list[Note], request_id: str | None, decided: int = 0) -> None:
+    """Emit each note's event for row `request_id` (None: no request asked, as for a reload's
+    engine preparing its drafter); the governor's carry the tokens the row has `decided`."""
+    for note in notes:
+        if note.event in GOVERNOR_EVENTS:
+            GOVERNOR_EVENTS[note.event](request_id=request_id, decided=decided, **note.fields)
+        else:
+            LOOP_EVENTS[note.event](request_id=request_id, level="warning" if note.warning else "info", **note.fields)
 
 
 @dataclass(frozen=True)
@@ -73,7 +92,7 @@ class RowStats:
     governor_pauses: int = 0
     governor_resumes: int = 0
     notes: list[Note] = field(default_factory=list)
-    _logged: int = 0  # notes[:_logged] were handed to the reporter
+    _logged: int = 0  # notes[:_logged] were logged (log_notes)
 
     @property
     def ran(self) -> bool:

@@ -25,6 +25,7 @@ from app.loading import CheckpointKind, read_checkpoint
 from app.profiles.schema import (
     ACCEPT_DIAG_ENV,
     ALLOW_INEXACT_ENV,
+    DEFAULT_DRAFT_TOKENS,
     LOSSLESS_BLOCK_RULE,
     STOCHASTIC_ACCEPT_ENV,
     Settings,
@@ -70,7 +71,7 @@ class LoopPlan:
     """One server's (or one CLI run's) round loop. `LoopPlan()` is target-only decoding."""
 
     drafter_kind: DrafterKind = DrafterKind.NONE
-    num_draft_tokens: int = 4  # proposals per round of the classic kinds
+    num_draft_tokens: int = DEFAULT_DRAFT_TOKENS  # proposals per round of the classic kinds
     drafter_model: str | None = None  # block drafters load lazily from here
     block_widths: tuple[int, int] | None = None  # block loops: (declared, ceiling) verify width, bonus row included
     greedy_only: bool = False  # a block drafter that declines sampled requests (DSpark, biased rule only)

@@ -7,25 +7,24 @@ the decided rows, when it reads them) and its counters settled. The cache always
 decided token but the last.
 
 `verifying` is one row's verify as a step that asks for its target forward, so the engine's tick
-serves every row's in one batched pass (app/decoding/batch.py); `verify` does that for a list of
-rows. A row whose proposer reads the target's hidden states (block drafters) asks for its forward
-with its hook, and gets the hook's rows of its own positions with its logits, batched or not
-(app/execution/forward.py).
+serves every row's in one batched pass (app/execution/steps.py `run_together`) and a lone row its
+own (`run_alone`). A row whose proposer reads the target's hidden states (block drafters) asks for
+its forward with its hook, and gets the hook's rows of its own positions with its logits, batched
+or not (app/execution/forward.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from app.acceptance import Rule, Verdict, rules
-from app.decoding.batch import run_together
 from app.decoding.outcome import ClosedForms
 from app.decoding.speculation import Speculation
-from app.drafters.base import Forward, Proposal, Proposer, Steps
+from app.drafters.base import Proposal, Proposer
 from app.execution.runner import ModelRunner
+from app.execution.steps import Forward, Steps
 from app.sampling import Distribution
 from app.sampling.grammar import masked
 from app.sampling.state import RowState
@@ -54,18 +53,9 @@ class Verified:
     closed_forms: ClosedForms | None = None
 
 
-def verify(rows: Sequence[VerifyRow]) -> list[Verified]:
-    """Verify each row's proposal (an empty one decides one token) and settle the row; the rows'
-    target forwards run as one batched pass."""
-    results = run_together([verifying(row) for row in rows])
-    for result in results:
-        if isinstance(result, Exception):
-            raise result
-    return results  # type: ignore[return-value]  # no exception above
-
-
 def verifying(row: VerifyRow) -> Steps[Verified]:
-    """One row's verify: its target forward asked for (with its proposer's hook, if any), judged, settled."""
+    """One row's verify of its proposal (an empty one decides one token): its target forward asked
+    for (with its proposer's hook, if any), judged, settled."""
     state, target, proposal, speculation = row.state, row.target, row.proposal, row.speculation
     base = len(state.tokens)
     inputs = mx.concatenate([mx.array(state.tokens[target.length :]), proposal.tokens])

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.decoding.batch import run_together
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.plan import LoopPlan
 from app.drafters.kinds import DrafterKind
 from app.execution.device import backend
 from app.execution.runner import PREFILL_CHUNK
+from app.execution.steps import run_together
 from app.sampling import SamplingParams
 
 WARM_TOKENS = 6  # per row: a prefill, then a few rounds at its width

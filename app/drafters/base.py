@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
 
-from app.drafters.passes import DrafterPasses, DraftPass
-from app.execution.forward import RowForward, forward
+from app.drafters.passes import DrafterPasses
+from app.execution.steps import Steps
 from app.sampling import Distribution
 
 if TYPE_CHECKING:
@@ -17,8 +16,6 @@ if TYPE_CHECKING:
     from app.drafters.kinds import DrafterKind
     from app.execution.target_taps import FeatureHook
     from app.sampling.state import RowState
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -39,44 +36,6 @@ class Proposal:
     @classmethod
     def of(cls, tokens: list[int]) -> Proposal:
         return cls(tokens=mx.array(tokens, dtype=mx.int32))
-
-
-@dataclass(frozen=True)
-class Forward(RowForward):
-    """A forward one row's step asks for: `tokens` appended to `runner`'s cache, logits sent back.
-
-    Steps are generators of these, so the engine can serve many rows' forwards on one model in
-    one batched pass (app/decoding/batch.py) and a lone row can serve its own (`run_alone`).
-    `drafting` forwards (a draft model's steps) are served before the target's, so every row's
-    target forward of a tick goes in one pass. An `ahead` forward is the next step's, queued
-    before this step's token is read (its input is that token, still lazy): it is sent to the
-    device at once and its logits are not waited for. `sampled`: the row's sampler draws here (its
-    positions cost the sampler's work too, which the width policy prices apart).
-    """
-
-    drafting: bool = False
-    ahead: bool = False
-    sampled: bool = False
-
-
-# A step asks for forwards (logits come back) and block drafters' passes (their results come back).
-Steps = Generator[Forward | DraftPass, Any, T]
-
-
-def run_alone(steps: Steps[T]) -> T:
-    """Serve each forward or pass a step asks for on its own; the step's result."""
-    try:
-        request = next(steps)
-        while True:
-            if isinstance(request, Forward):
-                (result,) = forward([request])
-                if request.ahead:
-                    mx.async_eval(result)
-            else:
-                (result,) = request.serve([request])
-            request = steps.send(result)
-    except StopIteration as done:
-        return done.value
 
 
 class Proposer(Protocol):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from app.drafters.base import Proposal, Steps, run_alone
+from app.drafters.base import Proposal
 from app.drafters.block_model import DFlashModel, DraftShape, MtpHead
 from app.drafters.block_rows import DFlashPass, MtpPass
 from app.drafters.kinds import DETECTED, DrafterKind
@@ -32,6 +32,7 @@ from app.execution.model import LoadedModel
 from app.execution.pool import Layers
 from app.execution.prepare import prepare
 from app.execution.runner import chunk_end, copy_rows, restore_rows
+from app.execution.steps import Steps, run_alone
 from app.execution.target_taps import FINAL, FeatureHook, TargetTaps
 from app.loading import CheckpointKind, ModelLoadError, read_checkpoint
 from app.loading.pairing import require_pairing

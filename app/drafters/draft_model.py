@@ -6,10 +6,11 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from app.drafters.base import Forward, Proposal, Steps, run_alone
+from app.drafters.base import Proposal
 from app.drafters.kinds import DrafterKind
 from app.drafters.passes import DrafterPasses, PassShape
 from app.execution.runner import ModelRunner
+from app.execution.steps import Forward, Steps, run_alone
 from app.sampling import Distribution
 from app.sampling.grammar import masked
 from app.sampling.streams import draft_keys

@@ -38,30 +38,22 @@ DETECTED = {
 
 @dataclass(frozen=True)
 class Resolution:
-    kind: DrafterKind
-    explicit: bool
-    detected: DrafterKind | None
-    detail: str
+    """The drafter kind a run drafts with, and where it came from (what `mlxcel generate` prints)."""
 
-    @property
-    def disagreement(self) -> str | None:
-        """A warning when an explicit kind contradicts what config.json says."""
-        if self.explicit and self.detected is not None and self.detected is not self.kind:
-            return (
-                f"--draft-kind {self.kind} overrides the drafter's config.json, which describes a "
-                f"{self.detected} drafter ({self.detail})"
-            )
-        return None
+    kind: DrafterKind
+    explicit: bool  # named (a profile, --draft-kind), not read from the drafter's config.json
+    detail: str  # what the drafter checkpoint is
 
     def lines(self) -> list[str]:
-        """What the offline CLI prints about the drafter kind."""
         source = "explicit" if self.explicit else "auto-detected from config.json"
         out = [f"Resolved drafter kind: {self.kind} ({self.detail}, {source})"]
         if not self.explicit:
-            out.append(
-                "Drafter kind was auto-detected only; running the classic speculative generator "
-                "(pass --draft-kind explicitly to select a kind-specific round loop)."
+            loop = (
+                "the classic speculative generator"
+                if self.kind is DrafterKind.DRAFT_MODEL
+                else f"the {self.kind} round loop"
             )
+            out.append(f"Drafter kind was auto-detected only; running {loop}.")
         return out
 
 
@@ -74,8 +66,8 @@ def describe_checkpoint(checkpoint: Checkpoint) -> str:
 
 
 def resolve_drafter_kind(explicit: str | None, checkpoint: Checkpoint | None) -> Resolution:
-    detected = DETECTED[checkpoint.kind] if checkpoint is not None else None
+    """The kind named, else the one `checkpoint`'s config.json describes (none without one)."""
     detail = describe_checkpoint(checkpoint) if checkpoint is not None else "no drafter checkpoint"
     if explicit is not None:
-        return Resolution(DrafterKind(explicit), True, detected, detail)
-    return Resolution(detected or DrafterKind.NONE, False, detected, detail)
+        return Resolution(DrafterKind(explicit), True, detail)
+    return Resolution(DETECTED[checkpoint.kind] if checkpoint is not None else DrafterKind.NONE, False, detail)

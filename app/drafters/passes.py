@@ -2,7 +2,7 @@
 many rows' passes share.
 
 Every drafter kind drafts with passes the engine's tick serves for all rows together
-(app/decoding/batch.py), before any target forward:
+(app/execution/steps.py `run_together`, each row's share a `DraftPass`), before any target forward:
 
 - a draft model: one forward per draft position, each over the rows drafting that far (the j-th
   step of every row in one `forward(rows)`, app/drafters/draft_model.py);
@@ -18,10 +18,9 @@ them (app/execution/cost.py `DRAFTING`), for the width policy (app/decoding/widt
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -43,22 +42,3 @@ class DrafterPasses:
 
 
 NO_PASSES = DrafterPasses()
-
-
-class DraftPass(Protocol):
-    """One row's share of a drafter call the tick's rows run as one (block drafters); the batch
-    serves the passes of one `module` with one `serve` and sends each row its own result."""
-
-    drafting: bool  # always True: served before any target forward, as a draft model's steps
-    module: nn.Module  # which drafter: its rows' passes share a call, and its costs are recorded
-    sampled: bool  # the row's draft is drawn through its sampler (priced apart)
-
-    @property
-    def positions(self) -> int:
-        """The row's tokens in this pass (what the pass's cost grows with)."""
-        ...
-
-    @staticmethod
-    def serve(passes: Sequence[DraftPass]) -> list[object]:
-        """Every pass's result, in order (lazy)."""
-        ...

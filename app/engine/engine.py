@@ -18,17 +18,17 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
-import structlog
-
+from app.decoding.row_events import Failed
 from app.engine.host import ModelHost, ModelInfo
 from app.engine.reporter import Reporter
-from app.engine.row import Failed, Job
+from app.engine.row import Job
 from app.engine.scheduler import EngineState, Scheduler, UnavailableError, unavailable_message
 from app.engine.snapshot import EngineSnapshot, copy_metrics, row_view
+from app.events import engine as events
 from app.execution.embedding import embeddings
 from app.profiles.schema import Settings
 from app.profiles.tenants import Tenants
-from app.runtime.logging import log_internal_error
+from app.runtime.logging import new_error_id
 
 __all__ = ["Engine", "EngineState", "UnavailableError", "unavailable_message"]
 
@@ -56,7 +56,6 @@ class Engine:
         self.on_ready = on_ready
         self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="mlxcel-engine", daemon=True)
-        self._log = structlog.get_logger("mlxcel.engine")
 
     # --- what other threads read and call --------------------------------------------------
 
@@ -141,7 +140,8 @@ class Engine:
             self._die(exc)
 
     def _die(self, exc: BaseException) -> None:
-        failure_id = log_internal_error(self._log, "engine_failed", exc)
+        failure_id = new_error_id()
+        events.engine_failed(error_id=failure_id, error_type=type(exc).__name__, exception=exc)
         self.failure = exc
         self.scheduler.set_state(EngineState.FAILED)
         self.scheduler.fail_all(

@@ -9,15 +9,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import structlog
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.outcome import Note
-from app.decoding.plan import LoopPlan, plan_from_settings
+from app.decoding.plan import LoopPlan, SamplerClass, plan_from_settings
 from app.decoding.warmup import warm, warm_shapes, warms
 from app.drafters.kinds import DrafterKind
+from app.events import engine as events
+from app.events.speculation import Startup
 from app.execution.cost import HOST, TARGET_ROWS, ForwardCost, PlaneCost, cost_of, forget, plane_of
 from app.execution.forward import batching
 from app.execution.lockstep import Lockstep
@@ -40,6 +41,20 @@ class ModelInfo:
     writes_thinking: bool  # the chat template in use has thinking tags (reasoning_format parses them)
     template_caps: chat_template.TemplateCaps | None  # what the chat template in use renders (None: no template)
 
+    @classmethod
+    def of(cls, builder: LoopBuilder, settings: Settings) -> ModelInfo:
+        """What the builder's target is, with the profile's chat template."""
+        target, template_file = builder.target, settings.server.chat_template_file
+        return cls(
+            path=str(target.path),
+            context_limit=builder.context_limit,
+            vocab_size=target.vocab_size,
+            tokenizer=target.tokenizer,
+            batching=batching(target.model),
+            writes_thinking=chat_template.writes_thinking(chat_template.chosen_source(target.tokenizer, template_file)),
+            template_caps=template_caps(target.tokenizer, settings),
+        )
+
 
 def template_caps(tokenizer: TokenizerWrapper, settings: Settings) -> chat_template.TemplateCaps | None:
     """What the chat template in use renders (None: the model has none), found once at load."""
@@ -50,6 +65,36 @@ def template_caps(tokenizer: TokenizerWrapper, settings: Settings) -> chat_templ
     return chat_template.capabilities(template, limits, dict(getattr(tokenizer, "special_tokens_map", {})))
 
 
+def startup(settings: Settings, plan: LoopPlan, info: ModelInfo | None, address: tuple[str, int] | None) -> Startup:
+    """The loop built from `settings`, its target (`info`, None until loaded) and where it listens
+    (None: nowhere, `mlxcel generate`): the startup events' fields."""
+    drafter = settings.drafter
+    widths = plan.block_widths
+    lookup = plan.drafter_kind is DrafterKind.PROMPT_LOOKUP
+    caps = info.template_caps if info is not None else None
+    return Startup(
+        profile=settings.profile,
+        profile_file=settings.source,
+        target=settings.target.model,
+        drafter_kind=drafter.kind,
+        drafter_model=drafter.model,
+        rule=plan.rules[SamplerClass.SAMPLED],
+        rule_at_temperature_0=plan.rules[SamplerClass.ARGMAX],
+        coupled=plan.couplings[SamplerClass.SAMPLED],
+        width=(widths[0] if widths else plan.width) or None,
+        adaptive_max_width=widths[1] if widths and plan.adaptive else None,
+        governor_floor=plan.governor_floor if lookup else None,
+        governor_policy=plan.governor_policy if lookup else None,
+        env_overrides=dict(settings.env),
+        batching=info.batching if info is not None else None,
+        # false: the chat template drops a request's tools, so `auto` never answers a call
+        template_renders_tools=caps.supports_tools if caps is not None else None,
+        exact=settings.execution.exact,
+        host=address[0] if address is not None else None,
+        port=address[1] if address is not None else None,
+    )
+
+
 class ModelHost:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -58,7 +103,6 @@ class ModelHost:
         self.info: ModelInfo | None = None
         self.lockstep: Lockstep | None = None  # rank 0's orders to the followers of a tensor-parallel target
         self.warms = warms(settings.server.warmup)  # the forwards run once before the engine is ready
-        self._log = structlog.get_logger("mlxcel.engine")
 
     def load(self) -> ModelInfo:
         """Load the target (and a classic drafter); block drafters load on their first request."""
@@ -78,22 +122,12 @@ class ModelHost:
             if loaded is not None:
                 reserve_rows(loaded.model, 2 * server.max_rows + 2)
         self.builder = LoopBuilder(target, drafter, self.plan, prompt_cache if server.prompt_cache_mb else None)
-        self._log.info("models_loaded", target=str(target.path), seconds=round(time.perf_counter() - started, 3))
-        self.info = ModelInfo(
-            path=str(target.path),
-            context_limit=self.builder.context_limit,
-            vocab_size=target.vocab_size,
-            tokenizer=target.tokenizer,
-            batching=batching(target.model),
-            writes_thinking=chat_template.writes_thinking(
-                chat_template.chosen_source(target.tokenizer, server.chat_template_file)
-            ),
-            template_caps=template_caps(target.tokenizer, settings),
-        )
+        events.models_loaded(target=str(target.path), seconds=time.perf_counter() - started)
+        self.info = ModelInfo.of(self.builder, settings)
         if self.info.template_caps is not None and not self.info.template_caps.supports_tools:
             # the model never sees a request's tools, so `auto` answers text, never a call
             template = server.chat_template_file or "the model's own"
-            self._log.warning("chat_template_ignores_tools", template=template)
+            events.chat_template_ignores_tools(template=template)
         return self.info
 
     def prepare(self) -> list[Note]:
@@ -106,7 +140,7 @@ class ModelHost:
         `model_warmed` after."""
         assert self.builder is not None
         shapes = warm_shapes(self.plan, self.settings.server.max_rows)
-        self._log.info("model_warming", batch_sizes=list(shapes.batch_sizes), widths=list(shapes.widths))
+        events.model_warming(batch_sizes=list(shapes.batch_sizes), widths=list(shapes.widths))
         started = time.perf_counter()
         rows = warm(self.builder, shapes)
         # the warm-up's timings were kernels compiling: the width policy prices what serving measures
@@ -116,14 +150,14 @@ class ModelHost:
                 forget(model.model)
         if block is not None and block.bound is not None:
             forget(block.bound.module)
-        self._log.info("model_warmed", rows=rows, seconds=round(time.perf_counter() - started, 3))
+        events.model_warmed(rows=rows, seconds=time.perf_counter() - started)
 
     def _load_one(self, path: str, role: str) -> LoadedModel:
         """One checkpoint, with `model_loading` before and `model_loaded` after (load progress)."""
-        self._log.info("model_loading", role=role, path=path)
+        events.model_loading(role=role, path=path)
         started = time.perf_counter()
         model = self._load_target() if role == "target" else load_model(path, role=role, exact=self.plan.exact)
-        self._log.info("model_loaded", role=role, path=str(model.path), seconds=round(time.perf_counter() - started, 3))
+        events.model_loaded(role=role, path=str(model.path), seconds=time.perf_counter() - started)
         return model
 
     def _load_target(self) -> LoadedModel:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from prometheus_client import Histogram
 
 from app.decoding.outcome import RowStats
-from app.engine.row import Finished
+from app.decoding.row_events import Finished
 
 # Seconds, from a token on a warm model to a long generation queued behind others
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)

@@ -20,11 +20,11 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 import msgspec
-import structlog
 
 from app.engine.engine import Engine
 from app.engine.scheduler import EngineState
 from app.engine.switch import EngineSwitch
+from app.events import reload as events
 from app.loading import ModelLoadError
 from app.profiles.loader import ProfileError, Resolved, leaves
 from app.profiles.schema import Settings
@@ -105,11 +105,10 @@ class Reloader:
         self.resolve = resolve
         self.on_failure = on_failure  # the serving engine's: given to the new one once it serves
         self._busy = threading.Lock()
-        self._log = structlog.get_logger("mlxcel.reload")
 
     def reload(self, trigger: str) -> Engine:
         """Swap in an engine built from the profile as it reads now; ReloadRefusedError if not."""
-        self._log.info("reload_requested", trigger=trigger)
+        events.reload_requested(trigger=trigger)
         started = time.perf_counter()
         if not self._busy.acquire(blocking=False):
             self._refuse(trigger, "a reload is already running; wait for it to finish")
@@ -123,14 +122,13 @@ class Reloader:
             self._busy.release()
         settings = engine.settings
         if changed:
-            self._log.warning("reload_changed_access", trigger=trigger, keys=changed, profile_file=settings.source)
-        self._log.info(
-            "reload_succeeded",
+            events.reload_changed_access(trigger=trigger, keys=changed, profile_file=settings.source)
+        events.reload_succeeded(
             trigger=trigger,
             profile=settings.profile,
             profile_file=settings.source,
             drafter_kind=settings.drafter.kind,
-            seconds=round(time.perf_counter() - started, 3),
+            seconds=time.perf_counter() - started,
         )
         threading.Thread(target=self._release, args=(replaced,), name="mlxcel-release", daemon=True).start()
         return engine
@@ -145,7 +143,7 @@ class Reloader:
         threading.Thread(target=run, name="mlxcel-reload", daemon=True).start()
 
     def _refuse(self, trigger: str, reason: str) -> NoReturn:
-        self._log.warning("reload_refused", trigger=trigger, reason=reason)
+        events.reload_refused(trigger=trigger, reason=reason)
         raise ReloadRefusedError(reason)
 
     def _build(self) -> tuple[Engine, list[str]]:
@@ -199,4 +197,4 @@ class Reloader:
         while replaced in self.engines.engines:  # another reload's thread may be the one that stops it
             self.engines.release_finished()
             time.sleep(POLL_S)
-        self._log.info("engine_released", profile=replaced.settings.profile)
+        events.engine_released(profile=replaced.settings.profile)

@@ -4,65 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
 
 from app.decoding.builder import RowRequest
-from app.decoding.generation import Delta, Generation
+from app.decoding.generation import Generation
+from app.decoding.row_events import Delta, Finished, Progress, Sink
 from app.decoding.timings import Timings, make_timings
-from app.drafters.base import Steps
-from app.sampling.logprobs import TokenLogprob
-
-
-@dataclass(frozen=True)
-class Finished:
-    """The whole result of a request."""
-
-    text: str
-    tokens: list[int]
-    stop_type: str
-    stopping_word: str
-    prompt_n: int  # the whole prompt (timings.cache_n of them restored from the prompt cache)
-    timings: Timings  # with the draft block when a drafter ran a verify round
-    rule: str | None
-    draft_kind: str | None
-    n_max: int = 0  # the row's width cap (row_n_max), as generation_settings, /slots and events report it
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, when the request asked
-    biased: bool = False  # Speculation.biased: the stream followed the target's argmax at T > 0
-
-
-@dataclass(frozen=True)
-class Started:
-    """A streaming row was built: the rule its loop runs (None: no drafter), which the response's
-    headers name before its first frame."""
-
-    rule: str | None
-
-
-@dataclass(frozen=True)
-class Progress:
-    """How far a streaming row's prefill has come, for a request that asked (llama-server's
-    `return_progress`): `total` prompt tokens, `cache` of them restored from the prompt cache,
-    `processed` in the target's cache so far (the restored ones included), `time_ms` since the
-    prefill began. Sent once the row is built (processed = cache) and after each chunk it prefills."""
-
-    total: int
-    cache: int
-    processed: int
-    time_ms: int
-
-
-@dataclass(frozen=True)
-class Failed:
-    message: str
-    code: int = 500
-    kind: str = "server_error"
-
-
-Event = Started | Progress | Delta | Finished | Failed
-Sink = Callable[[Event], None]
+from app.execution.steps import Steps
 
 
 @dataclass

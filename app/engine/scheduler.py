@@ -1,7 +1,7 @@
 """The scheduler: the queue, its lock, admission, ticks and cancellation.
 
 Each tick advances the active rows by one step each, all together, their forwards batched
-(app/decoding/batch.py: every row's draft step j in one pass on the drafter, every row's target
+(app/execution/steps.py `run_together`: every row's draft step j in one pass on the drafter, every row's target
 forward in one tick of the target): a prefilling row feeds one chunk of its prompt, a decoding
 row takes a decode step or a verify round, so prompts that arrive together are prefilled
 together and time to first token does not grow with the queue of prompts. Each drafting row's width
@@ -32,19 +32,18 @@ from collections.abc import Generator
 from concurrent.futures import Future
 from enum import StrEnum
 
-import structlog
-
-from app.decoding.batch import run_together
 from app.decoding.block_builder import DrafterUnavailableError
-from app.decoding.generation import Delta
+from app.decoding.row_events import Delta, Event, Failed, Started
 from app.decoding.width import Goodput
 from app.engine.host import ModelHost
 from app.engine.reporter import Reporter
-from app.engine.row import Event, Failed, Job, Row, Started
+from app.engine.row import Job, Row
 from app.engine.share import HeavyShare
+from app.events import engine as events
+from app.execution.steps import run_together
 from app.profiles.schema import ServerSettings
 from app.runtime.bounds import RequestBoundError
-from app.runtime.logging import internal_error_message, log_internal_error
+from app.runtime.logging import internal_error_message, new_error_id
 from app.sampling.grammar import GrammarError
 
 IDLE_WAIT_S = 0.05
@@ -96,7 +95,6 @@ class Scheduler:
         self.goodput = Goodput(
             host.forward_cost, host.host_cost, host.target_cost
         )  # each drafting row's width, per tick
-        self._log = structlog.get_logger("mlxcel.engine")
 
     # --- called from other threads (HTTP, signal handlers): the lock only -------------------
 
@@ -228,8 +226,8 @@ class Scheduler:
         for job in jobs:
             try:
                 job.sink(event)
-            except BaseException:  # one broken sink must not keep the others waiting
-                self._log.exception("sink_failed", request_id=job.request_id)
+            except BaseException as exc:  # one broken sink must not keep the others waiting
+                events.sink_failed(request_id=job.request_id, exception=exc)
 
     def _running(self) -> int:
         return len(self.rows) + (self._admitting is not None)
@@ -287,19 +285,22 @@ class Scheduler:
         if isinstance(exc, RequestBoundError):
             self.reporter.bound_reached(job, str(exc))
         elif isinstance(exc, GrammarError):
-            self._log.warning("row_grammar_failed", request_id=job.request_id, stage=stage, reason=str(exc))
+            events.row_grammar_failed(request_id=job.request_id, stage=stage, reason=str(exc))
         if isinstance(exc, RequestBoundError | GrammarError):
             self._deliver(job, Failed(str(exc), 400, "invalid_request_error"))
             return
-        failure_id = log_internal_error(self._log, "row_failed", exc, request_id=job.request_id, stage=stage)
+        failure_id = new_error_id()
+        events.row_failed(
+            request_id=job.request_id, stage=stage, error_id=failure_id, error_type=type(exc).__name__, exception=exc
+        )
         self._deliver(job, Failed(internal_error_message(failure_id, exc)))
 
     def _deliver(self, job: Job, event: Event) -> None:
         """Hand an event to the job's sink; a sink that fails cancels its own job only."""
         try:
             job.sink(event)
-        except Exception:
-            self._log.exception("sink_failed", request_id=job.request_id)
+        except Exception as exc:
+            events.sink_failed(request_id=job.request_id, exception=exc)
             job.cancelled = True
 
     def _tick(self) -> None:

@@ -24,7 +24,7 @@ The records a tick's cost is made of, each kept on the model it belongs to:
   rows, positions and sampled positions (a sampled position's k + 1 rows through the sampler
   pipeline cost far more than an argmax).
 
-`TickClock` times one batched tick's parts (app/decoding/batch.py) and records all but `FORWARD`.
+`TickClock` times one batched tick's parts (app/execution/steps.py `run_together`) and records all but `FORWARD`.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ sends them (app/execution/lockstep.py), until it tells them to stop.
 from __future__ import annotations
 
 import mlx.core as mx
-import structlog
 
+from app.events import tensor as events
 from app.execution.lockstep import Lockstep, Order
 from app.execution.model import LoadedModel, load_model
 from app.execution.prepare import prepare
@@ -43,11 +43,10 @@ def load_leader(path: str, world_size: int) -> tuple[LoadedModel, Lockstep]:
 
 def follow(path: str, world_size: int) -> None:
     """A follower rank: load this rank's shard, then run rank 0's orders until it says stop."""
-    log = structlog.get_logger("mlxcel.tensor")
     group = join_group(world_size)
     model = load_model(path, shard_group=group).model
     lockstep = Lockstep(group)
-    log.info("rank_ready", rank=group.rank(), world_size=world_size)
+    events.rank_ready(rank=group.rank(), world_size=world_size)
     runners: dict[int, ModelRunner] = {}
     while (received := lockstep.receive()).order is not Order.STOP:
         if received.order is Order.FORWARD:
@@ -59,4 +58,4 @@ def follow(path: str, world_size: int) -> None:
         elif received.order is Order.FREE:
             for number in received.payload.tolist():
                 runners.pop(number, None)
-    log.info("rank_stopped", rank=group.rank())
+    events.rank_stopped(rank=group.rank())

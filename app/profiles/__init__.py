@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 import msgspec
-import structlog
 
 from app.drafters.kinds import DETECTED, DrafterKind
+from app.events import profiles as events
 from app.loading import ModelLoadError, read_checkpoint
 from app.profiles.checks import check_models
 from app.profiles.loader import ProfileError, Resolved, add_profile_flags, flags_of, origin, resolve, shipped_profiles
@@ -25,14 +25,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def settled(resolved: Resolved) -> Resolved:
     """A resolved profile with its drafter settled (`settle_drafter`) and its models checked."""
-    settings = resolved.settings
-    settings = msgspec.structs.replace(settings, drafter=settle_drafter(settings, resolved.sources))
+    drafter, detected = settle_drafter(resolved.settings, resolved.sources)
+    settings = msgspec.structs.replace(resolved.settings, drafter=drafter)
     check_models(settings, resolved.sources)
-    return Resolved(settings, resolved.sources)
+    return Resolved(settings, resolved.sources, drafter_detected=detected)
 
 
-def settle_drafter(settings: Settings, sources: dict[str, str]) -> DrafterSettings:
-    """The drafter the settings mean, each drafter key weighed against the keys set with more authority.
+def settle_drafter(settings: Settings, sources: dict[str, str]) -> tuple[DrafterSettings, bool]:
+    """The drafter the settings mean, each drafter key weighed against the keys set with more
+    authority, and whether its kind was read from the model's config.json.
 
     - A drafter key set with less authority than the target is dropped: a drafter belongs to the
       target it was paired with, so `-m DIR` alone serves DIR without the profile's drafter.
@@ -43,21 +44,21 @@ def settle_drafter(settings: Settings, sources: dict[str, str]) -> DrafterSettin
       (`--draft-kind none` over a profile's drafter), and warned about when set together.
     """
     drafter = settings.drafter
-    log = structlog.get_logger("mlxcel.profiles")
     rank = {key: RANK[sources[key]] for key in ("target.model", "drafter.kind", "drafter.model")}
     kind = drafter.kind if rank["drafter.kind"] >= rank["target.model"] else "none"
     model = drafter.model if rank["drafter.model"] >= rank["target.model"] else None
-    if model and rank["drafter.model"] > rank["drafter.kind"]:
+    detected = bool(model) and rank["drafter.model"] > rank["drafter.kind"]
+    if detected:
         try:
             kind = str(DETECTED[read_checkpoint(model).kind])
         except ModelLoadError as exc:
             raise ProfileError(f"{origin('drafter.model', sources, Path(settings.source))}: {exc}") from exc
-        log.info("drafter_kind_resolved", kind=kind, explicit=False, model=model)
+        events.drafter_kind_resolved(kind=kind, explicit=False, model=model)
     elif model and not DrafterKind(kind).needs_model:
         if rank["drafter.model"] >= rank["drafter.kind"]:
-            log.warning("drafter_model_ignored", kind=kind, model=model)
+            events.drafter_model_ignored(kind=kind, model=model)
         model = None
-    return msgspec.structs.replace(drafter, kind=kind, model=model)
+    return msgspec.structs.replace(drafter, kind=kind, model=model), detected
 
 
 __all__ = [

@@ -25,7 +25,14 @@ import msgspec
 from app.loading.checkpoint import ModelLoadError
 from app.loading.hub import cached_model, is_repo_id
 from app.loading.paths import REPO_ROOT
-from app.profiles.schema import ENV_OVERRIDES, DrafterKindName, PoolingName, ReasoningFormatName, Settings
+from app.profiles.schema import (
+    ENV_OVERRIDES,
+    DrafterKindName,
+    GovernorPolicyName,
+    PoolingName,
+    ReasoningFormatName,
+    Settings,
+)
 from app.profiles.tenants import read_key_file
 from app.runtime.logging import destination_problem
 from app.sampling import chain
@@ -115,7 +122,7 @@ SAMPLING_FLAGS = [  # llama-server's sampler defaults: the [sampling] key each s
 ]
 SERVER_FLAGS = [
     Flag(
-        ("--draft-max", "--draft", "--draft-n"),
+        ("--draft-max", "--draft", "--draft-n", "--num-draft-tokens"),
         "drafter.num_draft_tokens",
         "draft width k",
         _number(int),
@@ -127,6 +134,13 @@ SERVER_FLAGS = [
         _number(int),
     ),
     Flag(("--draft-p-min",), "drafter.p_min", "draft model: stop drafting below this probability", _number(float, "P")),
+    Flag(
+        ("--governor-policy",),
+        "governor.policy",
+        "prompt lookup: when its governor pauses drafting",
+        {"choices": get_args(GovernorPolicyName)},
+    ),
+    Flag(("--no-governor-adaptive",), "governor.adaptive", "prompt lookup: always propose the full block", _set(False)),
     Flag(("--host",), "server.host", "listen address", {}),
     Flag(("--port",), "server.port", "listen port", _number(int)),
     Flag(("--api-key",), "server.api_key", "require `Authorization: Bearer KEY`", {}),
@@ -240,6 +254,7 @@ class ProfileError(Exception):
 class Resolved:
     settings: Settings
     sources: dict[str, str] = field(default_factory=dict)  # dotted key -> file | env | flag | default
+    drafter_detected: bool = False  # the drafter kind was read from drafter.model's config.json (`settled`)
 
 
 def profiles_dir() -> Path:
@@ -577,9 +592,12 @@ def hub_models(settings: Settings, sources: dict[str, str], path: Path) -> Setti
     return msgspec.structs.replace(settings, target=target, drafter=drafter, server=server)
 
 
-def resolve(name_or_path: str | None = None, flags: dict[str, Any] | None = None) -> Resolved:
-    """File < environment < flags, validated into Settings."""
-    path = profile_path(name_or_path or os.environ.get("MLXCEL_PROFILE") or DEFAULT_PROFILE)
+def resolve(
+    name_or_path: str | None = None, flags: dict[str, Any] | None = None, default: str = DEFAULT_PROFILE
+) -> Resolved:
+    """File < environment < flags, validated into Settings; the profile named, else MLXCEL_PROFILE's,
+    else `default`."""
+    path = profile_path(name_or_path or os.environ.get("MLXCEL_PROFILE") or default)
     from_file = file_layer(path)
     expand_short_keys(from_file)
     check_keys(from_file, str(path))

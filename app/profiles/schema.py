@@ -8,12 +8,14 @@ import msgspec
 
 from app.loading.paths import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 from app.sampling import chain
+from app.sampling.params import SamplingParams
 
 DrafterKindName = Literal["none", "draft-model", "prompt-lookup", "mtp", "dflash"]
 ParallelName = Literal["none", "tensor"]
 # whose prompt-cache entries a request may find: its own tenant's, or every tenant's
 CacheScopeName = Literal["tenant", "global"]
 WarmupName = Literal["auto", "on", "off"]
+GovernorPolicyName = Literal["break-even", "graded", "gated"]  # app/drafters/governor.py
 # the stages a chain may name (app/sampling/chain.py: pure Python, no MLX)
 SamplerName = Literal[chain.DEFAULT]  # type: ignore[valid-type]
 # how a chat answer's thinking block is parsed (app/server/reasoning.py), llama-server's names
@@ -30,6 +32,9 @@ STOCHASTIC_ACCEPT_ENV = "MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT"
 ACCEPT_DIAG_ENV = "MLXCEL_SPECULATIVE_ACCEPT_DIAG"
 ALLOW_INEXACT_ENV = "MLXCEL_MTP_ALLOW_INEXACT"
 ENV_OVERRIDES = (STOCHASTIC_ACCEPT_ENV, ACCEPT_DIAG_ENV, ALLOW_INEXACT_ENV)
+DEFAULT_DRAFT_TOKENS = 4  # the classic kinds' draft width k (drafter.num_draft_tokens; LoopPlan's too)
+# What a request that sets no sampler field gets: llama-server's defaults, written once (app/sampling/params.py)
+UNSET = SamplingParams()
 
 
 class Group(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -48,7 +53,7 @@ class TargetSettings(Group):
 class DrafterSettings(Group):
     kind: DrafterKindName = "none"
     model: str | None = None  # drafter directory (draft-model, mtp, dflash)
-    num_draft_tokens: Annotated[int, msgspec.Meta(ge=1, le=32)] = 4  # draft width k
+    num_draft_tokens: Annotated[int, msgspec.Meta(ge=1, le=32)] = DEFAULT_DRAFT_TOKENS  # draft width k
     # proposals shorter than this are retracted unverified: the default of a request's speculative.n_min
     min_draft_tokens: Annotated[int, msgspec.Meta(ge=0, le=32)] = 0
     block_size: Annotated[int, msgspec.Meta(ge=2, le=33)] | None = None  # DFlash verify width (bonus row included)
@@ -79,39 +84,48 @@ class ExecutionSettings(Group):
 
 class GovernorSettings(Group):
     floor: Annotated[float, msgspec.Meta(gt=1.0, le=64.0)] = 4.0  # break-even tokens per verify
-    policy: Literal["break-even", "graded", "gated"] = "break-even"
+    policy: GovernorPolicyName = "break-even"
     adaptive: bool = True  # false: always propose the full block, never pause
 
 
 class SamplingDefaults(Group):
-    """Defaults for requests that do not set a field (llama-server's own defaults)."""
+    """Defaults for requests that do not set a field (llama-server's own defaults, `UNSET`'s)."""
 
-    temperature: Annotated[float, msgspec.Meta(ge=0.0)] = 0.8
-    top_k: Annotated[int, msgspec.Meta(ge=0)] = 40
-    top_p: Probability = 0.95
-    min_p: Probability = 0.05
-    repeat_penalty: Annotated[float, msgspec.Meta(gt=0.0)] = 1.0
-    repeat_last_n: Annotated[int, msgspec.Meta(ge=-1)] = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    xtc_probability: Probability = 0.0
-    xtc_threshold: Probability = 0.1
-    dry_multiplier: float = 0.0  # 0: DRY off
-    dry_base: float = 1.75
-    dry_allowed_length: Annotated[int, msgspec.Meta(ge=0)] = 2
-    dry_penalty_last_n: Annotated[int, msgspec.Meta(ge=-1)] = -1  # -1: the whole context
-    dry_sequence_breakers: list[str] = msgspec.field(default_factory=lambda: ["\n", ":", '"', "*"])
-    top_n_sigma: float = -1.0  # <= 0: off
-    typical_p: float = 1.0  # >= 1: off
-    dynatemp_range: float = 0.0  # <= 0: off
-    dynatemp_exponent: float = 1.0
-    mirostat: Literal[0, 1, 2] = 0
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
+    temperature: Annotated[float, msgspec.Meta(ge=0.0)] = UNSET.temperature
+    top_k: Annotated[int, msgspec.Meta(ge=0)] = UNSET.top_k
+    top_p: Probability = UNSET.top_p
+    min_p: Probability = UNSET.min_p
+    repeat_penalty: Annotated[float, msgspec.Meta(gt=0.0)] = UNSET.repeat_penalty
+    repeat_last_n: Annotated[int, msgspec.Meta(ge=-1)] = UNSET.repeat_last_n
+    presence_penalty: float = UNSET.presence_penalty
+    frequency_penalty: float = UNSET.frequency_penalty
+    xtc_probability: Probability = UNSET.xtc_probability
+    xtc_threshold: Probability = UNSET.xtc_threshold
+    dry_multiplier: float = UNSET.dry_multiplier  # 0: DRY off
+    dry_base: float = UNSET.dry_base
+    dry_allowed_length: Annotated[int, msgspec.Meta(ge=0)] = UNSET.dry_allowed_length
+    dry_penalty_last_n: Annotated[int, msgspec.Meta(ge=-1)] = UNSET.dry_penalty_last_n  # -1: the whole context
+    dry_sequence_breakers: list[str] = msgspec.field(default_factory=lambda: list(UNSET.dry_sequence_breakers))
+    top_n_sigma: float = UNSET.top_n_sigma  # <= 0: off
+    typical_p: float = UNSET.typical_p  # >= 1: off
+    dynatemp_range: float = UNSET.dynatemp_range  # <= 0: off
+    dynatemp_exponent: float = UNSET.dynatemp_exponent
+    mirostat: Literal[0, 1, 2] = UNSET.mirostat
+    mirostat_tau: float = UNSET.mirostat_tau
+    mirostat_eta: float = UNSET.mirostat_eta
     n_predict: Annotated[int, msgspec.Meta(ge=-1)] = -1
     seed: int = -1  # the seed of requests that send none (-1: each draws a random one), llama-server's --seed
     # the sampler chain of requests that send no `samplers` (app/sampling/chain.py), llama-server's --samplers
-    samplers: list[SamplerName] = msgspec.field(default_factory=lambda: list(chain.DEFAULT))
+    samplers: list[SamplerName] = msgspec.field(default_factory=lambda: list(UNSET.samplers))
+
+    def params(self) -> SamplingParams:
+        """These defaults as the sampler parameters of a request that sets no field (DRY's
+        breakers as their text: their tokens are the tokenizer's, app/sampling/dry.py `dry_breakers`)."""
+        given = msgspec.structs.asdict(self)
+        fields = {name: given[name] for name in SamplingParams.__struct_fields__ if name in given}
+        return SamplingParams(
+            **fields | {"dry_sequence_breakers": tuple(self.dry_sequence_breakers), "samplers": tuple(self.samplers)}
+        )
 
 
 class ServerSettings(Group):

@@ -148,12 +148,10 @@ def renderers(fmt: str, stream: TextIO) -> list[structlog.typing.Processor]:
     return [structlog.processors.format_exc_info, cap_fields, _json]
 
 
-def log_internal_error(logger: Any, event: str, exc: BaseException, **fields: Any) -> str:
-    """Log an unexpected failure with its type and traceback (`exception`) under a new error id,
-    and return the id: the client's error message names it, so one grep finds the traceback."""
-    error_id = secrets.token_hex(6)
-    logger.error(event, error_id=error_id, error_type=type(exc).__name__, exc_info=exc, **fields)
-    return error_id
+def new_error_id() -> str:
+    """The id of an unexpected failure: its log line (with the traceback) and the client's error
+    message both carry it, so one grep finds the traceback."""
+    return secrets.token_hex(6)
 
 
 def internal_error_message(error_id: str, exc: BaseException) -> str:

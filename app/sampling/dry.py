@@ -9,10 +9,15 @@ of the window, so each verify position gets the penalty of its own history, draf
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 DEFAULT_BREAKERS = ("\n", ":", '"', "*")
 MAX_BREAKER_CHARS = 40  # llama-server truncates longer breakers, and their tails to MAX_TAIL_TOKENS
@@ -43,6 +48,21 @@ def sequence_breakers(
                     tail = tuple(encode(breaker[len(overlap) :])[:MAX_TAIL_TOKENS])
                     found.setdefault(token, set()).add(tail)
     return {token: tuple(sorted(tails)) for token, tails in found.items()}
+
+
+@functools.lru_cache(maxsize=4)
+def _token_texts(tokenizer: TokenizerWrapper) -> tuple[str, ...]:
+    """Every token's text, as DRY matches breakers against it (once per tokenizer: it walks the vocabulary)."""
+    hf = tokenizer._tokenizer
+    return tuple(hf.batch_decode([[token] for token in range(len(hf))]))
+
+
+@functools.lru_cache(maxsize=64)
+def dry_breakers(tokenizer: TokenizerWrapper, breakers: tuple[str, ...]) -> Breakers:
+    """DRY's sequence breakers as `tokenizer`'s token sequences, remembered per breaker list."""
+    return sequence_breakers(
+        breakers, _token_texts(tokenizer), lambda text: tokenizer.encode(text, add_special_tokens=False)
+    )
 
 
 def _repeat_limit(recent: np.ndarray, breakers: Breakers) -> int:

@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
+from app.events import grammar as events
 from app.sampling import grammar_child
 from app.sampling.grammar import Grammar, GrammarError
 from app.sampling.grammar_child import HEADER, GrammarLimits, label
@@ -84,7 +83,6 @@ class GrammarCompiler:
         self._waiting = 0
         self._waiting_lock = threading.Lock()
         self._cache: OrderedDict[str, Grammar | str] = OrderedDict()  # hash -> grammar, or the refusal
-        self._log = structlog.get_logger("mlxcel.grammar")
 
     def compile(self, kind: str, text: str, source: str) -> Grammar:
         """The checked grammar for `text` (GBNF, or a JSON schema as JSON text); blocking.
@@ -155,10 +153,10 @@ class GrammarCompiler:
             answer = _receive(child, timeout_s, overrun)
         except ChildGoneError as exc:
             reason = str(exc) or self._death(child)
-            self._log.warning("grammar_worker_lost", kind=kind, reason=reason, bytes=len(text))
+            events.grammar_worker_lost(kind=kind, reason=reason, bytes=len(text))
             self._stop_child()
             return Lost(f"{label(kind)}: {reason}", died=not str(exc))
-        self._log.debug("grammar_compiled", kind=kind, ms=round((time.perf_counter() - started) * 1000, 1))
+        events.grammar_compiled(kind=kind, ms=(time.perf_counter() - started) * 1000)
         if "error" in answer:
             return answer["error"]
         return Grammar(answer["grammar"], kind, self.limits)
@@ -200,7 +198,7 @@ class GrammarCompiler:
             child.kill()
             child.wait()
             raise GrammarUnavailableError(f"grammar: the grammar compiler did not start ({exc})") from exc
-        self._log.info("grammar_worker_started", pid=child.pid)
+        events.grammar_worker_started(pid=child.pid)
         self._child = child
         return child
 

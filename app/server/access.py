@@ -17,11 +17,11 @@ import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-import structlog
 from asgi_correlation_id import CorrelationIdMiddleware, correlation_id
 from litestar import Litestar
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.events import http as events
 from app.server.hosts import HostCheck
 from app.server.metrics import HttpMetrics
 from app.server.preflight import PreflightOk
@@ -70,7 +70,6 @@ class AccessLog:
         self.app = app
         self.serve = serve
         self.metrics: HttpMetrics = app.state.http_metrics
-        self._log = structlog.get_logger("mlxcel.http")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -107,14 +106,13 @@ class AccessLog:
             seconds = time.perf_counter() - started
             route = scope.get("path_template") or None  # None: no route matched the path
             self.metrics.observe(route, status)
-            self._log.info(
-                "http_request",
+            events.http_request(
                 request_id=correlation_id.get(),
                 method=scope["method"],
                 path=scope["path"],
                 route=route,
                 status=status,
-                duration_ms=round(seconds * 1000.0, 3),
+                duration_ms=seconds * 1000.0,
                 prompt_n=usage.prompt_n,
                 predicted_n=usage.predicted_n,
                 profile=self.app.state.settings.profile,

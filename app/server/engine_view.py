@@ -21,14 +21,14 @@ from litestar.handlers import BaseRouteHandler
 from litestar.types import Receive
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from app.decoding.generation import Delta
 from app.decoding.plan import LoopPlan
+from app.decoding.row_events import Delta, Event, Failed, Finished, Progress, Started
 from app.decoding.timings import Timings
 from app.engine.engine import Engine, EngineState, UnavailableError, unavailable_message
 from app.engine.host import ModelInfo
 from app.engine.metrics import Metrics
 from app.engine.reload import Reloader, ReloadRefusedError
-from app.engine.row import Event, Failed, Finished, Job, Progress, Started
+from app.engine.row import Job
 from app.engine.snapshot import RowView
 from app.engine.switch import EngineSwitch
 from app.profiles.schema import Settings

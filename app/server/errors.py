@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import msgspec
-import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, NotFoundException, ValidationException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from msgspec import UNSET, UnsetType
 
-from app.runtime.logging import internal_error_message, log_internal_error
+from app.events import http as events
+from app.runtime.logging import internal_error_message, new_error_id
 
 TYPES = {
     400: "invalid_request_error",
@@ -105,8 +105,10 @@ def on_http_error(_: Request, exc: HTTPException) -> Response:
 
 
 def on_unexpected(request: Request, exc: Exception) -> Response:
-    logger = structlog.get_logger("mlxcel.server")
-    error_id = log_internal_error(logger, "unhandled_error", exc, method=request.method, path=request.url.path)
+    error_id = new_error_id()
+    events.unhandled_error(
+        method=request.method, path=request.url.path, error_id=error_id, error_type=type(exc).__name__, exception=exc
+    )
     return envelope(HTTP_500_INTERNAL_SERVER_ERROR, internal_error_message(error_id, exc))
 
 

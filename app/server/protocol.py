@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httptools
-import structlog
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from app.events import http as events
 from app.profiles.schema import ServerSettings
 from app.server.errors import envelope_body
 
@@ -88,13 +88,12 @@ class Notes:
     def __init__(self) -> None:
         self._last: dict[str, float] = {}
         self._since: dict[str, int] = {}
-        self._log = structlog.get_logger("mlxcel.http")
 
     def note(self, kind: str, **fields: object) -> None:
         now = time.monotonic()
         self._since[kind] = self._since.get(kind, 0) + 1
         if now - self._last.get(kind, -1.0) >= 1.0:
-            self._log.warning("http_limit", kind=kind, count=self._since.pop(kind), **fields)
+            events.http_limit(kind=kind, count=self._since.pop(kind), **fields)
             self._last[kind] = now
 
 
@@ -290,8 +289,7 @@ class JsonWarnings:
 
     def warning(self, msg: str, *args: Any, **_: Any) -> None:
         client = self._protocol.client
-        structlog.get_logger("mlxcel.http").warning(
-            "http_protocol_warning",
+        events.http_protocol_warning(
             message=msg % args if args else msg,
             client=f"{client[0]}:{client[1]}" if client else None,
         )

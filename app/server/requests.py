@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from typing import Any
@@ -15,7 +14,7 @@ from app.loading import chat_template
 from app.loading.chat_template import Limits, TemplateLimitError
 from app.profiles.schema import Settings
 from app.sampling import SamplingParams, chain
-from app.sampling.dry import MAX_BREAKERS, Breakers, sequence_breakers
+from app.sampling.dry import MAX_BREAKERS, dry_breakers
 from app.sampling.grammar import Grammar
 from app.sampling.logprobs import MAX_TOP, ProbsRequest
 from app.sampling.rng import resolve_seed
@@ -97,21 +96,6 @@ def logit_bias(raw: LogitBias | None, tokenizer: TokenizerWrapper) -> dict[int, 
         for token in ids:
             bias[token] = amount
     return bias
-
-
-@functools.lru_cache(maxsize=4)
-def _token_texts(tokenizer: TokenizerWrapper) -> tuple[str, ...]:
-    """Every token's text, as DRY matches breakers against it (once per tokenizer: it walks the vocabulary)."""
-    hf = tokenizer._tokenizer
-    return tuple(hf.batch_decode([[token] for token in range(len(hf))]))
-
-
-@functools.lru_cache(maxsize=64)
-def dry_breakers(tokenizer: TokenizerWrapper, breakers: tuple[str, ...]) -> Breakers:
-    """DRY's sequence breakers as token sequences (app/sampling/dry.py), remembered per breaker list."""
-    return sequence_breakers(
-        breakers, _token_texts(tokenizer), lambda text: tokenizer.encode(text, add_special_tokens=False)
-    )
 
 
 def sampling(request: SamplingFields, settings: Settings, tokenizer: TokenizerWrapper, vocab: int) -> SamplingParams:

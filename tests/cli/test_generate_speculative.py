@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from app.cli.generate import resolve
-from app.loading import EMBEDDED_DRAFTER, ModelLoadError
-from ops.models.tiny import build_block_drafter_checkpoint
-from tests.support.checkpoints import DFLASH
+from app.loading import EMBEDDED_DRAFTER
 
 SUMMARY = re.compile(
     r"^\[Speculative acceptance\] rule=(?P<rule>[a-z-]+) rounds=(?P<rounds>\d+) proposed=(?P<proposed>\d+) "
@@ -101,35 +96,19 @@ def test_prompt_lookup_summary_says_sampler_match_is_already_optimal() -> None:
     assert "one-hot" in s["why"] and "nothing to opt into" in s["why"]
 
 
-def test_real_dflash_checkpoints_are_refused_naming_serve(tmp_path: Path) -> None:
-    dflash = build_block_drafter_checkpoint(tmp_path / "dflash", DFLASH)
-    for extra in ([], ["--draft-kind", "dflash"]):
-        result = generate(*PROMPT, "--draft-model", str(dflash), *extra)
-        assert result.returncode == 2
-        assert "mlxcel serve" in result.stderr
+def test_a_block_drafter_checkpoint_runs_its_round_loop() -> None:
+    """A DFlash checkpoint given with --draft-model gets the kind its config.json describes, and
+    that round loop runs, as `serve` runs it."""
+    result = generate(*PROMPT, "--temp", "0", "--draft-model", str(EMBEDDED_DRAFTER.parent / "dflash"))
+    assert result.returncode == 0, result.stderr
+    assert "Resolved drafter kind: dflash (" in result.stderr and "running the dflash round loop" in result.stderr
+    assert summary_of(result.stdout)["rule"] == "argmax-against-argmax"
+
+
+def test_a_kind_that_cannot_drive_the_drafter_is_refused_naming_the_kind_it_needs() -> None:
     result = generate(*PROMPT, "--draft-model", str(EMBEDDED_DRAFTER), "--draft-kind", "mtp")
-    assert result.returncode == 2 and "mlxcel serve" in result.stderr
-
-
-@pytest.mark.parametrize(
-    ("drafter", "kind", "message"),
-    [
-        (EMBEDDED_DRAFTER, "dflash", "--draft-kind dflash selects the dflash round loop, which runs only under"),
-        (
-            EMBEDDED_DRAFTER.parent / "dflash",
-            None,
-            "dflash is a drafter checkpoint of kind dflash; its dflash round loop runs only under",
-        ),
-    ],
-)
-def test_block_loop_refusal_names_the_loop_asked_for(drafter: Path, kind: str | None, message: str) -> None:
-    args = argparse.Namespace(prompt_lookup=False, draft_kind=kind, draft_model=str(drafter))
-    with pytest.raises(ModelLoadError) as refused:
-        resolve(args)
-    text = str(refused.value)
-    assert text.startswith("mlxcel generate runs only the classic speculative generator and prompt lookup: ")
-    assert message in text and text.endswith('`mlxcel serve` (drafter.kind = "dflash")')
-    assert "draft-model" not in text  # the classic loop is not the one that was asked for
+    assert result.returncode == 2
+    assert '"mtp" cannot drive' in result.stderr and 'set drafter.kind = "draft-model"' in result.stderr
 
 
 def test_mlxcel_log_installs_structlog_on_stderr_only_when_set() -> None:

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from app.decoding.batch import run_together
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation, StopType
 from app.decoding.loop import SpeculativeLoop, TargetLoop
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.drafters.block_rows import DFlashPass, MtpPass, row_stable
 from app.execution import forward as forward_module
+from app.execution.steps import run_together
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams

@@ -10,9 +10,10 @@ from app.decoding import loop as loop_module
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.loop import SpeculativeLoop
 from app.decoding.plan import LoopPlan, plan_from_settings
-from app.decoding.verify import VerifyRow, verify, verifying
+from app.decoding.verify import VerifyRow, verifying
 from app.drafters.base import Proposer
 from app.drafters.kinds import DrafterKind
+from app.execution.steps import run_together
 from app.execution.target_taps import FeatureHook
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
@@ -89,7 +90,7 @@ def test_one_verify_call_takes_many_rows(embedded_target, embedded_drafter) -> N
         loop, state = generation.loop, generation.state
         rows.append(VerifyRow(state, loop.target, loop.proposer, loop.proposer.propose(state, 3), loop.speculation))
     before = [len(row.state.tokens) for row in rows]
-    verified = verify(rows)
+    verified = run_together([verifying(row) for row in rows])  # as the engine's tick verifies its rows
     assert len(verified) == len(rows)
     for row, result, length in zip(rows, verified, before, strict=True):
         assert row.state.tokens[length:] == result.verdict.tokens

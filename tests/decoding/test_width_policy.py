@@ -11,7 +11,6 @@ import pytest
 
 from app.acceptance import Rule, Verdict
 from app.decoding.adaptive import ControlledWidth, FixedWidth, WidthController
-from app.decoding.batch import run_together
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.width import (
@@ -28,6 +27,7 @@ from app.drafters.governor import make_governor
 from app.drafters.passes import NO_PASSES, DrafterPasses, PassShape
 from app.execution.cost import DRAFTING, HOST, TARGET_ROWS, ForwardCost, PlaneCost, cost_of, forget, plane_of
 from app.execution.model import LoadedModel
+from app.execution.steps import run_together
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams

@@ -11,8 +11,9 @@ from collections.abc import Iterator
 import pytest
 
 from app.decoding.builder import RowRequest
+from app.decoding.row_events import Event, Failed, Finished
 from app.engine.engine import Engine, EngineState, UnavailableError
-from app.engine.row import Event, Failed, Finished, Job
+from app.engine.row import Job
 from app.profiles import resolve
 from app.sampling import SamplingParams
 from app.sampling.rng import KEY_RANGE

@@ -13,8 +13,9 @@ import mlx.nn as nn
 import pytest
 
 from app.decoding.builder import RowRequest
+from app.decoding.row_events import Finished
 from app.engine.engine import Engine
-from app.engine.row import Finished, Job
+from app.engine.row import Job
 from app.execution.cost import TARGET_ROWS, PlaneCost, plane_of
 from app.profiles import resolve
 from app.sampling import SamplingParams

@@ -10,8 +10,8 @@ from tests.support import ROOT
 
 
 def test_the_import_contracts_hold() -> None:
-    """Layers (cli > server > engine > events > decoding > profiles > drafters > acceptance >
-    sampling > execution > loading > runtime) and no cycle between sibling packages or modules."""
+    """Layers (cli > server > engine > decoding > profiles > drafters > acceptance > sampling >
+    execution > loading > runtime > events) and no cycle between sibling packages or modules."""
     lint_imports = Path(sys.executable).with_name("lint-imports")
     done = subprocess.run([str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from app.decoding.batch import run_together
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
+from app.execution.steps import run_together
 
 STREAM_ROWS = 24  # rows of a distribution guard's stream: about half the CPU of running them one by one
 

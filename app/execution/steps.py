@@ -1,8 +1,9 @@
-"""Many rows' steps advanced together: the forwards they ask for, served model by model in one pass.
+"""The step protocol: a row's step is a generator of the forwards (and drafter passes) it needs,
+and the two ways they are served, a lone row's (`run_alone`) and many rows' together
+(`run_together`), model by model in one pass.
 
-Each row's step is a generator of `Forward` requests and drafter passes (app/drafters/base.py,
-app/drafters/passes.py). Every round, the rows waiting are grouped by model and each group goes
-through one `forward` (or one call of its passes' `serve`); drafting (a draft model's step j of
+Every round, the rows waiting are grouped by model and each group goes through one `forward`
+(app/execution/forward.py) or one call of its passes' `serve`; drafting (a draft model's step j of
 every row, a block drafter's pass of every row) is served before any target forward, so all rows'
 target forwards of a tick end up in one pass. Each row judges, samples and draws keys in its own
 generator in the order it would alone, so its output never depends on its batch-mates.
@@ -18,17 +19,75 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Sequence
-from typing import TypeVar
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import mlx.core as mx
 
-from app.drafters.base import Forward, Steps
-from app.drafters.passes import DraftPass
 from app.execution.cost import TickClock
-from app.execution.forward import forward, measured_forward
+from app.execution.forward import RowForward, forward, measured_forward
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Forward(RowForward):
+    """A forward one row's step asks for: `tokens` appended to `runner`'s cache, logits sent back.
+
+    `drafting` forwards (a draft model's steps) are served before the target's, so every row's
+    target forward of a tick goes in one pass. An `ahead` forward is the next step's, queued
+    before this step's token is read (its input is that token, still lazy): it is sent to the
+    device at once and its logits are not waited for. `sampled`: the row's sampler draws here (its
+    positions cost the sampler's work too, which the width policy prices apart).
+    """
+
+    drafting: bool = False
+    ahead: bool = False
+    sampled: bool = False
+
+
+class DraftPass(Protocol):
+    """One row's share of a drafter call the tick's rows run as one (block drafters,
+    app/drafters/block_rows.py); the passes of one `module` are served with one `serve` and each
+    row is sent its own result."""
+
+    drafting: bool  # always True: served before any target forward, as a draft model's steps
+    module: nn.Module  # which drafter: its rows' passes share a call, and its costs are recorded
+    sampled: bool  # the row's draft is drawn through its sampler (priced apart)
+
+    @property
+    def positions(self) -> int:
+        """The row's tokens in this pass (what the pass's cost grows with)."""
+        ...
+
+    @staticmethod
+    def serve(passes: Sequence[DraftPass]) -> list[object]:
+        """Every pass's result, in order (lazy)."""
+        ...
+
+
+# A step asks for forwards (logits come back) and block drafters' passes (their results come back).
+Steps = Generator[Forward | DraftPass, Any, T]
+
+
+def run_alone(steps: Steps[T]) -> T:
+    """Serve each forward or pass a step asks for on its own; the step's result."""
+    try:
+        request = next(steps)
+        while True:
+            if isinstance(request, Forward):
+                (result,) = forward([request])
+                if request.ahead:
+                    mx.async_eval(result)
+            else:
+                (result,) = request.serve([request])
+            request = steps.send(result)
+    except StopIteration as done:
+        return done.value
 
 
 def run_together(steps: Sequence[Steps[T]]) -> list[T | Exception]:
