@@ -284,11 +284,12 @@ def row_request(
         prompt=tokens,
         sampling=params,
         max_tokens=max_tokens(request, settings),
-        # resolved here so generation_settings reports the seed used; the profile's (--seed) when the request has none
+        # the row's seed, resolved here only (the builder keys the row with it, generation_settings reports it);
+        # the profile's (--seed) when the request has none
         seed=resolve_seed(settings.sampling.seed if request.seed is None else request.seed, choice),
         stop=stop_strings(request.stop, settings),
         ignore_eos=request.ignore_eos,
-        n_max=n_max,
+        n_max=n_max,  # the request's cap: the builder resolves the row's from the plan's (Finished.n_max)
         n_min=max(
             0, settings.drafter.min_draft_tokens if request.speculative_n_min is None else request.speculative_n_min
         ),

@@ -13,7 +13,6 @@ from msgspec import UNSET, UnsetType
 
 from app import __version__
 from app.decoding.plan import LoopPlan, SamplerClass
-from app.decoding.width import row_n_max
 from app.drafters.kinds import DrafterKind
 from app.loading import chat_template
 from app.profiles.schema import AdaptiveSettings, GovernorSettings, Settings
@@ -151,7 +150,7 @@ def props(engine: EngineView) -> Props:
     settings = engine.settings
     ready = engine.unavailable is None
     speculative = {
-        "speculative_n_max": row_n_max(engine.plan.n_max, None),  # a request that sets no n_max
+        "speculative_n_max": engine.plan.n_max,  # a request that sets no n_max runs at the plan's cap
         "speculative_n_min": settings.drafter.min_draft_tokens,
         "speculative_p_min": settings.drafter.p_min,
     }

@@ -108,7 +108,7 @@ def generation_settings(request: RowRequest, model: str, n_max: int) -> Generati
         logit_bias=logit_bias_entries(params),
         model=model,
         n_predict=request.max_tokens,
-        seed=request.seed if request.seed is not None else -1,
+        seed=request.seed,
         stop=list(request.stop),
         ignore_eos=request.ignore_eos,
         speculative_n_max=n_max,
