@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -11,6 +12,7 @@ from app.decoding.builder import RowRequest
 from app.sampling import SamplingParams
 
 SAMPLER_KNOBS = tuple(f for f in SamplingParams.__struct_fields__ if f not in ("logit_bias", "dry_breakers"))
+Report = TypeVar("Report", bound=msgspec.Struct)
 
 
 class SamplerSettings(msgspec.Struct, kw_only=True):
@@ -49,6 +51,36 @@ class LogitBiasEntry(msgspec.Struct, kw_only=True):
     token: int
 
 
+class SpeculativeLimits(msgspec.Struct, kw_only=True):
+    """The speculative limits a row runs with, as llama-server names them: declared here once, for
+    every report below that carries them (`with_limits`)."""
+
+    speculative_n_max: int = msgspec.field(name="speculative.n_max")
+    speculative_n_min: int = msgspec.field(name="speculative.n_min")
+    speculative_p_min: float = msgspec.field(name="speculative.p_min")
+
+
+def with_limits(before: str | None = None) -> Callable[[type[Report]], type[Report]]:
+    """The report, its SpeculativeLimits' fields after its own (or before its field `before`):
+    msgspec writes fields in the order they are declared, llama-server's reports have the limits
+    there, and a Struct cannot inherit the fields of two Structs. A report's own fields have no
+    defaults."""
+
+    def rebuilt(report: type[Report]) -> type[Report]:
+        (base,) = report.__bases__
+        own = [field for field in msgspec.structs.fields(report) if field.name not in base.__struct_fields__]
+        at = len(own) if before is None else [field.name for field in own].index(before)
+        fields = own[:at] + list(msgspec.structs.fields(SpeculativeLimits)) + own[at:]
+        assert all(field.required for field in fields), report
+        declared = [(field.name, field.type, msgspec.field(name=field.encode_name)) for field in fields]
+        made = msgspec.defstruct(report.__name__, declared, bases=(base,), kw_only=True, module=report.__module__)
+        made.__doc__ = report.__doc__
+        return made
+
+    return rebuilt
+
+
+@with_limits()
 class GenerationSettings(SamplerSettings, kw_only=True):
     """What one request ran with: the seed actually used and the speculative limits."""
 
@@ -58,17 +90,12 @@ class GenerationSettings(SamplerSettings, kw_only=True):
     seed: int
     stop: list[str]
     ignore_eos: bool
-    speculative_n_max: int = msgspec.field(name="speculative.n_max")
-    speculative_n_min: int = msgspec.field(name="speculative.n_min")
-    speculative_p_min: float = msgspec.field(name="speculative.p_min")
 
 
+@with_limits()
 class SlotParams(SamplerSettings, kw_only=True):
     logit_bias: list[LogitBiasEntry]
     n_predict: int
-    speculative_n_max: int = msgspec.field(name="speculative.n_max")
-    speculative_n_min: int = msgspec.field(name="speculative.n_min")
-    speculative_p_min: float = msgspec.field(name="speculative.p_min")
 
 
 class DefaultParams(SlotParams, kw_only=True):
@@ -77,15 +104,13 @@ class DefaultParams(SlotParams, kw_only=True):
     seed: int  # -1: each request draws its own
 
 
+@with_limits(before="params")
 class DefaultGenerationSettings(SamplerSettings, kw_only=True):
     """The defaults at the top level (as this server has always listed them) and in `params`
     (as llama-server lists them)."""
 
     n_predict: int
     n_ctx: int | None  # null until the model is loaded
-    speculative_n_max: int = msgspec.field(name="speculative.n_max")
-    speculative_n_min: int = msgspec.field(name="speculative.n_min")
-    speculative_p_min: float = msgspec.field(name="speculative.p_min")
     params: DefaultParams
 
 
