@@ -1,7 +1,9 @@
-"""Wire types: llama-server's native request, the OpenAI completion and chat requests.
+"""Wire types every completion route's request stands on: a body's finite numbers, the sampling
+fields every completion route accepts (llama-server's names), prompts, OpenAI's response_format.
+Each API's own request extends SamplingFields in its package (native/, openai/, chat/).
 
 Unknown fields are ignored, as llama-server ignores them; fields either API defines that this
-server does not honour are declared from app/server/field_policy.py's tables and refused there.
+server does not honour are declared from app/server/core/field_policy.py's tables and refused there.
 A field left out takes the profile's sampling default. `n_predict`, `max_tokens` and
 `max_completion_tokens` are one setting.
 Every number must be finite: Litestar converts bodies leniently (strict=False), which turns the
@@ -30,7 +32,7 @@ class PromptObject(msgspec.Struct, kw_only=True):
     multimodal_data: Any = UNSET  # any value, to answer it with a clear 400 (no multimodal models here)
 
 
-# One prompt: a string, token ids, or a mix; or a list of prompts (app/server/prompts.py decides which)
+# One prompt: a string, token ids, or a mix; or a list of prompts (app/server/core/prompts.py decides which)
 PromptInput = str | list[int | str | list[int | str] | PromptObject] | PromptObject
 
 
