@@ -11,9 +11,9 @@ from msgspec import UNSET, UnsetType
 from app.server.chat.reasoning import Reasoning, split
 from app.server.chat.tools import ToolCall, ToolPlan, tool_calls
 from app.server.core.logprobs import ChatLogprobs, Logprobs
-from app.server.core.shaping import PromptProgress, prompt_progress, speculative_biased
+from app.server.core.shaping import prompt_progress, speculative_biased
 from app.server.engine_view import Finished, Progress, Timings
-from app.server.openai.shapes import OpenAIHead, OpenAIObject, Usage, body_timings, finish_reason, usage
+from app.server.openai.shapes import OpenAIChunk, OpenAIHead, OpenAIObject, Usage, body_timings, finish_reason, usage
 
 
 class AssistantMessage(msgspec.Struct, kw_only=True):
@@ -69,13 +69,9 @@ class ChatChunkChoice(msgspec.Struct, kw_only=True):
     finish_reason: str | None
 
 
-class ChatCompletionChunk(OpenAIObject, kw_only=True):
+class ChatCompletionChunk(OpenAIChunk, kw_only=True):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatChunkChoice]
-    usage: Usage | UnsetType = UNSET
-    timings: Timings | UnsetType = UNSET
-    speculative_biased: bool | UnsetType = UNSET  # a drafter ran: did the stream follow the argmax at T > 0?
-    prompt_progress: PromptProgress | UnsetType = UNSET  # a prefill progress chunk
 
 
 def chat_chunk(

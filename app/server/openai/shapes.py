@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -88,6 +88,18 @@ class OpenAIObject(msgspec.Struct, kw_only=True):
     system_fingerprint: str = SYSTEM_FINGERPRINT
 
 
+class OpenAIChunk(OpenAIObject, kw_only=True):
+    """A text completion (its body and its stream's chunks) or a chat stream's chunk: what rides
+    beside the choices is each sometimes absent (usage on the finish chunk, prompt_progress on a
+    prefill progress chunk); subclasses name their choices' type, keeping the field's place."""
+
+    choices: list[Any]
+    usage: Usage | UnsetType = UNSET
+    timings: Timings | UnsetType = UNSET
+    speculative_biased: bool | UnsetType = UNSET  # a drafter ran: did the stream follow the argmax at T > 0?
+    prompt_progress: PromptProgress | UnsetType = UNSET  # a stream's prefill progress chunk
+
+
 @dataclass(frozen=True)
 class OpenAIHead:
     """What every OpenAI body and chunk of one request repeats."""
@@ -136,15 +148,11 @@ class TextChoice(msgspec.Struct, kw_only=True):
     finish_reason: str | None
 
 
-class TextCompletion(OpenAIObject, kw_only=True):
+class TextCompletion(OpenAIChunk, kw_only=True):
     """OpenAI's text completion; as a stream chunk, usage only on the finish chunk."""
 
     object: Literal["text_completion"] = "text_completion"
     choices: list[TextChoice]
-    usage: Usage | UnsetType = UNSET
-    timings: Timings | UnsetType = UNSET
-    speculative_biased: bool | UnsetType = UNSET  # a drafter ran: did the stream follow the argmax at T > 0?
-    prompt_progress: PromptProgress | UnsetType = UNSET  # a stream's prefill progress chunk
 
 
 def text_completion(
