@@ -1,5 +1,11 @@
 """What every API's answers share: the model's name and paths as they are shown, the acceptance
-rule header, whether a drafted stream followed the argmax, and llama-server's prefill progress."""
+rule header, whether a drafted stream followed the argmax, and llama-server's prefill progress.
+
+Every answer is a msgspec Struct (each API's `shapes.py`): Litestar encodes them and derives the
+OpenAPI schema from them. Key order follows the declaration. A field that is sometimes absent
+defaults to UNSET (left out of the JSON); one that is sometimes null is typed `| None` and always
+written.
+"""
 
 from __future__ import annotations
 

@@ -44,6 +44,8 @@ from app.server.native.shapes import (
 )
 from app.server.openapi import error, streamed_or
 
+# --- the native completion: /completion and /completions --------------------------------------
+
 
 class NativeCompletionController(Controller):
     tags = ("completion",)
@@ -95,6 +97,9 @@ class NativeCompletionController(Controller):
         return await json_response(body, results, texts, engine.settings.server.max_response_bytes, headers)
 
 
+# --- what the server is and does: /health, /props, /slots and /metrics ------------------------
+
+
 class IntrospectionController(Controller):
     tags = ("introspection",)
 
@@ -124,6 +129,9 @@ class IntrospectionController(Controller):
         """Prometheus text: llama-server's metric names, the speculative counters, latency
         histograms, requests by route and status, process metrics (docs/operations.md)."""
         return exposition(engine.metrics, request.app.state.http_metrics)
+
+
+# --- text and tokens: /tokenize, /detokenize and /apply-template (the chat template's prompt) ---
 
 
 PIECE_BYTES = 20  # the least one {"id":N,"piece":"..."} entry takes: a body of more pieces is refused unbuilt
@@ -185,6 +193,11 @@ def tokens_body(tokenizer: TokenizerWrapper, data: TokenizeRequest, limit: int) 
     return encoded(lambda: TokenPieces(tokens=[TokenPiece(id=t, piece=tokenizer.decode([t])) for t in ids]), limit)
 
 
+# --- POST /admin/reload: hot profile reload over HTTP ---------------------------------------
+# mlxcel's own route; off unless the profile turns it on with `server.admin_reload`, which needs
+# `server.api_key`: the key guards it
+
+
 class AdminController(Controller):
     tags = ("admin",)
 
@@ -215,9 +228,10 @@ class AdminController(Controller):
         return props.reloaded(EngineView(engine))
 
 
+# --- llama-server routes answered with a clear 501 (compat/ records why) ----------------------
+
+
 NO_RERANKER = "reranking needs a reranker checkpoint; not served"
-
-
 REASONS = {
     "/infill": "fill-in-the-middle needs a model trained with FIM tokens; use /completion",
     "/rerank": NO_RERANKER,
@@ -228,11 +242,7 @@ REASONS = {
     "/models/load": "one server serves one profile; start another profile instead (docs/deployment.md)",
     "/models/unload": "one server serves one profile; stop its process instead (docs/deployment.md)",
 }
-
-
 SLOT_ACTIONS = "slot save/restore/erase is not supported: rows hold no reusable prompt cache"
-
-
 LORA = "adapters are fused offline (mlx_lm.fuse) and selected by profile; they cannot be switched at run time"
 
 
