@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.decoding.adaptive import FixedWidth
 from app.decoding.block_builder import BlockLoops, Choice
@@ -26,7 +26,7 @@ from app.profiles.tenants import ANONYMOUS
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
 from app.sampling.grammar import Grammar, GrammarVocabulary
 from app.sampling.logprobs import ProbsRequest
-from app.sampling.rng import resolve_seed
+from app.sampling.rng import random_seed
 from app.sampling.state import RowState
 
 DEFAULT_CONTEXT = 4096
@@ -34,15 +34,17 @@ DEFAULT_CONTEXT = 4096
 
 @dataclass(frozen=True)
 class RowRequest:
-    """Per-request knobs the loop depends on."""
+    """Per-request knobs the loop depends on, each as the request resolved it but the width cap,
+    which the builder resolves from the plan (`n_max`: the request's cap, if any, on the plan's)."""
 
     prompt: list[int]
     sampling: SamplingParams
     max_tokens: int
-    seed: int | None = None  # None or -1: random; others are taken modulo 2**64 (resolve_seed)
+    # the row's key seed, resolved where the request is made (app/sampling/rng.py resolve_seed); left out: a random one
+    seed: int = field(default_factory=random_seed)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    n_max: int | None = None  # speculative.n_max: caps the width; 0 opts the request out
+    n_max: int | None = None  # speculative.n_max: caps the plan's width (build resolves the row's cap); 0 opts out
     n_min: int = 0  # speculative.n_min: fewer proposals than this are retracted unverified
     p_min: float = 0.0  # speculative.p_min: the draft model stops below this probability
     probs: ProbsRequest | None = None  # log-probabilities to report per token (None: none, no cost)
@@ -125,7 +127,7 @@ class LoopBuilder:
         state = RowState(
             tokens=list(request.prompt),
             sampler=SamplerPipeline(request.sampling, self.target.vocab_size),
-            rng=RowRng(resolve_seed(request.seed)),
+            rng=RowRng(request.seed),
             constraint=None if request.grammar is None else self.grammar_vocabulary.constraint(request.grammar),
             probs=request.probs,
         )

@@ -18,7 +18,7 @@ WarmupName = Literal["auto", "on", "off"]
 GovernorPolicyName = Literal["break-even", "graded", "gated"]  # app/drafters/governor.py
 # the stages a chain may name (app/sampling/chain.py: pure Python, no MLX)
 SamplerName = Literal[chain.DEFAULT]  # type: ignore[valid-type]
-# how a chat answer's thinking block is parsed (app/server/reasoning.py), llama-server's names
+# how a chat answer's thinking block is parsed (app/server/chat/reasoning.py), llama-server's names
 ReasoningFormatName = Literal["auto", "deepseek", "deepseek-legacy", "none"]
 PoolingName = Literal["mean", "last", "cls", "none"]  # app/execution/embedding.py POOLINGS
 # The block loops' (MTP, DFlash family) rule: the contract's biased argmax-against-argmax, or the

@@ -15,7 +15,7 @@ from typing import Any
 # llama-server's default chain, which is also this server's default
 DEFAULT = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 # Stages llama-server knows that change nothing here: `adaptive_p` replaces the final draw only
-# when `adaptive_target` is set, which app/server/field_policy.py refuses (a negative target
+# when `adaptive_target` is set, which app/server/core/field_policy.py refuses (a negative target
 # disables it in llama-server too).
 NEUTRAL = frozenset({"adaptive_p"})
 # Stages llama-server knows that this server cannot run, and why: naming one answers 400, since

@@ -12,13 +12,18 @@ RANDOM = -1  # llama-server's "pick a seed for me"
 
 def resolve_seed(seed: int | None, choice: int = 0) -> int:
     """The key seed a requested seed means, the one place it is decided: absent or -1 draws a
-    random one (32 bits, so that every JSON client reads it back exactly); any other integer is
-    taken modulo 2**64, the way a C client would wrap it, so every integer llama-server accepts
-    is served. Choice `choice` of a request (OpenAI's `n`) adds its number to a given seed, so
-    each choice of a seeded request replays alone with that seed; unseeded choices draw their own."""
+    random one (`random_seed`); any other integer is taken modulo 2**64, the way a C client would
+    wrap it, so every integer llama-server accepts is served. Choice `choice` of a request
+    (OpenAI's `n`) adds its number to a given seed, so each choice of a seeded request replays
+    alone with that seed; unseeded choices draw their own."""
     if seed is None or seed == RANDOM:
-        return random.getrandbits(32)
+        return random_seed()
     return (seed + choice) % KEY_RANGE
+
+
+def random_seed() -> int:
+    """A fresh key seed: 32 bits, so that every JSON client reads it back exactly."""
+    return random.getrandbits(32)
 
 
 class RowRng:

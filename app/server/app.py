@@ -12,29 +12,31 @@ from litestar.handlers import HTTPRouteHandler
 
 from app.server import offload
 from app.server.access import REQUEST_ID_HEADER
+from app.server.anthropic.routes import MessagesController
 from app.server.auth import require_api_key
 from app.server.body import StrictJsonRequest
+from app.server.core.grammars import Grammars
+from app.server.core.shaping import RULE_HEADER
+from app.server.embeddings.routes import EmbeddingsController
 from app.server.engine_view import Engine, EngineSwitch, Reloader, engine_lifespan, provide_engine
 from app.server.errors import HANDLERS
-from app.server.grammars import Grammars
 from app.server.metrics import HttpMetrics
+from app.server.native.routes import (
+    AdminController,
+    IntrospectionController,
+    NativeCompletionController,
+    TokensController,
+    UnsupportedController,
+)
+from app.server.openai.routes import ChatController, ModelsController, OpenAICompletionController
 from app.server.openapi import error_responses, openapi_config
-from app.server.responses_api import ResponseStore
-from app.server.routes.admin import AdminController
-from app.server.routes.chat import ChatController
-from app.server.routes.completions import OpenAICompletionController
-from app.server.routes.embeddings import EmbeddingsController
-from app.server.routes.introspection import IntrospectionController
-from app.server.routes.messages import MessagesController
-from app.server.routes.native import NativeCompletionController
-from app.server.routes.responses_api import ResponsesController
-from app.server.routes.tokens import TokensController
-from app.server.routes.unsupported import UnsupportedController
-from app.server.routes.web import WebController
-from app.server.shaping import RULE_HEADER
+from app.server.responses.routes import ResponsesController
+from app.server.responses.store import ResponseStore
+from app.server.web.page import WebController
 
 CONTROLLERS: list[type[Controller]] = [
     IntrospectionController,
+    ModelsController,
     TokensController,
     NativeCompletionController,
     OpenAICompletionController,

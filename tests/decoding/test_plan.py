@@ -16,7 +16,7 @@ from app.engine.engine import Engine
 from app.profiles import resolve, shipped_profiles
 from app.profiles.schema import STOCHASTIC_ACCEPT_ENV, DrafterKindName
 from app.sampling import SamplingParams
-from app.server.shaping import drafter_info
+from app.server.native.props import drafter_info
 from tests.support import ROOT
 
 APP = ROOT / "app"

@@ -12,7 +12,7 @@ import anthropic
 import httpx
 import pytest
 
-from app.server.shaping import RULE_HEADER
+from app.server.core.shaping import RULE_HEADER
 from tests.server.test_responses_api import TWO_CALLS
 from tests.support.server import API_KEY
 

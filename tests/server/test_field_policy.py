@@ -8,9 +8,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from app.server import field_policy
-from app.server.requests import template_kwargs
-from app.server.schemas import ChatRequest
+from app.server.chat.request import ChatRequest
+from app.server.chat.template import template_kwargs
+from app.server.core import field_policy
 from tests.support import ROOT
 
 NATIVE = ("/completion", {"prompt": "def f():"})

@@ -21,9 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.engine.metrics import Metrics
 from app.runtime.logging import configure_logging
-from app.server import field_policy
+from app.server.core import field_policy
+from app.server.core.schemas import SamplingFields
 from app.server.metrics import HttpMetrics, exposition
-from app.server.schemas import SamplingFields
 from tests.support import ROOT
 from tests.support.server import RunningServer, clean_env, sse_frames, wait_healthy
 

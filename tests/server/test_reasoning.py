@@ -10,7 +10,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from app.server.reasoning import Reasoning, ThinkingStream, split
+from app.server.chat.reasoning import Reasoning, ThinkingStream, split
 from tests.support.cli import write
 from tests.support.server import serve
 

@@ -25,10 +25,11 @@ import structlog
 from app.profiles.schema import Settings
 from app.runtime.bounds import RequestBoundError
 from app.runtime.logging import EXCEPTION_CAP, FIELD_CAP, configure_logging
-from app.server.bodies import encoded
+from app.server.chat.request import ChatRequest
+from app.server.core.bodies import encoded
+from app.server.core.requests import probs_request
 from app.server.errors import ApiError
-from app.server.requests import probs_request
-from app.server.schemas import ChatRequest, CompletionRequest
+from app.server.native.requests import CompletionRequest
 from tests.support.server import RunningServer, serve, sse_frames
 
 AMPLIFICATION = {"prompt": ["def f(x):"] * 8, "n_probs": 1000, "n_predict": 300}

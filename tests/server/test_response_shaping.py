@@ -9,9 +9,9 @@ import pytest
 
 from app.decoding.builder import RowRequest
 from app.sampling import SamplingParams
+from app.server.core.service import Submission, merge
 from app.server.engine_view import Delta, Event, Failed, Finished, Job, Metrics, Timings
 from app.server.metrics import HttpMetrics, exposition
-from app.server.service import Submission, merge
 from tests.support.server import sse_frames
 
 REQUEST = {"prompt": "def add(a, b):\n", "n_predict": 6, "temperature": 0, "seed": 3}

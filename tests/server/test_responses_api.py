@@ -12,8 +12,8 @@ import anthropic
 import openai
 import pytest
 
-from app.server.responses_api import ResponseStore
-from app.server.shaping import RULE_HEADER
+from app.server.core.shaping import RULE_HEADER
+from app.server.responses.store import ResponseStore
 
 SCHEMA = {
     "type": "object",

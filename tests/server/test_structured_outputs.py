@@ -9,8 +9,8 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from app.server.schemas import ChatRequest
-from app.server.tools import tool_calls, tool_plan
+from app.server.chat.request import ChatRequest
+from app.server.chat.tools import tool_calls, tool_plan
 
 PROMPT = "Describe a person as JSON: "
 SCHEMA = {

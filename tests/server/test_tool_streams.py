@@ -9,8 +9,8 @@ import json
 import msgspec
 import openai
 
-from app.server.schemas import ChatRequest
-from app.server.tools import CallStream, tool_calls, tool_plan
+from app.server.chat.request import ChatRequest
+from app.server.chat.tools import CallStream, tool_calls, tool_plan
 from tests.server.test_structured_outputs import TOOLS
 
 QUESTION = "What is the weather in Paris and the time in UTC?"

@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from app.sampling.params import FLOAT_DOMAINS
-from app.server.schemas import CompletionRequest, _float_fields
+from app.server.core.schemas import _float_fields
+from app.server.native.requests import CompletionRequest
 from ops.bench.hostile import envelope_problem
 
 CASES = 120  # per API

@@ -1,0 +1,266 @@
+"""llama-server's native routes: /completion, /health, /props, /slots, /metrics, /tokenize,
+/detokenize and /apply-template; mlxcel's POST /admin/reload; and the llama-server routes answered
+with a clear 501 (compat/ records why)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from litestar import Controller, Request, Response, get, post, route
+from litestar.datastructures import State
+from litestar.di import NamedDependency
+from litestar.enums import MediaType
+from litestar.params import JSONBody
+from litestar.response import Stream
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from app.server import offload
+from app.server.auth import tenant_of
+from app.server.chat import template
+from app.server.core import prompts as prompt_shapes
+from app.server.core import requests
+from app.server.core.bodies import encoded, json_response, too_large
+from app.server.core.logprobs import logprobs_for
+from app.server.core.service import start_rows
+from app.server.core.shaping import rule_header
+from app.server.core.streaming import sse
+from app.server.engine_view import EngineView, ReloadRefusedError, require_ready
+from app.server.errors import ApiError
+from app.server.metrics import CONTENT_TYPE, exposition
+from app.server.native import props
+from app.server.native.props import Health, Props, Reloaded, Slot
+from app.server.native.requests import ApplyTemplateRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from app.server.native.settings import generation_settings
+from app.server.native.shapes import (
+    Detokenized,
+    NativeCompletion,
+    TemplatePrompt,
+    TokenIds,
+    TokenPiece,
+    TokenPieces,
+    native_body,
+    native_frames,
+)
+from app.server.openapi import error, streamed_or
+
+# --- the native completion: /completion and /completions --------------------------------------
+
+
+class NativeCompletionController(Controller):
+    tags = ("completion",)
+    guards = (require_ready,)
+
+    @post(
+        ["/completion", "/completions"],
+        status_code=200,
+        name="completion",
+        responses=streamed_or(
+            NativeCompletion, "NativeChunk ones, then this object; a list of prompts answers a list of these"
+        ),
+    )
+    async def completion(
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[CompletionRequest]
+    ) -> Response | Stream:
+        """llama-server's native completion (stream: SSE frames ending with the full object).
+
+        A list of prompts (app/server/prompts.py) answers a list of objects, one per prompt in
+        order, each with its `index`; its stream interleaves the prompts' frames.
+        """
+        prompts = await offload.run(request, prompt_shapes.prompts, data.prompt, engine.tokenizer, engine.vocab_size)
+        rows = await start_rows(request, engine, data, [p.tokens for p in prompts], 1, "/completion")
+        texts = [p.text for p in prompts]
+        logprobs = logprobs_for(engine.tokenizer, rows.row_requests)
+        shape = {"return_tokens": data.return_tokens, "response_fields": data.response_fields}
+        if data.stream:
+            return await sse(rows, native_frames(rows, texts, logprobs=logprobs, **shape))
+        results = await rows.results()
+
+        def body() -> Any:
+            shaped = [
+                native_body(
+                    result,
+                    generation_settings(row, rows.model, result.n_max),
+                    text,
+                    streamed=False,
+                    index=index,
+                    logprobs=shaper,
+                    **shape,
+                )
+                for index, (result, row, text, shaper) in enumerate(
+                    zip(results, rows.row_requests, texts, logprobs, strict=True)
+                )
+            ]
+            return shaped[0] if len(shaped) == 1 else shaped
+
+        headers = rule_header([result.rule for result in results])
+        return await json_response(body, results, texts, engine.settings.server.max_response_bytes, headers)
+
+
+# --- what the server is and does: /health, /props, /slots and /metrics ------------------------
+
+
+class IntrospectionController(Controller):
+    tags = ("introspection",)
+
+    @get(["/health", "/v1/health"], name="health", guards=[require_ready], opt={"public": True})
+    async def health(self) -> Health:
+        """200 {"status": "ok"} while serving; 503 in the error envelope while loading, draining or failed."""
+        return Health()
+
+    @get("/props", name="props")
+    async def props(self, engine: NamedDependency[EngineView]) -> Props:
+        """The profile, its drafter, the plan's rules and the sampling defaults (also while loading)."""
+        return props.props(engine)
+
+    @post("/props", status_code=501, name="props-update")
+    async def update_props(self) -> None:
+        """Refused (here, not with the other refusals: two controllers cannot share a path)."""
+        raise ApiError(501, "/props: settings change per profile at startup, not at run time", "not_supported_error")
+
+    @get("/slots", name="slots", guards=[require_ready])
+    async def slots(self, request: Request, engine: NamedDependency[EngineView]) -> list[Slot]:
+        """One entry per row; a busy row of the caller's tenant shows its request's settings and
+        drafting so far, another tenant's only that it is busy."""
+        return props.slots(engine, tenant_of(request))
+
+    @get("/metrics", name="metrics", guards=[require_ready], media_type=CONTENT_TYPE)
+    async def metrics(self, request: Request, engine: NamedDependency[EngineView]) -> bytes:
+        """Prometheus text: llama-server's metric names, the speculative counters, latency
+        histograms, requests by route and status, process metrics (docs/operations.md)."""
+        return exposition(engine.metrics, request.app.state.http_metrics)
+
+
+# --- text and tokens: /tokenize, /detokenize and /apply-template (the chat template's prompt) ---
+
+
+PIECE_BYTES = 20  # the least one {"id":N,"piece":"..."} entry takes: a body of more pieces is refused unbuilt
+
+
+class TokensController(Controller):
+    tags = ("tokens",)
+    guards = (require_ready,)
+
+    @post("/tokenize", status_code=200, name="tokenize")
+    async def tokenize(
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[TokenizeRequest]
+    ) -> Response[TokenIds | TokenPieces]:
+        limit = engine.settings.server.max_response_bytes
+        content = await offload.run(request, tokens_body, engine.tokenizer, data, limit)
+        return Response(content, media_type=MediaType.JSON)
+
+    @post("/detokenize", status_code=200, name="detokenize")
+    async def detokenize(
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[DetokenizeRequest]
+    ) -> Response[Detokenized]:
+        limit = engine.settings.server.max_response_bytes
+        content = await offload.run(request, detokenized_body, engine.tokenizer, data.tokens, engine.vocab_size, limit)
+        return Response(content, media_type=MediaType.JSON)
+
+    @post("/apply-template", status_code=200, name="apply-template")
+    async def apply_template(
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[ApplyTemplateRequest]
+    ) -> TemplatePrompt:
+        """The prompt text the chat template makes of these messages (a final assistant message
+        continued, as the chat route continues it)."""
+        prompt = await offload.run(
+            request,
+            template.chat_prompt,
+            data.messages,
+            engine.tokenizer,
+            None,
+            engine.settings,
+            tokenize=False,
+            prefill=template.continues_final_message(data.messages),
+        )
+        return TemplatePrompt(prompt=prompt)
+
+
+def detokenized_body(tokenizer: TokenizerWrapper, tokens: list[int], vocab: int, limit: int) -> bytes:
+    """The encoded answer, within `limit` bytes (server.max_response_bytes); blocking."""
+    requests.check_token_ids(tokens, vocab)
+    return encoded(lambda: Detokenized(content=tokenizer.decode(tokens)), limit)
+
+
+def tokens_body(tokenizer: TokenizerWrapper, data: TokenizeRequest, limit: int) -> bytes:
+    """The encoded answer, within `limit` bytes (server.max_response_bytes). Blocking: a megabyte
+    of text takes seconds with pieces, so the route runs it off the event loop."""
+    ids = list(tokenizer.encode(data.content, add_special_tokens=data.add_special))
+    if not data.with_pieces:
+        return encoded(lambda: TokenIds(tokens=ids), limit)
+    if len(ids) * PIECE_BYTES > limit:
+        raise too_large(f"at least {len(ids) * PIECE_BYTES} bytes ({len(ids)} pieces)", limit)
+    return encoded(lambda: TokenPieces(tokens=[TokenPiece(id=t, piece=tokenizer.decode([t])) for t in ids]), limit)
+
+
+# --- POST /admin/reload: hot profile reload over HTTP ---------------------------------------
+# mlxcel's own route; off unless the profile turns it on with `server.admin_reload`, which needs
+# `server.api_key`: the key guards it
+
+
+class AdminController(Controller):
+    tags = ("admin",)
+
+    @post(
+        "/admin/reload",
+        name="admin-reload",
+        status_code=200,
+        guards=[require_ready],
+        responses={
+            403: error("server.admin_reload is off in the serving profile"),
+            409: error("refused: the old profile goes on serving; the message is the one-line reason"),
+        },
+    )
+    async def reload(self, state: State) -> Reloaded:
+        """Re-read the profile (file, environment, flags), build its engine beside the serving one,
+        then send new requests to it; in-flight requests finish on the old one. Answers when done."""
+        reloader = state.reloader
+        if reloader is None or not state.settings.server.admin_reload:
+            raise ApiError(
+                403,
+                "reload over HTTP is off: set server.admin_reload = true (with server.api_key), or send SIGHUP",
+                "permission_error",
+            )
+        try:
+            engine = await asyncio.to_thread(reloader.reload, "http")
+        except ReloadRefusedError as exc:
+            raise ApiError(409, f"reload refused: {exc}", "invalid_request_error") from exc
+        return props.reloaded(EngineView(engine))
+
+
+# --- llama-server routes answered with a clear 501 (compat/ records why) ----------------------
+
+
+NO_RERANKER = "reranking needs a reranker checkpoint; not served"
+REASONS = {
+    "/infill": "fill-in-the-middle needs a model trained with FIM tokens; use /completion",
+    "/rerank": NO_RERANKER,
+    "/reranking": NO_RERANKER,
+    "/v1/rerank": NO_RERANKER,
+    "/v1/reranking": NO_RERANKER,
+    # by design: one process, one profile
+    "/models/load": "one server serves one profile; start another profile instead (docs/deployment.md)",
+    "/models/unload": "one server serves one profile; stop its process instead (docs/deployment.md)",
+}
+SLOT_ACTIONS = "slot save/restore/erase is not supported: rows hold no reusable prompt cache"
+LORA = "adapters are fused offline (mlx_lm.fuse) and selected by profile; they cannot be switched at run time"
+
+
+def refuse(request: Request, reason: str) -> ApiError:
+    return ApiError(501, f"{request.url.path}: {reason}", "not_supported_error")
+
+
+class UnsupportedController(Controller):
+    tags = ("unsupported",)
+
+    @route(list(REASONS), http_method=["POST"], status_code=501, name="unsupported")
+    async def unsupported(self, request: Request) -> None:
+        raise refuse(request, REASONS[request.scope["path_template"]])
+
+    @route("/slots/{id_slot:int}", http_method=["POST"], status_code=501, name="slot-actions")
+    async def slot_actions(self, request: Request) -> None:
+        raise refuse(request, SLOT_ACTIONS)
+
+    @route("/lora-adapters", http_method=["GET", "POST"], status_code=501, name="lora-adapters")
+    async def lora_adapters(self, request: Request) -> None:
+        raise refuse(request, LORA)

@@ -1,0 +1,1 @@
+"""OpenAI's chat and text completions and its model list: routes, requests and answers."""

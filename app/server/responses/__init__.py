@@ -1,0 +1,1 @@
+"""OpenAI's Responses API: its request as a chat request, the stored conversations, the answers and events."""
