@@ -19,10 +19,11 @@ FIELDS = ["content", "timings/prompt_n", "generation_settings/speculative.n_max"
 
 
 def test_response_fields_keep_the_named_paths_of_the_native_body(default_server) -> None:
+    uncached = {**REQUEST, "cache_prompt": False}  # each prefills the whole prompt: the same prompt_n
     with default_server.client() as http:
-        full = http.post("/completion", json=REQUEST).json()
-        picked = http.post("/completion", json={**REQUEST, "response_fields": FIELDS}).json()
-        with http.stream("POST", "/completion", json={**REQUEST, "response_fields": FIELDS, "stream": True}) as r:
+        full = http.post("/completion", json=uncached).json()
+        picked = http.post("/completion", json={**uncached, "response_fields": FIELDS}).json()
+        with http.stream("POST", "/completion", json={**uncached, "response_fields": FIELDS, "stream": True}) as r:
             last = sse_frames(r)[-1]
     # A path reaches into nested objects by wire names; a path that names nothing is left out.
     expected = {

@@ -13,7 +13,16 @@ from app.server.chat.tools import ToolCall, ToolPlan, tool_calls
 from app.server.core.logprobs import ChatLogprobs, Logprobs
 from app.server.core.shaping import prompt_progress, speculative_biased
 from app.server.engine_view import Finished, Progress, Timings
-from app.server.openai.shapes import OpenAIChunk, OpenAIHead, OpenAIObject, Usage, body_timings, finish_reason, usage
+from app.server.openai.shapes import (
+    ChoiceUpdate,
+    OpenAIChunk,
+    OpenAIHead,
+    OpenAIObject,
+    Usage,
+    body_timings,
+    finish_reason,
+    usage,
+)
 
 
 class AssistantMessage(msgspec.Struct, kw_only=True):
@@ -75,18 +84,12 @@ class ChatCompletionChunk(OpenAIChunk, kw_only=True):
 
 
 def chat_chunk(
-    head: OpenAIHead,
-    index: int,
-    text: str | None,
-    reason: str | None,
-    usage: Usage | UnsetType = UNSET,
-    timings: Timings | UnsetType = UNSET,
-    logprobs: ChatLogprobs | None = None,
+    head: OpenAIHead, update: ChoiceUpdate, usage: Usage | UnsetType = UNSET, timings: Timings | UnsetType = UNSET
 ) -> ChatCompletionChunk:
     """An update chunk (text, and its tokens' log-probabilities) or the finish chunk (reason, an
-    empty delta) of choice `index`."""
-    delta = ChatDelta() if text is None else ChatDelta(content=text)
-    choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=reason)
+    empty delta) of one choice."""
+    delta = ChatDelta() if update.text is None else ChatDelta(content=update.text)
+    choice = ChatChunkChoice(index=update.index, delta=delta, logprobs=update.logprobs, finish_reason=update.reason)
     return _chat_chunk(head, choice, usage, timings)
 
 

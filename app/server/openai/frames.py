@@ -19,13 +19,12 @@ from app.server.core.streaming import error_frame, frame
 from app.server.engine_view import Delta, Finished, Progress, Timings
 from app.server.openai import chat_shapes, shapes
 from app.server.openai.requests import OpenAICompletionRequest
-from app.server.openai.shapes import OpenAIHead, Usage
+from app.server.openai.shapes import ChoiceUpdate, OpenAIHead, Usage
 
 DONE = b"data: [DONE]\n\n"
 
-# shapes.text_completion or chat_shapes.chat_chunk:
-# (head, choice index, text, finish reason, usage, timings, logprobs) -> chunk
-OpenAIChunk = Callable[[OpenAIHead, int, str | None, str | None, Usage | UnsetType, Timings | UnsetType, Any], Any]
+# shapes.text_completion or chat_shapes.chat_chunk: (head, one choice's update, usage, timings) -> chunk
+OpenAIChunk = Callable[[OpenAIHead, ChoiceUpdate, Usage | UnsetType, Timings | UnsetType], Any]
 # shapes.text_progress_chunk or chat_shapes.chat_progress_chunk: (head, choice index, progress) -> chunk
 ProgressChunk = Callable[[OpenAIHead, int, Progress], Any]
 # Logprobs.text or .chat of one row: a chunk's tokens' log-probabilities in the route's shape
@@ -74,7 +73,7 @@ async def openai_frames(
                 continue  # held back (it may be a call, or the start of a tag) or sent as thinking
             timings = event.timings if per_token and event.timings is not None else UNSET
             shaped = _shaped(shape, entries)
-            yield frame(chunk(head, index, text, None, UNSET, timings, shaped))
+            yield frame(chunk(head, ChoiceUpdate(index, text, logprobs=shaped), UNSET, timings))
         elif isinstance(event, Finished):
             reason = shapes.finish_reason(event)
             if thinking:
@@ -85,7 +84,7 @@ async def openai_frames(
                 if rest and calls:
                     rest, held = calls[index].feed(rest, [])  # held on, or released with what it held
                 if rest or held:
-                    yield frame(chunk(head, index, rest, None, UNSET, UNSET, _shaped(shape, held)))
+                    yield frame(chunk(head, ChoiceUpdate(index, rest, logprobs=_shaped(shape, held)), UNSET, UNSET))
             found = calls[index].calls() if calls else None
             if calls:
                 text, entries = calls[index].release()
@@ -95,11 +94,11 @@ async def openai_frames(
                     for piece in chat_shapes.tool_call_chunks(head, index, found, shaped):
                         yield frame(piece)
                 elif text or shaped:
-                    yield frame(chunk(head, index, text, None, UNSET, UNSET, shaped))
+                    yield frame(chunk(head, ChoiceUpdate(index, text, logprobs=shaped), UNSET, UNSET))
             finished[index] = event
             everyone = len(finished) == len(rows.submissions)
             usage = shapes.usage([finished[i] for i in sorted(finished)], n) if everyone else UNSET
-            last = chunk(head, index, None, reason, UNSET if usage_chunk else usage, event.timings, None)
+            last = chunk(head, ChoiceUpdate(index, None, reason), UNSET if usage_chunk else usage, event.timings)
             yield frame(msgspec.structs.replace(last, speculative_biased=speculative_biased([event])))
             if usage_chunk and everyone:
                 yield frame(msgspec.structs.replace(last, choices=[], usage=usage))
@@ -157,7 +156,7 @@ async def echoed_frames(
     """With echo, each choice's prompt text first; then the OpenAI chunks."""
     for index, echo in enumerate(echoes):
         if echo:
-            yield frame(shapes.text_completion(head, index, echo, None))
+            yield frame(shapes.text_completion(head, ChoiceUpdate(index, echo)))
     logprob_shapes = [shaper.text if shaper is not None else None for shaper in logprobs]
     usage_chunk = include_usage(data.stream_options)
     frames = openai_frames(

@@ -138,6 +138,17 @@ def body_timings(results: list[Finished]) -> Timings | UnsetType:
     return results[0].timings if len(results) == 1 else UNSET
 
 
+@dataclass(frozen=True)
+class ChoiceUpdate:
+    """What one stream chunk says of one choice, in either API's stream: new text (None: none),
+    or the finish reason, and the text's tokens' log-probabilities in the route's shape."""
+
+    index: int
+    text: str | None
+    reason: str | None = None
+    logprobs: Any = None
+
+
 # --- text completions -------------------------------------------------------------------------
 
 
@@ -156,16 +167,12 @@ class TextCompletion(OpenAIChunk, kw_only=True):
 
 
 def text_completion(
-    head: OpenAIHead,
-    index: int,
-    text: str | None,
-    reason: str | None,
-    usage: Usage | UnsetType = UNSET,
-    timings: Timings | UnsetType = UNSET,
-    logprobs: TextLogprobs | None = None,
+    head: OpenAIHead, update: ChoiceUpdate, usage: Usage | UnsetType = UNSET, timings: Timings | UnsetType = UNSET
 ) -> TextCompletion:
-    """An update chunk (text, and its tokens' log-probabilities) or the finish chunk (reason) of choice `index`."""
-    choice = TextChoice(text=text or "", index=index, logprobs=logprobs, finish_reason=reason)
+    """An update chunk (text, and its tokens' log-probabilities) or the finish chunk (reason) of one choice."""
+    choice = TextChoice(
+        text=update.text or "", index=update.index, logprobs=update.logprobs, finish_reason=update.reason
+    )
     return TextCompletion(
         id=head.id, created=head.created, model=head.model, choices=[choice], usage=usage, timings=timings
     )
@@ -173,7 +180,8 @@ def text_completion(
 
 def text_progress_chunk(head: OpenAIHead, index: int, progress: Progress) -> TextCompletion:
     """A prefill progress chunk of choice `index`, as llama-server sends one: no text yet, `prompt_progress`."""
-    return msgspec.structs.replace(text_completion(head, index, "", None), prompt_progress=prompt_progress(progress))
+    chunk = text_completion(head, ChoiceUpdate(index, ""))
+    return msgspec.structs.replace(chunk, prompt_progress=prompt_progress(progress))
 
 
 def text_completion_body(
