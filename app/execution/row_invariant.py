@@ -330,7 +330,9 @@ class Siblings:
     take theirs."""
 
     def __init__(self, layers: list[nn.Module]) -> None:
-        self.layers = layers
+        # the layers' ids, not the layers: the module table `_joined` holds this, and a reference to
+        # a layer here would keep the layer, and so its entry and these weights, for good
+        self._ids = [id(layer) for layer in layers]
         self.widths = [layer["weight"].shape[0] for layer in layers]
         quantized = isinstance(layers[0], nn.QuantizedLinear)
         self.names = ["weight", "scales", "biases"] if quantized else ["weight"]
@@ -352,7 +354,7 @@ class Siblings:
     def product(self, layer: nn.Module, x: mx.array) -> mx.array:
         if x is not self._input or id(layer) not in self._parts:
             parts = _row_products(x, self.kernel_of, self.weights, self.widths, self.extra)
-            self._input, self._parts = x, {id(sibling): part for sibling, part in zip(self.layers, parts, strict=True)}
+            self._input, self._parts = x, dict(zip(self._ids, parts, strict=True))
         part = self._parts.pop(id(layer))
         if not self._parts:
             self._input = None  # every sibling served: hold no activation
