@@ -134,8 +134,11 @@ def test_openai_sdk_chat_n(default_server) -> None:
 
 def test_echo_puts_the_prompt_before_the_text(default_server) -> None:
     client = openai.OpenAI(base_url=f"{default_server.url}/v1", api_key="unused")
-    plain = client.completions.create(model="target", prompt=A, max_tokens=8, temperature=0)
-    echoed = client.completions.create(model="target", prompt=A, max_tokens=8, temperature=0, echo=True)
+    uncached = {"cache_prompt": False}  # both prefill the whole prompt: the same usage in any order
+    plain = client.completions.create(model="target", prompt=A, max_tokens=8, temperature=0, extra_body=uncached)
+    echoed = client.completions.create(
+        model="target", prompt=A, max_tokens=8, temperature=0, echo=True, extra_body=uncached
+    )
     assert echoed.choices[0].text == A + plain.choices[0].text
     assert echoed.usage == plain.usage
     stream = client.completions.create(model="target", prompt=A, max_tokens=8, temperature=0, echo=True, stream=True)
