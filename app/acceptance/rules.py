@@ -58,17 +58,17 @@ def argmax_against_argmax(drafts: Sequence[int], target_argmax: Sequence[int]) -
     return _longest_matching_prefix(drafts, target_argmax)
 
 
-def sampler_match(drafts: Sequence[int], p: Distribution, keys: PositionKeys) -> Verdict:
+def sampler_match(drafts: Sequence[int], drawn: Sequence[int], keys: PositionKeys) -> Verdict:
     """Accept iff the draft equals a fresh draw from p; emit that draw on both branches.
 
     Lossless: every emitted token is a fresh conditional draw from the target. Accepts with
-    probability sum_x p(x) q(x). The k + 1 draws (the bonus included) are prepared in one
-    evaluation from `keys`, the target stream's keys of those positions, and only the keys of the
-    positions emitted are consumed: each emitted token is the draw target-only decoding makes
-    there, so a seeded row emits target-only's tokens whatever drafted them.
+    probability sum_x p(x) q(x). `drawn` holds the k + 1 draws (the bonus included), made in one
+    evaluation from p at `keys` (`keys.draw(p)`), the target stream's keys of those positions, and
+    only the keys of the positions emitted are consumed: each emitted token is the draw
+    target-only decoding makes there, so a seeded row emits target-only's tokens whatever drafted
+    them.
     """
     k = len(drafts)
-    drawn = keys.draw(p).tolist()
     n = 0
     while n < k and drawn[n] == drafts[n]:
         n += 1

@@ -22,7 +22,7 @@ from app.decoding.verify import VerifyRow, verifying
 from app.decoding.width import WidthPolicy
 from app.drafters.base import Proposal, Proposer
 from app.execution.runner import PREFILL_CHUNK, ModelRunner
-from app.execution.steps import Forward, Steps, run_alone
+from app.execution.steps import Evaluate, Forward, Steps, run_alone
 from app.execution.target_taps import FeatureHook
 from app.sampling.grammar import Constraint, masked
 from app.sampling.state import RowState
@@ -182,6 +182,7 @@ class TargetLoop:
             current = self._decide_lazily(state, (yield Forward(self.target, state.tokens[self.target.length :])))
         if pipelined and budget > 1:
             self._ahead = self._decide_lazily(state, (yield Forward(self.target, current, ahead=True)))
+        yield Evaluate((current,))  # every row's token of the tick in one wait
         token = int(current.item())
         state.decide([token])
         return RoundOutcome((token,))

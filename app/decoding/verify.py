@@ -24,7 +24,7 @@ from app.decoding.outcome import ClosedForms
 from app.decoding.speculation import Speculation
 from app.drafters.base import Proposal, Proposer
 from app.execution.runner import ModelRunner
-from app.execution.steps import Forward, Steps
+from app.execution.steps import Evaluate, Forward, Steps
 from app.sampling import Distribution
 from app.sampling.grammar import masked
 from app.sampling.state import RowState
@@ -66,7 +66,7 @@ def verifying(row: VerifyRow) -> Steps[Verified]:
     rows = logits[-(proposal.k + 1) :]
     # The rule judges against the masked target rows; log-probabilities read the unmasked ones.
     logits = rows if row.masks is None else masked(rows, row.masks)
-    verdict, p = judge(speculation.rule, state, proposal, logits, row.masks)
+    verdict, p = yield from judging(speculation.rule, state, proposal, logits, row.masks)
     target.rewind(target.length - (base + verdict.accepted))
     state.settle(verdict.tokens, verdict.accepted, p)
     state.report(rows, verdict.tokens, p, row.masks)  # the target's rows, never the drafter's
@@ -77,11 +77,13 @@ def verifying(row: VerifyRow) -> Steps[Verified]:
     return Verified(verdict)
 
 
-def judge(
+def judging(
     rule: Rule, state: RowState, proposal: Proposal, logits: mx.array, masks: mx.array | None = None
-) -> tuple[Verdict, Distribution | None]:
+) -> Steps[tuple[Verdict, Distribution | None]]:
     """Apply `rule` to the verify rows `[k+1, V]` (`masks`: the grammar's, if constrained); also
-    the target rows p where it built them. Every draw is the target stream's (app/sampling/streams.py)."""
+    the target rows p where it built them. Every draw is the target stream's (app/sampling/streams.py).
+    What the lossless rules read on the host is asked for as one evaluation (a tick evaluates every
+    row's together)."""
     base, sampler = len(state.tokens), state.sampler
     if sampler.needs_context:  # each row reads its history as if the drafts before it were decided
         state.history.rewind(base)
@@ -89,15 +91,17 @@ def judge(
     contexts = state.contexts(range(base, base + proposal.k + 1))
     if rule in ARGMAX_RULES:
         argmax = sampler.greedy(logits, contexts)
-        mx.eval(proposal.tokens, argmax)
+        yield Evaluate((proposal.tokens, argmax))
         return ARGMAX_RULES[rule](proposal.tokens.tolist(), argmax.tolist()), None
-    drafts, rows = proposal.tokens.tolist(), proposal.k + 1
+    rows = proposal.k + 1
     if rule is Rule.STOCHASTIC and proposal.q is not None:
         p = sampler.distribution(logits, contexts, xtc_coins(state.rng, rows, sampler.uses_coin))
-        return rules.modified_rejection(drafts, p, proposal.q, state.rng), p
+        return rules.modified_rejection(proposal.tokens.tolist(), p, proposal.q, state.rng), p
     keys = position_keys(state.rng, sampled_rows(masks, rows), sampler.uses_coin)
     p = sampler.distribution(logits, contexts, keys.coins)
-    return rules.sampler_match(drafts, p, keys), p
+    drawn = keys.draw(p)
+    yield Evaluate((proposal.tokens, drawn))
+    return rules.sampler_match(proposal.tokens.tolist(), drawn.tolist(), keys), p
 
 
 def _closed_forms(proposal: Proposal, p: Distribution | None, verdict: Verdict, vocab: int) -> ClosedForms:

@@ -443,18 +443,20 @@ class Goodput:
             row.price = partial(_share, tick, applied, i, plain)
         return changes
 
-    def measured(self, seconds: float) -> None:
+    def measured(self, seconds: float) -> float | None:
         """The tick just chosen took `seconds` in all: the scales move toward what it says (a tick
         with no drafting calibrates the plain part, one with drafting what the drafting added),
-        so what the parts' fits leave out is weighed all the same."""
+        so what the parts' fits leave out is weighed all the same. The seconds the choice
+        predicted for it (None: it priced no tick)."""
         if self._expected is None:
-            return
+            return None
         plain, drafting = self._expected
         self._expected = None
         if drafting <= PLAIN_TICK * plain:
             self.plain_scale = _rescaled(self.plain_scale, seconds / plain if plain > 0 else 1.0)
         elif drafting > 0:
             self.drafting_scale = _rescaled(self.drafting_scale, (seconds - plain) / drafting)
+        return plain + drafting
 
 
 def _rescaled(scale: float, ratio: float) -> float:

@@ -110,8 +110,8 @@ class DraftModelDrafter:
                 if constraint is not None:
                     ended = not constraint.drafted(token)  # an EOS ends the chain
                     followed += not ended
-            else:
-                mx.async_eval(draft)  # compute this draft while the next step's graph is built
+            # else the draft stays lazy: whoever serves the pass queued its logits on the device
+            # (run_together's `_drafted`, run_alone), and the argmax goes with the next pass
             drafts.append(draft)
             if q is not None and not sampler.is_greedy:
                 rows.append(q)

@@ -100,6 +100,33 @@ def speculation_width_changed(
     )
 
 
+def tick_timed(
+    *,
+    rows: int,
+    drafting_rows: int,
+    widths: list[int],
+    passes: int,
+    drafting_ms: float,
+    forward_ms: float,
+    rest_ms: float,
+    predicted_ms: float | None,
+) -> None:
+    """A tick of decoding rows, timed part by part (debug: one line per tick): its `rows`, the
+    `drafting_rows` among them at their `widths` this tick, the drafter `passes` and their phase,
+    the target's forward, the rest, and what the width choice predicted the tick would take."""
+    _log.debug(
+        "tick_timed",
+        rows=rows,
+        drafting_rows=drafting_rows,
+        widths=widths,
+        passes=passes,
+        drafting_ms=round(drafting_ms, 3),
+        forward_ms=round(forward_ms, 3),
+        rest_ms=round(rest_ms, 3),
+        predicted_ms=None if predicted_ms is None else round(predicted_ms, 3),
+    )
+
+
 # How a block-loop request was served. `request_id` is None for what a reload's engine did before
 # serving; `level`: the one warning of the outcome (a decline or an override; a failed probe only
 # when nothing else reports it).

@@ -258,6 +258,7 @@ class TickClock:
     sampled: int = 0  # positions of rows whose sampler draws
     target: nn.Module | None = None
     several_targets: bool = False
+    rest_s: float = 0.0  # the rest of the tick, once closed
 
     def drafted(self, model: nn.Module, positions: int, sampled: int) -> None:
         """A drafter pass over `positions` (its rows' tokens; `sampled` of them drawn through a
@@ -296,8 +297,8 @@ class TickClock:
         if self.drafter is not None and not self.several_drafters and self.passes:
             mean = (round(self.pass_positions / self.passes), round(self.pass_sampled / self.passes))
             plane_of(self.drafter, DRAFTING).observe(mean, self.drafting_s / self.passes)  # the mean pass
+        self.rest_s = max(0.0, time.perf_counter() - self.started - self.drafting_s - self.forward_s)
         if self.target is not None and not self.several_targets:
-            rest = time.perf_counter() - self.started - self.drafting_s - self.forward_s
             counts = (self.rows, self.verifying, self.positions, self.sampled)
-            plane_of(self.target, HOST).observe(counts, max(0.0, rest))
+            plane_of(self.target, HOST).observe(counts, self.rest_s)
             plane_of(self.target, TARGET_ROWS).observe((self.rows, self.positions), self.forward_s)

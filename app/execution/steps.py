@@ -5,8 +5,10 @@ and the two ways they are served, a lone row's (`run_alone`) and many rows' toge
 Every round, the rows waiting are grouped by model and each group goes through one `forward`
 (app/execution/forward.py) or one call of its passes' `serve`; drafting (a draft model's step j of
 every row, a block drafter's pass of every row) is served before any target forward, so all rows'
-target forwards of a tick end up in one pass. Each row judges, samples and draws keys in its own
-generator in the order it would alone, so its output never depends on its batch-mates.
+target forwards of a tick end up in one pass. What rows read on the host (`Evaluate`) is
+evaluated for every waiting row at once, after the drafting and before the target's forwards. Each
+row judges, samples and draws keys in its own generator in the order it would alone, so its output
+never depends on its batch-mates (evaluating arrays together changes no value in them).
 
 The tick's parts are timed (app/execution/cost.py `TickClock`): the drafting phase, the target
 forward, the rest; the width policy prices the next ticks with them.
@@ -50,6 +52,16 @@ class Forward(RowForward):
     sampled: bool = False
 
 
+@dataclass(frozen=True)
+class Evaluate:
+    """Arrays a row's step reads on the host next (its verdict's tokens, its next token): the
+    tick evaluates every waiting row's in one `mx.eval`, so a tick of many rows waits for the
+    device once, not once per row (on a GPU each wait costs a launch and a synchronisation)."""
+
+    arrays: tuple[mx.array, ...]
+    drafting = False  # served after the drafting passes, before the target's forwards
+
+
 class DraftPass(Protocol):
     """One row's share of a drafter call the tick's rows run as one (block drafters,
     app/drafters/block_rows.py); the passes of one `module` are served with one `serve` and each
@@ -70,8 +82,9 @@ class DraftPass(Protocol):
         ...
 
 
-# A step asks for forwards (logits come back) and block drafters' passes (their results come back).
-Steps = Generator[Forward | DraftPass, Any, T]
+# A step asks for forwards (logits come back), block drafters' passes (their results come back) and
+# evaluations (None comes back: its arrays are evaluated).
+Steps = Generator[Forward | DraftPass | Evaluate, Any, T]
 
 
 def run_alone(steps: Steps[T]) -> T:
@@ -79,9 +92,11 @@ def run_alone(steps: Steps[T]) -> T:
     try:
         request = next(steps)
         while True:
-            if isinstance(request, Forward):
+            if isinstance(request, Evaluate):
+                result = mx.eval(*request.arrays)
+            elif isinstance(request, Forward):
                 (result,) = forward([request])
-                if request.ahead:
+                if request.ahead or request.drafting:  # computed while the step builds its next graph
                     mx.async_eval(result)
             else:
                 (result,) = request.serve([request])
@@ -90,11 +105,12 @@ def run_alone(steps: Steps[T]) -> T:
         return done.value
 
 
-def run_together(steps: Sequence[Steps[T]]) -> list[T | Exception]:
-    """Run every step to its end; each one's result, or the exception that ended it."""
+def run_together(steps: Sequence[Steps[T]], clock: TickClock | None = None) -> list[T | Exception]:
+    """Run every step to its end; each one's result, or the exception that ended it. `clock`
+    times the tick's parts (a fresh one where the caller does not read them)."""
     results: list[T | Exception | None] = [None] * len(steps)
     waiting: dict[int, Forward | DraftPass] = {}
-    clock = TickClock()
+    clock = clock or TickClock()
 
     def resume(index: int, logits: object) -> None:
         try:
@@ -108,6 +124,19 @@ def run_together(steps: Sequence[Steps[T]]) -> list[T | Exception]:
         resume(index, None)
     while waiting:
         drafting = [i for i, request in waiting.items() if request.drafting]
+        evaluating = [] if drafting else [i for i, request in waiting.items() if isinstance(request, Evaluate)]
+        if evaluating:  # first: a row resumed may still ask for a forward that joins the others'
+            requests = [waiting.pop(i) for i in evaluating]
+            try:
+                mx.eval(*[array for request in requests for array in request.arrays])
+            except Exception as exc:
+                for i in evaluating:
+                    steps[i].close()
+                    results[i] = exc
+                continue
+            for i in evaluating:
+                resume(i, None)
+            continue
         if not drafting:
             clock.drafts_read([r.tokens for r in waiting.values() if isinstance(r.tokens, mx.array)])
         served = drafting or list(waiting)

@@ -477,6 +477,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--note", default="", help="a line for the section (e.g. the machine's state)")
     parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     parser.add_argument("--json", type=Path, help="also write each cell's figures (for plot.py)")
+    parser.add_argument("--logs", type=Path, help="keep each arm's events in DIR/ARM.jsonl at debug level (tick_timed)")
     return parser.parse_args(argv)
 
 
@@ -500,7 +501,11 @@ def main(argv: list[str] | None = None) -> None:
         for arm in arms + ([] if args.no_fast else fast_arms(args.profiles)):
             profile, env = arm_settings(arm)
             stage(f"starting the {arm} server")
-            urls[arm] = servers.enter_context(spawned_server(profile, args=flags, env=env))[0]
+            log = "stderr"
+            if args.logs:  # each arm's events, the tick's parts included (docs/log-events.md `tick_timed`)
+                log = str(args.logs / f"{re.sub(r'[^A-Za-z0-9-]', '_', arm)}.jsonl")
+                env = {**env, "MLXCEL_LOGGING__LEVEL": "debug"}
+            urls[arm] = servers.enter_context(spawned_server(profile, log, flags, env))[0]
         if not args.no_mlx_lm:
             # mlx_lm.server initialises mx.distributed, which needs more of the environment than PATH
             stage(f"starting {MLX_LM}")

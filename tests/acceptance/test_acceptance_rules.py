@@ -52,9 +52,8 @@ def stream_from(rule: str | Callable, n: int, seed: int = 1234) -> list[int]:
     while len(out) < n:
         drafts = [draw(q_rows[i], rng) for i in range(K)]
         if rule == "sampler-match":
-            verdict = sampler_match(
-                drafts, Distribution.from_dense(p_rows), position_keys(rng, [True] * (K + 1), False)
-            )
+            keys = position_keys(rng, [True] * (K + 1), False)
+            verdict = sampler_match(drafts, keys.draw(Distribution.from_dense(p_rows)).tolist(), keys)
         elif rule == "stochastic":
             verdict = modified_rejection(drafts, Distribution.from_dense(p_rows), Distribution.from_dense(q_rows), rng)
         elif rule == "argmax":
@@ -126,8 +125,10 @@ def test_greedy_rules_walk_the_chain() -> None:
 
 def test_sampler_match_emits_the_draw_on_both_branches() -> None:
     one_hot = Distribution.from_dense(mx.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]))
-    assert sampler_match([1, 0], one_hot, plain_keys(3)) == Verdict(accepted=1, tokens=[1, 2], tested=2)
-    assert sampler_match([1, 2], one_hot, plain_keys(3)) == Verdict(accepted=2, tokens=[1, 2, 0], tested=2)
+    for drafts, verdict in (([1, 0], Verdict(accepted=1, tokens=[1, 2], tested=2)),
+                            ([1, 2], Verdict(accepted=2, tokens=[1, 2, 0], tested=2))):  # fmt: skip
+        keys = plain_keys(3)
+        assert sampler_match(drafts, keys.draw(one_hot).tolist(), keys) == verdict
 
 
 def test_sampler_match_emits_and_consumes_exactly_target_only_draws() -> None:
@@ -138,9 +139,8 @@ def test_sampler_match_emits_and_consumes_exactly_target_only_draws() -> None:
         target_only = RowRng(seed)
         alone = [draw(mx.array(P), target_only) for _ in range(K + 2)]
         rng = RowRng(seed)
-        verdict = sampler_match(
-            [*alone[:2], (alone[2] + 1) % len(P), 0], p, position_keys(rng, [True] * (K + 1), False)
-        )
+        keys = position_keys(rng, [True] * (K + 1), False)
+        verdict = sampler_match([*alone[:2], (alone[2] + 1) % len(P), 0], keys.draw(p).tolist(), keys)
         assert verdict.tokens == alone[:3] and draw(mx.array(P), rng) == alone[3]
 
 

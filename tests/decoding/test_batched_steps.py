@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import mlx.core as mx
 import pytest
 
 from app.decoding.builder import LoopBuilder, RowRequest
@@ -104,6 +105,33 @@ def test_a_row_that_fails_ends_alone(builders, embedded_target) -> None:
     outcomes = run_together(steps)
     assert isinstance(outcomes[1], Exception)
     assert all(not isinstance(outcome, Exception) and outcome.tokens for outcome in (outcomes[0], outcomes[2]))
+
+
+@pytest.mark.parametrize("kind", ["draft-model", "target-only"])
+@pytest.mark.parametrize("sampling", [GREEDY, WARM], ids=["greedy", "sampled"])
+def test_a_tick_waits_for_the_device_as_often_with_eight_rows_as_with_one(
+    builders, embedded_target, monkeypatch, kind, sampling
+) -> None:
+    """What each row reads on the host after its forward is evaluated for every row at once
+    (`Evaluate`), and a draft model's chain is queued per pass, not per row: on a GPU each wait and
+    each queued graph is a launch, so a tick's count of them must not grow with its rows."""
+    tokenizer = embedded_target.tokenizer
+
+    def waits_per_tick(count: int) -> int:
+        rows = [build(builders, Case(kind, i % len(PROMPTS), sampling, 64, seed=i), tokenizer) for i in range(count)]
+        for generation in rows:
+            generation.prefill()
+        run_together([g.ticking() for g in rows])  # a target-only row's first step queues the next
+        calls = []
+        for name in ("eval", "async_eval"):
+            real = getattr(mx, name)
+            monkeypatch.setattr(mx, name, lambda *arrays, real=real, name=name: calls.append(name) or real(*arrays))
+        run_together([g.ticking() for g in rows])
+        monkeypatch.undo()
+        assert all(g.emitted for g in rows)
+        return len(calls)
+
+    assert waits_per_tick(8) == waits_per_tick(1)
 
 
 def test_block_drafter_rows_share_the_target_forward_and_emit_their_solo_output(

@@ -165,7 +165,8 @@ ARCHITECTURES = {
         "llama",
         {"layer_types": ["sliding_attention", "full_attention"] * 2, "sliding_window": 8},
     ),
-    "qwen2": ("qwen2", {"tie_word_embeddings": True}),
+    # qwen2's head size is hidden / heads (it has no head_dim): 32 at 128, the GPU kernel's least
+    "qwen2": ("qwen2", {"tie_word_embeddings": True, "hidden_size": 128}),
     "gemma3_text": ("gemma3_text", {"sliding_window": 8, "sliding_window_pattern": 2}),
     "phi3": (
         "phi3",
