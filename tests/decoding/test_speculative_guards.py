@@ -203,8 +203,9 @@ def test_filtered_target_support_is_never_violated(embedded_target, embedded_dra
         runner = ModelRunner(embedded_target.model)
         logits = runner.prefill(prompt)
         for token in generation.emitted:
-            top2 = set(np.argsort(-np.array(logits[0].astype(mx.float32)))[:2].tolist())  # bf16 on a GPU
-            assert token in top2
+            # in the top 2 by value: bf16 logits (a GPU's) tie often, and a tie's order is the sort's
+            row = np.array(logits[0].astype(mx.float32))
+            assert row[token] >= np.sort(row)[-2], (token, row[token], np.sort(row)[-3:])
             logits = runner.forward([token])[-1:]
 
 
