@@ -15,7 +15,8 @@ from app.decoding.width import WidthChange
 from app.engine.metrics import Metrics
 from app.engine.row import Job, Row
 from app.events import engine as events
-from app.events.speculation import speculation_width_changed, speculative_request
+from app.events.speculation import speculation_width_changed, speculative_request, tick_timed
+from app.execution.cost import TickClock
 
 
 class Reporter:
@@ -36,6 +37,20 @@ class Reporter:
     def width_changed(self, job: Job, change: WidthChange) -> None:
         """The tick's choice moved the width it holds a row at (app/decoding/width.py `Goodput`)."""
         speculation_width_changed(request_id=job.request_id, **dataclasses.asdict(change))
+
+    def timed(self, rows: list[Row], clock: TickClock, predicted: float | None) -> None:
+        """A tick of decoding rows, part by part, and the seconds the width choice predicted."""
+        widths = [row.generation.widths.current or 0 for row in rows if row.generation.widths is not None]
+        tick_timed(
+            rows=len(rows),
+            drafting_rows=len(widths),
+            widths=widths,
+            passes=clock.passes,
+            drafting_ms=1e3 * clock.drafting_s,
+            forward_ms=1e3 * clock.forward_s,
+            rest_ms=1e3 * clock.rest_s,
+            predicted_ms=None if predicted is None else 1e3 * predicted,
+        )
 
     def prepared(self, notes: list[Note]) -> None:
         """What preparing a block drafter before any request noted (no request id: none asked)."""

@@ -40,7 +40,6 @@ from app.engine.reporter import Reporter
 from app.engine.row import Job, Row
 from app.engine.share import HeavyShare
 from app.events import engine as events
-from app.events import speculation
 from app.execution.cost import TickClock
 from app.execution.steps import run_together
 from app.profiles.schema import ServerSettings
@@ -326,17 +325,7 @@ class Scheduler:
         outcomes = run_together([row.steps() for row in rows], clock)
         if len(decoding) == len(rows):  # the choice priced decoding rows alone: a prompt's chunk is no part of it
             predicted = self.goodput.measured(time.perf_counter() - started)
-            widths = [row.generation.widths.current for row in rows if row.generation.widths is not None]
-            speculation.tick_timed(
-                rows=len(rows),
-                drafting_rows=len(widths),
-                widths=[w or 0 for w in widths],
-                passes=clock.passes,
-                drafting_ms=1e3 * clock.drafting_s,
-                forward_ms=1e3 * clock.forward_s,
-                rest_ms=1e3 * clock.rest_s,
-                predicted_ms=None if predicted is None else 1e3 * predicted,
-            )
+            self.reporter.timed(rows, clock, predicted)
         for row, outcome in zip(rows, outcomes, strict=True):
             self._settle(row, outcome)
 

@@ -109,7 +109,7 @@ def run_together(steps: Sequence[Steps[T]], clock: TickClock | None = None) -> l
     """Run every step to its end; each one's result, or the exception that ended it. `clock`
     times the tick's parts (a fresh one where the caller does not read them)."""
     results: list[T | Exception | None] = [None] * len(steps)
-    waiting: dict[int, Forward | DraftPass] = {}
+    waiting: dict[int, Forward | DraftPass | Evaluate] = {}
     clock = clock or TickClock()
 
     def resume(index: int, logits: object) -> None:
@@ -124,26 +124,17 @@ def run_together(steps: Sequence[Steps[T]], clock: TickClock | None = None) -> l
         resume(index, None)
     while waiting:
         drafting = [i for i, request in waiting.items() if request.drafting]
+        # evaluations before the forwards: a row resumed may still ask for one that joins the others'
         evaluating = [] if drafting else [i for i, request in waiting.items() if isinstance(request, Evaluate)]
-        if evaluating:  # first: a row resumed may still ask for a forward that joins the others'
-            requests = [waiting.pop(i) for i in evaluating]
-            try:
-                mx.eval(*[array for request in requests for array in request.arrays])
-            except Exception as exc:
-                for i in evaluating:
-                    steps[i].close()
-                    results[i] = exc
-                continue
-            for i in evaluating:
-                resume(i, None)
-            continue
-        if not drafting:
+        if not drafting and not evaluating:
             clock.drafts_read([r.tokens for r in waiting.values() if isinstance(r.tokens, mx.array)])
-        served = drafting or list(waiting)
-        for group in _by_model(served, waiting):
+        for group in [evaluating] if evaluating else _by_model(drafting or list(waiting), waiting):
             requests = [waiting.pop(i) for i in group]
             try:
-                if drafting:
+                if evaluating:  # every waiting row's host reads in one wait
+                    mx.eval(*[array for request in requests for array in request.arrays])
+                    logits = [None] * len(requests)
+                elif drafting:
                     logits = _drafted(requests, clock)
                 elif all(request.ahead for request in requests):
                     # the next steps pipelining rows queue (`ahead`) go to the device at once; their
