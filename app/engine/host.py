@@ -17,6 +17,7 @@ from app.decoding.outcome import Note
 from app.decoding.plan import LoopPlan, SamplerClass, plan_from_settings
 from app.decoding.warmup import warm, warm_shapes, warms
 from app.drafters.kinds import DrafterKind
+from app.engine import tool_probe
 from app.events import engine as events
 from app.events.speculation import Startup
 from app.execution.cost import HOST, TARGET_ROWS, ForwardCost, PlaneCost, cost_of, forget, plane_of
@@ -41,10 +42,21 @@ class ModelInfo:
     writes_thinking: bool  # the chat template in use has thinking tags (reasoning_format parses them)
     template_caps: chat_template.TemplateCaps | None  # what the chat template in use renders (None: no template)
 
+    calls_tools: bool | None  # the model answered the load-time tool probe with a call (None: not probed)
+
     @classmethod
     def of(cls, builder: LoopBuilder, settings: Settings) -> ModelInfo:
-        """What the builder's target is, with the profile's chat template."""
+        """What the builder's target is, with the profile's chat template; where the template
+        renders tools, whether the model calls them (app/engine/tool_probe.py: a short greedy row)."""
         target, template_file = builder.target, settings.server.chat_template_file
+        template = chat_template.chosen(target.tokenizer, template_file)
+        limits = chat_template.Limits(settings.server.template_timeout_s, settings.server.template_max_chars)
+        variables = dict(getattr(target.tokenizer, "special_tokens_map", {}))
+        caps = None if template is None else chat_template.capabilities(template, limits, variables)
+        calls = None
+        if template is not None and caps is not None and caps.supports_tools:
+            calls = tool_probe.calls_tools(builder, template, limits, variables)
+            forget(target.model)  # the probe's forwards were compiling: the width policy prices what serving measures
         return cls(
             path=str(target.path),
             context_limit=builder.context_limit,
@@ -52,17 +64,9 @@ class ModelInfo:
             tokenizer=target.tokenizer,
             batching=batching(target.model),
             writes_thinking=chat_template.writes_thinking(chat_template.chosen_source(target.tokenizer, template_file)),
-            template_caps=template_caps(target.tokenizer, settings),
+            template_caps=caps,
+            calls_tools=calls,
         )
-
-
-def template_caps(tokenizer: TokenizerWrapper, settings: Settings) -> chat_template.TemplateCaps | None:
-    """What the chat template in use renders (None: the model has none), found once at load."""
-    template = chat_template.chosen(tokenizer, settings.server.chat_template_file)
-    if template is None:
-        return None
-    limits = chat_template.Limits(settings.server.template_timeout_s, settings.server.template_max_chars)
-    return chat_template.capabilities(template, limits, dict(getattr(tokenizer, "special_tokens_map", {})))
 
 
 def startup(settings: Settings, plan: LoopPlan, info: ModelInfo | None, address: tuple[str, int] | None) -> Startup:
@@ -89,6 +93,7 @@ def startup(settings: Settings, plan: LoopPlan, info: ModelInfo | None, address:
         batching=info.batching if info is not None else None,
         # false: the chat template drops a request's tools, so `auto` never answers a call
         template_renders_tools=caps.supports_tools if caps is not None else None,
+        model_calls_tools=info.calls_tools if info is not None else None,
         exact=settings.execution.exact,
         host=address[0] if address is not None else None,
         port=address[1] if address is not None else None,
@@ -128,6 +133,8 @@ class ModelHost:
             # the model never sees a request's tools, so `auto` answers text, never a call
             template = server.chat_template_file or "the model's own"
             events.chat_template_ignores_tools(template=template)
+        elif self.info.calls_tools is False:  # the tools reach the model, which answers in text all the same
+            events.model_ignores_tools(probe=tool_probe.NAME)
         return self.info
 
     def prepare(self) -> list[Note]:

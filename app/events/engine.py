@@ -25,6 +25,12 @@ def chat_template_ignores_tools(*, template: str) -> None:
     _log.warning("chat_template_ignores_tools", template=template)
 
 
+def model_ignores_tools(*, probe: str) -> None:
+    """The template shows the model a request's tools, but the model answered the load-time probe
+    (a request only a call answers well, tool `probe`) in text: `auto` will rarely answer a call."""
+    _log.warning("model_ignores_tools", probe=probe)
+
+
 def model_warming(*, batch_sizes: list[int], widths: list[int]) -> None:
     _log.info("model_warming", batch_sizes=batch_sizes, widths=widths)
 

@@ -30,6 +30,7 @@ class Startup(TypedDict):
     env_overrides: dict[str, str]
     batching: str | None
     template_renders_tools: bool | None
+    model_calls_tools: bool | None  # the load-time tool probe's finding (app/engine/tool_probe.py)
     exact: bool
     host: str | None  # None: `mlxcel generate`, which listens nowhere
     port: int | None

@@ -20,13 +20,13 @@ client never sees a call's JSON as content.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
 
+from app.loading.tool_calls import call_objects, is_call, may_become_calls
 from app.sampling.logprobs import TokenLogprob
 from app.server.chat.request import ChatRequest, Tool
 from app.server.errors import ApiError
@@ -41,10 +41,6 @@ class ToolCall(msgspec.Struct, kw_only=True):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
-
-
-TAGS = ("<tool_call>", "</tool_call>")
-TAGGED = re.compile(r"\s*<tool_call>(.*?)</tool_call>\s*", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -139,8 +135,8 @@ def type_name(value: object) -> str:
 def tool_calls(plan: ToolPlan, text: str) -> list[ToolCall] | None:
     """The output as OpenAI tool_calls (the first only where the plan allows one), or None when it
     is not wholly calls of callable tools."""
-    objects = _call_objects(text)
-    if not objects or not all(_is_call(plan, call) for call in objects):
+    objects = call_objects(text)
+    if not objects or not all(is_call(call, plan.callable) for call in objects):
         return None
     if plan.single:
         objects = objects[:1]
@@ -151,43 +147,6 @@ def tool_calls(plan: ToolPlan, text: str) -> list[ToolCall] | None:
         )
         for call in objects
     ]
-
-
-def _call_objects(text: str) -> list[Any] | None:
-    """The JSON values the output spells: `<tool_call>` blocks, or one object or array."""
-    body = text.strip()
-    if body.startswith(TAGS[0]):
-        blocks = TAGGED.findall(body)
-        if TAGGED.sub("", body):  # text outside the blocks: an answer that mentions calls
-            return None
-        values = [_json(block) for block in blocks]
-        return None if any(value is None for value in values) else values
-    value = _json(body)
-    if isinstance(value, list):
-        return value
-    return None if value is None else [value]
-
-
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
-def _is_call(plan: ToolPlan, call: Any) -> bool:
-    return (
-        isinstance(call, dict)
-        and set(call) == {"name", "arguments"}
-        and call["name"] in plan.callable
-        and isinstance(call["arguments"], dict)
-    )
-
-
-def may_become_calls(text: str) -> bool:
-    """Whether text so far could still be the start of calls (`auto` holds it back until it cannot)."""
-    body = text.lstrip()
-    return not body or body[0] in "{[" or body.startswith(TAGS[0]) or TAGS[0].startswith(body)
 
 
 class CallStream:

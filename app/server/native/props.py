@@ -79,6 +79,9 @@ class Props(msgspec.Struct, kw_only=True):
     build_info: str
     chat_template: str | None
     chat_template_caps: TemplateCaps | None  # null until the model is loaded, and for a model with no template
+    # mlxcel's: the model answered the load-time tool probe with a call (app/engine/tool_probe.py);
+    # null until loaded, and where the template shows no tools
+    model_calls_tools: bool | None
     modalities: Modalities = msgspec.field(default_factory=Modalities)
     is_sleeping: bool = False
     mlxcel: DrafterInfo
@@ -176,6 +179,7 @@ def props(engine: EngineView) -> Props:
         build_info=BUILD_INFO,
         chat_template=getattr(engine.tokenizer, "chat_template", None) if ready else None,
         chat_template_caps=template_caps(engine.model.template_caps) if ready else None,
+        model_calls_tools=engine.model.calls_tools if ready else None,
         mlxcel=drafter_info(settings, engine.plan),
     )
 
