@@ -41,7 +41,6 @@ class ModelInfo:
     batching: str  # whether the target's rows share forwards: "rows" or "per-row (why)" (app/execution/forward.py)
     writes_thinking: bool  # the chat template in use has thinking tags (reasoning_format parses them)
     template_caps: chat_template.TemplateCaps | None  # what the chat template in use renders (None: no template)
-
     calls_tools: bool | None  # the model answered the load-time tool probe with a call (None: not probed)
 
     @classmethod
