@@ -42,8 +42,13 @@ def rows_of(runners: list[ModelRunner], inputs: list) -> list[RowForward]:
 
 
 def assert_same_rows(solo: list[ModelRunner], batched: list[ModelRunner], inputs: list) -> None:
-    expected = [r.forward(t) for r, t in zip(solo, inputs, strict=True)]
-    mx.eval(expected)
+    # each solo forward evaluated as it is made: a chain of lazy ticks on one pool keeps each
+    # tick's buffers referenced by the next, so every scatter copies its whole layer buffer
+    # (a cost that grows with the shared model's pool: 71 s of this file in the suite)
+    expected = []
+    for runner, tokens in zip(solo, inputs, strict=True):
+        expected.append(runner.forward(tokens))
+        mx.eval(expected[-1])
     got = forward(rows_of(batched, inputs))
     mx.eval(got)
     for row, (want, have) in enumerate(zip(expected, got, strict=True)):

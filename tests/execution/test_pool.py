@@ -49,8 +49,10 @@ ROUNDS = [[7], [8, 9, 10, 11, 12], [13], [14, 15, 16]]
 
 def test_a_rows_bits_do_not_depend_on_its_slot_neighbours_or_the_pools_size() -> None:
     """The same prompt and steps in a fresh pool's first slot, and in a pool grown to 32 slots and
-    four times the capacity, in its highest slot, between neighbours at other lengths stepping
-    in the same ticks: the same logits, the same keys and values."""
+    32 times the capacity, in its highest slot, between neighbours at other lengths stepping
+    in the same ticks: the same logits, the same keys and values. The grown pool's slots are past
+    `WHOLE_SLOT_RATIO` times the keys read, so its attention gathers slices where the fresh pool's
+    copies whole slots: both give the same bits."""
     model = tiny("qwen3", **QWEN3)
     alone = ModelRunner(model)
     mx.eval(alone.prefill(PROMPT))
@@ -58,7 +60,8 @@ def test_a_rows_bits_do_not_depend_on_its_slot_neighbours_or_the_pools_size() ->
 
     crowded = tiny("qwen3", **QWEN3)  # its own pool: grown before the row is placed
     neighbours = [ModelRunner(crowded) for _ in range(30)]
-    prepared(crowded).pool().reserve(4 * prepared(crowded).pool().capacity)
+    prepared(crowded).pool().reserve(32 * prepared(crowded).pool().capacity)
+    assert prepared(crowded).pool().capacity > attention.WHOLE_SLOT_RATIO * (len(PROMPT) + 10)
     row = ModelRunner(crowded)
     assert row.slot == prepared(crowded).pool().slots - 1 != alone.slot
     rng = np.random.default_rng(4)
