@@ -35,6 +35,7 @@ api_keys = ["{KEYS[0]}", "{KEYS[1]}"]
 max_connections = 128
 header_timeout_s = 1.0
 body_timeout_s = 2.0
+write_timeout_s = 1.0
 max_response_bytes = 2097152
 responses_stored = 8
 responses_store_mb = 8
@@ -100,6 +101,34 @@ def test_the_listener_bounds_connections_heads_bodies_and_waiting(target: Target
     assert huge.outcome["statuses"] == [431, 431]
     kinds = {event["kind"] for event in server.events("http_limit")}
     assert {"connections_full", "header_timeout", "body_timeout", "head_too_large"} <= kinds
+
+
+@pytest.mark.slow
+def test_upgrades_and_trailers_end(target: Target, server: RunningServer) -> None:
+    """Issue 45: WebSocket handshakes, past the connection cap, were never answered nor closed
+    (every new client got 503); a trailer line without end grew by `bytes +=` until the body's timeout."""
+    upgrades, trailers = attacked(target, "upgrades", "endless_trailers")
+    assert bar([upgrades, trailers]) == []
+    assert upgrades.outcome["first_statuses"] == [426] * 8 and upgrades.outcome["fresh_health"] == 200
+    assert upgrades.outcome["closed_by_server"] == upgrades.outcome["opened"] == Sizes().upgrades
+    assert trailers.outcome["statuses"] == [431] * Sizes().endless_trailers
+    assert all(sent < 16 for sent in trailers.outcome["sent_mb"])  # 64 KiB, and what the socket buffers took
+    kinds = {event["kind"] for event in server.events("http_limit")}
+    assert {"upgrade_refused", "head_too_large"} <= kinds
+
+
+@pytest.mark.slow
+def test_slow_readers_are_cut_off(target: Target, server: RunningServer) -> None:
+    """Issue 45: answers their clients never read, and streams whose clients stopped reading, held
+    their connections (and memory) for good: the server's end of every one is closed within
+    `write_timeout_s` of its last progress, and the streams' rows are cancelled."""
+    cancelled = len(server.events("request_cancelled"))
+    unread, streams = attacked(target, "unread_answers", "stalled_streams")
+    assert bar([unread, streams]) == []
+    assert unread.outcome["held"] == 0 and unread.outcome["fresh_health"] == 200
+    assert streams.outcome["held"] == 0 and streams.outcome["fresh_health"] == 200
+    assert len(server.events("request_cancelled")) - cancelled >= Sizes().stalled_streams
+    assert "write_timeout" in {event["kind"] for event in server.events("http_limit")}
 
 
 @pytest.mark.slow
