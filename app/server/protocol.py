@@ -21,10 +21,10 @@ connection reset and nothing in the log). This subclass adds, per connection:
 - an answer's unsent bytes (asyncio's write buffer: one message at most, as uvicorn waits for it
   to drain before the next, so a body within `server.max_response_bytes` or a stream's frames)
   taken by the client within `server.write_timeout_s`: a connection whose buffer went down by
-  nothing that long is aborted (`transport.abort()`: a polite `close()` waits for a flush that never
-  comes), which a running request reads as its client leaving, so a stalled stream's row is
-  cancelled; and past `server.max_unsent_bytes` over every connection, the longest stalled are
-  aborted;
+  nothing that long, its answer paused by asyncio's flow control or done, is aborted
+  (`transport.abort()`: a polite `close()` waits for a flush that never comes), which a running
+  request reads as its client leaving, so a stalled stream's row is cancelled; and past
+  `server.max_unsent_bytes` over every connection, the longest stalled are aborted;
 - at most `server.max_connections` connections (lowered below the descriptor limit at startup,
   `connection_cap`): past it, the oldest connection that is idle, still sending its head, or
   stalled on its writes is closed to make room (aborted where it holds unsent bytes), as nginx
@@ -38,8 +38,14 @@ second per kind with the count since the last, so an attack cannot flood the log
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
 import logging
 import resource
+import socket
+import struct
+import sys
+import termios
 import time
 from asyncio import TimerHandle, Transport
 from dataclasses import dataclass
@@ -50,8 +56,11 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from app.events import http as events
 from app.profiles.schema import ServerSettings
+from app.runtime.memory import release_free_memory
 from app.server.errors import envelope_body
 
+SO_NWRITE = 0x1024  # macOS: the bytes a socket's send queue holds (not in Python's socket module)
+RECLAIM_S = 0.5  # after the last abort: the request it cancelled has let go of its memory
 FD_RESERVE = 64  # descriptors kept for everything but client connections (models, logs, the grammar worker)
 
 
@@ -122,6 +131,27 @@ class Notes:
 NOTES = Notes()
 
 
+class Reclaim:
+    """Free memory handed back to the system (app/runtime/memory.py) RECLAIM_S after the last
+    abort, off the loop: an aborted answer's buffer and a stalled stream's queued frames are freed
+    by then, and glibc kept them (about 20 MB after eight unread answers of 1.9 MB)."""
+
+    def __init__(self) -> None:
+        self._timer: TimerHandle | None = None
+
+    def soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_later(RECLAIM_S, self._run, loop)
+
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        loop.run_in_executor(None, release_free_memory)
+
+
+RECLAIM = Reclaim()
+
+
 class EnvelopeHttpToolsProtocol(HttpToolsProtocol):
     limits: ListenerLimits  # set by `bounded_protocol` (the class uvicorn instantiates)
 
@@ -136,7 +166,7 @@ class EnvelopeHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: TimerHandle | None = None
         self._body_timer: TimerHandle | None = None
         self._write_timer: TimerHandle | None = None
-        self.stalled_since: float | None = None  # unsent bytes not taken by the client since then
+        self.stalled_since: float | None = None  # holding unsent bytes: when the client last took some
         self._unsent_at_check = 0
         self._drained = False  # asyncio resumed writing since the last check
 
@@ -187,18 +217,24 @@ class EnvelopeHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(RequestRefused(431, self._trailers_too_large()))
 
     def evictable_since(self) -> float | None:
-        """Since when this connection is idle, sending its head or stalled on its writes (None: busy, or going)."""
-        if self.transport.is_closing() and not self.transport.get_write_buffer_size():
+        """Since when this connection is idle or sending its head, or, holding unsent bytes, since
+        its client last took some (None: busy, or going)."""
+        unsent = self.transport.get_write_buffer_size()
+        if self.transport.is_closing() and not unsent:
             return None  # closed, or aborted: connection_lost is on its way
-        times = [t for t in (self.waiting_since, self.stalled_since) if t is not None]
-        return min(times) if times else None
+        return self.stalled_since if unsent else self.waiting_since
 
     def evict(self) -> None:
         """Make room: closed, or aborted where its client has not taken what was sent."""
         if self.transport.get_write_buffer_size():
-            self.transport.abort()
+            self.abort()
         else:
             self.transport.close()
+
+    def abort(self) -> None:
+        """Closed at once, its unsent bytes dropped; the memory they and the request held goes back soon."""
+        self.transport.abort()
+        RECLAIM.soon(self.loop)
 
     # --- upgrades -------------------------------------------------------------------------------
 
@@ -296,29 +332,44 @@ class EnvelopeHttpToolsProtocol(HttpToolsProtocol):
     def resume_writing(self) -> None:
         super().resume_writing()
         self._drained = True
+        if self.stalled_since is not None:
+            self.stalled_since = time.monotonic()
 
     def _watch_writes(self) -> None:
         """Check every `write_timeout_s`, while bytes are unsent, that the client took some."""
         if self._write_timer is not None or not self.transport.get_write_buffer_size():
             return
         self.stalled_since = time.monotonic()
-        self._unsent_at_check, self._drained = self.transport.get_write_buffer_size(), False
+        self._unsent_at_check, self._drained = self._unsent_in_all(), False
         self._write_timer = self._later(self.limits.write_timeout_s, self._check_writes)
 
     def _check_writes(self) -> None:
         self._write_timer = None
-        unsent = self.transport.get_write_buffer_size()
-        if not unsent:
+        if not self.transport.get_write_buffer_size():
             self.stalled_since = None
             return
+        unsent = self._unsent_in_all()
         if unsent < self._unsent_at_check or self._drained:  # the client reads, if slowly
             self.stalled_since = time.monotonic()
-            self._unsent_at_check, self._drained = unsent, False
-            self._write_timer = self._later(self.limits.write_timeout_s, self._check_writes)
+        elif not self._answer_growing():
+            seconds = self.limits.write_timeout_s
+            NOTES.note("write_timeout", client=self._client(), seconds=seconds, reason=f"{unsent} bytes unsent")
+            self.abort()
             return
-        seconds = self.limits.write_timeout_s
-        NOTES.note("write_timeout", client=self._client(), seconds=seconds, reason=f"{unsent} bytes unsent")
-        self.transport.abort()
+        self._unsent_at_check, self._drained = unsent, False
+        self._write_timer = self._later(self.limits.write_timeout_s, self._check_writes)
+
+    def _unsent_in_all(self) -> int:
+        """The bytes the client has not taken: asyncio's buffer and the kernel's send queue. The
+        kernel's alone says that a slow reader reads: its queue (megabytes) shrinks with every
+        read, where asyncio's buffer moves only once the kernel has room for a good part of it."""
+        return self.transport.get_write_buffer_size() + kernel_send_queue(self.transport)
+
+    def _answer_growing(self) -> bool:
+        """Whether an answer under way may still add bytes (asyncio has not paused it): then unsent
+        bytes that did not go down are no verdict, as the client may have taken some meanwhile."""
+        under_way = self.cycle is not None and not self.cycle.response_complete
+        return under_way and not self.flow.write_paused and not self.transport.is_closing()
 
     def _within_unsent_total(self) -> None:
         """Past `max_unsent_bytes` over every connection, abort the longest stalled until within it."""
@@ -333,7 +384,7 @@ class EnvelopeHttpToolsProtocol(HttpToolsProtocol):
             NOTES.note(
                 "unsent_full", action="aborted the longest stalled connection", limit=self.limits.max_unsent_bytes
             )
-            connection.transport.abort()
+            connection.abort()
             total -= unsent[connection]
             if total <= self.limits.max_unsent_bytes:
                 return
@@ -393,6 +444,20 @@ class EnvelopeHttpToolsProtocol(HttpToolsProtocol):
 
     def _client(self) -> str | None:
         return f"{self.client[0]}:{self.client[1]}" if self.client else None
+
+
+def kernel_send_queue(transport: Transport) -> int:
+    """The bytes the kernel holds for a connection, not yet acknowledged by the client (Linux's
+    SIOCOUTQ, macOS's SO_NWRITE); 0 where neither is known."""
+    sock = transport.get_extra_info("socket")
+    try:
+        if sock is not None and sys.platform == "linux":
+            return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        if sock is not None and sys.platform == "darwin":
+            return sock.getsockopt(socket.SOL_SOCKET, SO_NWRITE)
+    except OSError:
+        pass
+    return 0
 
 
 def bounded_protocol(server: ServerSettings, max_connections: int) -> type[EnvelopeHttpToolsProtocol]:
