@@ -181,7 +181,9 @@ class EnvelopeHttpToolsProtocol(HttpToolsProtocol):
         if evictable:
             min(evictable, key=lambda c: c.evictable_since()).evict()
             NOTES.note(
-                "connections_full", action="closed the oldest idle connection", limit=self.limits.max_connections
+                "connections_full",
+                action="closed the oldest idle or stalled connection",
+                limit=self.limits.max_connections,
             )
             return
         NOTES.note("connections_full", action="refused with 503", limit=self.limits.max_connections)
