@@ -132,6 +132,7 @@ def serve(settings: Settings, resolve: Callable[[], Resolved]) -> int:
         timeout_graceful_shutdown=HANDLER_GRACE_S,
         timeout_keep_alive=limits.keep_alive_timeout_s,  # type: ignore[arg-type]  (seconds, a float works)
         http=bounded_protocol(limits, max_connections),
+        ws="none",  # no route serves a WebSocket: the protocol answers a handshake 426 (app/server/protocol.py)
     )
     sock = listen(config)
     address = sock.getsockname()[:2]

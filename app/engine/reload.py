@@ -45,6 +45,8 @@ RESTART_ONLY = (
     "server.header_timeout_s",
     "server.body_timeout_s",
     "server.keep_alive_timeout_s",
+    "server.write_timeout_s",
+    "server.max_unsent_bytes",
     "server.cors_origins",
     "server.responses_stored",
     "server.responses_store_mb",

@@ -152,13 +152,17 @@ class ServerSettings(Group):
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 * 1024 * 1024  # larger bodies get 413
     # the listener (app/server/protocol.py): connections at once (lowered below the descriptor limit at
     # startup; past it the oldest idle one closes, or 503), a request's head (431 past either), and
-    # the time its head, its body and an idle keep-alive connection may take (408, or closed)
+    # the time its head, its body and an idle keep-alive connection may take (408, or closed); an
+    # answer whose client takes none of its unsent bytes for write_timeout_s is aborted, and past
+    # max_unsent_bytes unsent over every connection the longest stalled are aborted
     max_connections: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 1024
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 24)] = 64 * 1024
     max_headers: Annotated[int, msgspec.Meta(ge=8, le=100_000)] = 100
     header_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=3600.0)] = 10.0
     body_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=3600.0)] = 60.0
     keep_alive_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=3600.0)] = 5.0
+    write_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=3600.0)] = 30.0
+    max_unsent_bytes: Annotated[int, msgspec.Meta(ge=1 << 20)] = 256 * 1024 * 1024
     max_json_depth: Annotated[int, msgspec.Meta(ge=4, le=512)] = 64  # deeper JSON bodies get 400
     max_stop_strings: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 16  # more `stop` entries get 400
     max_stop_len: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 256  # longer stop strings get 400

@@ -19,6 +19,7 @@ TYPES = {
     405: "invalid_request_error",
     408: "invalid_request_error",
     413: "invalid_request_error",
+    426: "invalid_request_error",
     431: "invalid_request_error",
     429: "unavailable_error",
     501: "not_supported_error",

@@ -1,5 +1,6 @@
 """The Host check: a server bound to loopback answers only requests that name it by a loopback
-name, an IP address, its own `server.host` or a name `server.allowed_hosts` lists; others get 400.
+name, an IP address, its own `server.host` or a name `server.allowed_hosts` lists; others get 400. So
+does a request with more than one Host (a proxy may route by one and the app read the other).
 
 DNS rebinding: a web page on attacker.example makes its own name resolve to 127.0.0.1, and the
 browser, which sees one origin, lets the page read what the local server answers. The request
@@ -82,16 +83,23 @@ class HostCheck:
         if scope["type"] != "http":
             await self.serve(scope, receive, send)
             return
-        header = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+        hosts = [value.decode("latin-1") for name, value in scope["headers"] if name == b"host"]
+        if len(hosts) > 1:  # which one a proxy routed by and which one the app reads could differ
+            await refuse(send, f"the request names {len(hosts)} Host headers; HTTP/1.1 allows one")
+            return
+        header = hosts[0] if hosts else ""
         if host_allowed(host_name(header), self.app.state.settings.server):
             await self.serve(scope, receive, send)
             return
-        shown = header[:SHOWN_CHARS]
-        body = envelope_body(
-            400,
-            f"Host {shown!r} is not a name of this server; add it to server.allowed_hosts "
+        await refuse(
+            send,
+            f"Host {header[:SHOWN_CHARS]!r} is not a name of this server; add it to server.allowed_hosts "
             "(a proxy's public name), or name the server by localhost or its IP address",
         )
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 400, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+
+
+async def refuse(send: Send, message: str) -> None:
+    body = envelope_body(400, message)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 400, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

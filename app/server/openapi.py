@@ -6,7 +6,9 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 
-from litestar import Router
+from litestar import Request, Router
+from litestar._openapi.plugin import handle_schema_path_not_found
+from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
@@ -22,9 +24,22 @@ def openapi_config() -> OpenAPIConfig:
     The page at /schema is Swagger UI: the server sends the HTML, the browser fetches Swagger
     UI's script from its CDN, so the page needs a browser online; the JSON never does.
     """
-    docs = Router("/schema", route_handlers=[], include_in_schema=False, opt={"public": True})
+    docs = Router(
+        "/schema",
+        route_handlers=[],
+        include_in_schema=False,
+        opt={"public": True},
+        before_request=not_found_in_envelope,
+    )
     plugins = [SwaggerRenderPlugin(path="/"), JsonRenderPlugin()]
     return OpenAPIConfig(title="mlxcel", version=__version__, render_plugins=plugins, openapi_router=docs)
+
+
+def not_found_in_envelope(request: Request) -> None:
+    """Litestar answers a /schema/ path no plugin serves with an HTML page of its own; this
+    server's 404 is the envelope, as on every other path."""
+    if request.route_handler.fn is handle_schema_path_not_found:
+        raise NotFoundException()
 
 
 def streamed_or(body: type, stream: str) -> dict[int, ResponseSpec]:

@@ -63,6 +63,14 @@ class Sizes:
     store_overflow: int = (
         9  # tenant B's stored responses, past the test profile's 8 per tenant (the old store: 256 shared)
     )
+    upgrades: int = 160  # WebSocket handshakes left open, past the test server's 128 connections (the audit: 1,024)
+    endless_trailers: int = 2  # chunked bodies ending in one trailer line without end (the audit: 2), endless_s each
+    unread: int = 8  # connections that never read their answers (the audit: 24 of 31.7 MB)
+    unread_bytes: int = 1_900_000  # each answer (/detokenize), under the test profile's max_response_bytes
+    unread_pipelined: int = 3  # answers asked at once per connection: the kernel's socket buffers take the first
+    stalled_streams: int = 3  # streams whose client stops reading (the audit: 16 of 8.5 MB)
+    stream_probs: int = 1000  # their n_probs and tokens: 130 x 1001 entries (max_logprob_entries), 10.8 MB of frames
+    stream_tokens: int = 130
 
 
 AUDIT = Sizes(
@@ -82,6 +90,11 @@ AUDIT = Sizes(
     stored_bytes=10 << 20,
     pieces_bytes=8 << 20,
     store_overflow=257,
+    upgrades=1024,
+    unread=24,
+    unread_bytes=31_700_000,
+    unread_pipelined=1,
+    stalled_streams=16,
 )
 
 
@@ -374,24 +387,150 @@ def slow_heads_and_bodies(target: Target, sizes: Sizes, wait_s: float = 2.5) -> 
             sock.close()
 
 
+def flooded(target: Target, start: bytes, seconds: float) -> tuple[int, int]:
+    """`start`, then bytes of one line without end for `seconds` or until the server stops taking
+    them: the bytes sent and the status it answered (0: none)."""
+    sent = 0
+    with connect(target) as sock:
+        sock.sendall(start)
+        deadline = time.monotonic() + seconds
+        try:
+            while time.monotonic() < deadline:
+                sock.sendall(b"a" * 65536)
+                sent += 65536
+        except OSError:
+            pass
+        return sent, status_of(sock)
+
+
+def status_of(sock: socket.socket) -> int:
+    """The status of the answer waiting on `sock` (0: none, or the connection reset)."""
+    try:
+        sock.settimeout(1.0)
+        return int(sock.recv(64).split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def endless_heads(target: Target, sizes: Sizes) -> dict[str, Any]:
     """Sockets sending header bytes without end (one endless line each)."""
-
-    def flood() -> int:
-        sent = 0
-        with connect(target) as sock:
-            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Endless: ")
-            deadline = time.monotonic() + sizes.endless_s
-            try:
-                while time.monotonic() < deadline:
-                    sock.sendall(b"a" * 65536)
-                    sent += 65536
-            except OSError:
-                pass
-        return sent
-
-    sent = together([flood] * sizes.endless_heads)
+    start = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Endless: "
+    sent = together([lambda: flooded(target, start, sizes.endless_s)[0]] * sizes.endless_heads)
     return {"sent_mb": [round(s / (1 << 20), 1) for s in sent]}
+
+
+def endless_trailers(target: Target, sizes: Sizes) -> dict[str, Any]:
+    """Chunked bodies whose last chunk is followed by one trailer line without end: httptools joins
+    the unfinished line with `bytes +=`, quadratic, unless the server stops taking it."""
+    start = (
+        b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer " + (target.key or "").encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"2\r\n{}\r\n0\r\nX-Endless: "
+    )
+    results = together([lambda: flooded(target, start, sizes.endless_s)] * sizes.endless_trailers)
+    return {"sent_mb": [round(sent / (1 << 20), 1) for sent, _ in results], "statuses": [s for _, s in results]}
+
+
+def upgrades(target: Target, sizes: Sizes) -> dict[str, Any]:
+    """WebSocket handshakes (no key needed), left open: more of them than the server holds connections."""
+    handshake = (
+        b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    opened: list[socket.socket] = []
+    try:
+        for _ in range(sizes.upgrades):
+            with contextlib.suppress(OSError):
+                sock = connect(target)
+                sock.sendall(handshake)
+                opened.append(sock)
+        time.sleep(1.0)  # /health and the canary, with every socket left open
+        statuses = [status_of(sock) for sock in opened[:8]]
+        return {"opened": len(opened), "first_statuses": statuses, "closed_by_server": sum(map(closed, opened)),
+                "fresh_health": fresh_health(target)}  # fmt: skip
+    finally:
+        for sock in opened:
+            sock.close()
+
+
+def fresh_health(target: Target) -> int:
+    """/health's status on a new connection (the canary's poller keeps its own open)."""
+    try:
+        return httpx.get(f"{target.url}/health", timeout=5).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+def held_open(target: Target, socks: list[socket.socket]) -> int:
+    """How many of the connections of `socks` the server still holds: its end ESTABLISHED (a socket
+    the process closed, aborted or not, is the kernel's alone: FIN_WAIT or gone)."""
+    ports = {sock.getsockname()[1] for sock in socks}
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, remote, state = line.split()[1:4]
+            count += (
+                state == "01"
+                and int(local.rsplit(":")[1], 16) == target.port
+                and (int(remote.rsplit(":")[1], 16) in ports)
+            )
+    return count
+
+
+def unreading(target: Target, request: bytes, count: int) -> list[socket.socket]:
+    """`count` connections that send `request` and never read (a small receive window, as a slow
+    reader's), so that what the server answers stays in its buffers."""
+    opened = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", target.port))
+        sock.sendall(request)
+        opened.append(sock)
+    return opened
+
+
+def held(target: Target, opened: list[socket.socket], wait_s: float) -> dict[str, Any]:
+    """With the clients' sockets open and unread: polled until the server holds none of them, or
+    `wait_s`; then how many it still held and after how long."""
+    started = time.monotonic()
+    try:
+        while (holding := held_open(target, opened)) and time.monotonic() - started < wait_s:
+            time.sleep(0.25)
+        return {"opened": len(opened), "held": holding, "seconds": round(time.monotonic() - started, 1),
+                "fresh_health": fresh_health(target)}  # fmt: skip
+    finally:
+        for sock in opened:
+            sock.close()
+
+
+def post_request(target: Target, path: str, body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    return (
+        b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer " + (target.key or "").encode() + b"\r\n"
+        b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data
+    )
+
+
+def unread_answers(target: Target, sizes: Sizes) -> dict[str, Any]:
+    """Large /detokenize answers (within max_response_bytes) that their clients never read."""
+    with target.client() as http:
+        dashes = http.post("/tokenize", json={"content": "-" * 32}).json()["tokens"]
+    tokens = dashes * (sizes.unread_bytes // 32)
+    request = post_request(target, "/detokenize", {"tokens": tokens}) * sizes.unread_pipelined
+    return held(target, unreading(target, request, sizes.unread), HELD_WAIT_S)
+
+
+def stalled_streams(target: Target, sizes: Sizes) -> dict[str, Any]:
+    """Streams of large log-probability frames whose clients stop reading."""
+    body = {"prompt": "x", "n_predict": sizes.stream_tokens, "n_probs": sizes.stream_probs, "stream": True,
+            "temperature": 1.0, "ignore_eos": True}  # fmt: skip
+    request = post_request(target, "/completion", body)
+    return held(target, unreading(target, request, sizes.stalled_streams), HELD_WAIT_S)
+
+
+HELD_WAIT_S = 8.0  # well past the test profile's write_timeout_s (1 s) after the kernel's buffers fill
 
 
 def huge_heads(target: Target, sizes: Sizes) -> dict[str, Any]:
@@ -558,9 +697,13 @@ ATTACKS: dict[str, Callable[[Target, Sizes], dict[str, Any]]] = {
     "slow_sockets": slow_sockets,
     "slow_heads_and_bodies": slow_heads_and_bodies,
     "endless_heads": endless_heads,
+    "endless_trailers": endless_trailers,
+    "upgrades": upgrades,
     "huge_heads": huge_heads,
     "stored_responses": stored_responses,
     "tokenize_pieces": tokenize_pieces,
+    "unread_answers": unread_answers,
+    "stalled_streams": stalled_streams,
     "wrong_answers": wrong_answers,
 }
 

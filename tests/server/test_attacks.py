@@ -1,13 +1,14 @@
-"""Issue 34's classes of attack against one real server, each watched by a /health canary and a
+"""Issue 34's and 45's classes of attack against one real server, each watched by a /health canary and a
 decoding canary (ops/bench/attacks.py): /health answers within 1 s and the canary within 3x its
 idle time while an attack runs, and the server's RSS is back within 10% of its start after.
 
 One server serves every attack: target-only, embeddings on, two tenants' keys, a chat template
-with thinking tags, short listener timeouts, small response and store limits, 128 connections,
-and 256 file descriptors once it runs (so that a few hundred slow sockets reach the limit, as
-2,100 reached the 2,048 that mlx-lm sets on import in the audit). The attacks are the audit's,
-scaled down to seconds; each still failed on b503299 (docs/reliability.md gives the figures
-before and after).
+with thinking tags, short listener timeouts (a second for a client to take some of its answer),
+small response, unsent-bytes and store limits, 128 connections, and 256 file descriptors once
+it runs (so that a few hundred slow sockets reach the limit, as 2,100 reached the 2,048 that
+mlx-lm sets on import in the audit). The attacks are the audits', scaled down to seconds; each
+still failed on the build before its fix: issue 34's on b503299, issue 45's on b5f3cc6
+(docs/reliability.md gives the figures before and after).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ api_keys = ["{KEYS[0]}", "{KEYS[1]}"]
 max_connections = 128
 header_timeout_s = 1.0
 body_timeout_s = 2.0
+write_timeout_s = 1.0
+max_unsent_bytes = 2097152
 max_response_bytes = 2097152
 responses_stored = 8
 responses_store_mb = 8
@@ -100,6 +103,35 @@ def test_the_listener_bounds_connections_heads_bodies_and_waiting(target: Target
     assert huge.outcome["statuses"] == [431, 431]
     kinds = {event["kind"] for event in server.events("http_limit")}
     assert {"connections_full", "header_timeout", "body_timeout", "head_too_large"} <= kinds
+
+
+@pytest.mark.slow
+def test_upgrades_and_trailers_end(target: Target, server: RunningServer) -> None:
+    """Issue 45: WebSocket handshakes, past the connection cap, were never answered nor closed
+    (every new client got 503); a trailer line without end grew by `bytes +=` until the body's timeout."""
+    upgrades, trailers = attacked(target, "upgrades", "endless_trailers")
+    assert bar([upgrades, trailers]) == []
+    assert upgrades.outcome["first_statuses"] == [426] * 8 and upgrades.outcome["fresh_health"] == 200
+    assert upgrades.outcome["closed_by_server"] == upgrades.outcome["opened"] == Sizes().upgrades
+    assert trailers.outcome["statuses"] == [431] * Sizes().endless_trailers
+    assert all(sent < 16 for sent in trailers.outcome["sent_mb"])  # 64 KiB, and what the socket buffers took
+    kinds = {event["kind"] for event in server.events("http_limit")}
+    assert {"upgrade_refused", "head_too_large"} <= kinds
+
+
+@pytest.mark.slow
+def test_slow_readers_are_cut_off(target: Target, server: RunningServer) -> None:
+    """Issue 45: answers their clients never read, and streams whose clients stopped reading, held
+    their connections (and memory) for good: the server's end of every one is closed within
+    `write_timeout_s` of its last progress, and the streams' rows are cancelled."""
+    cancelled = len(server.events("request_cancelled"))
+    unread, streams = attacked(target, "unread_answers", "stalled_streams")
+    assert bar([unread, streams]) == []
+    assert unread.outcome["held"] == 0 and unread.outcome["fresh_health"] == 200
+    assert streams.outcome["held"] == 0 and streams.outcome["fresh_health"] == 200
+    assert len(server.events("request_cancelled")) - cancelled >= Sizes().stalled_streams
+    # unread answers (about 0.8 MB each past the kernel's buffers) passed the profile's 2 MiB unsent in all
+    assert {"write_timeout", "unsent_full"} <= {event["kind"] for event in server.events("http_limit")}
 
 
 @pytest.mark.slow

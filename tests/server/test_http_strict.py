@@ -178,13 +178,7 @@ def test_cors_preflight_and_simple_requests(default_server) -> None:
 
 
 def test_malformed_http_gets_the_envelope_and_a_json_log_line(default_server) -> None:
-    host, port = default_server.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as raw:
-        raw.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n")
-        reply = b""
-        while chunk := raw.recv(65536):
-            reply += chunk
-    head, _, body = reply.partition(b"\r\n\r\n")
+    head, body = exchange(default_server, b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 ")
     assert b"content-type: application/json" in head.lower()
     assert httpx.Response(400, content=body).json()["error"] == {
@@ -196,6 +190,59 @@ def test_malformed_http_gets_the_envelope_and_a_json_log_line(default_server) ->
     assert warnings and warnings[-1]["message"] == "Invalid HTTP request received."
     with default_server.client() as http:
         assert_serving(http)
+
+
+def exchange(server, request: bytes) -> tuple[bytes, bytes]:
+    """`request` sent on a fresh connection; the answer's head and body, read until the server
+    closes (a connection it leaves open fails the read's timeout)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        raw.sendall(request)
+        reply = b""
+        while chunk := raw.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return head, body
+
+
+@pytest.mark.parametrize("hosts", [(b"127.0.0.1", b"rebound.example"), (b"rebound.example", b"127.0.0.1")])
+def test_two_host_headers_get_400(default_server, hosts) -> None:
+    """Either order: the last Host was the one checked, so a rebound name came through first."""
+    lines = b"".join(b"Host: " + host + b"\r\n" for host in hosts)
+    head, body = exchange(default_server, b"GET /props HTTP/1.1\r\n" + lines + b"Connection: close\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ")
+    assert_error(httpx.Response(400, content=body), 400, "2 Host headers")
+
+
+def test_schema_paths_not_served_get_the_envelope(default_server) -> None:
+    with default_server.client() as http:
+        for path in ("/schema/nothing", "/schema/openapi.yaml", "/schema/a/b"):
+            answer = http.get(path)
+            assert answer.status_code == 404 and answer.headers["content-type"] == "application/json", path
+            assert answer.json()["error"] == {
+                "code": 404,
+                "message": f"File Not Found: GET {path}",
+                "type": "not_found_error",
+            }
+        assert http.get("/schema").headers["content-type"] == "text/html; charset=utf-8"  # the docs page itself
+
+
+def test_the_page_names_its_charset_once(default_server) -> None:
+    with default_server.client() as http:
+        assert http.get("/").headers["content-type"] == "text/html; charset=utf-8"
+
+
+def test_an_upgrade_is_answered_and_the_connection_closed(default_server) -> None:
+    """No route serves a WebSocket: 426 in the envelope. Another protocol's Upgrade (h2c, as curl
+    --http2 sends) is ignored, as HTTP allows: the request is served. Either way the server closes
+    (`exchange` reads until it does)."""
+    websocket = b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+    h2c = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+    head, body = exchange(default_server, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + websocket + b"\r\n")
+    assert head.startswith(b"HTTP/1.1 426 ") and b"connection: close" in head.lower()
+    assert_error(httpx.Response(426, content=body), 426, "WebSocket")
+    head, body = exchange(default_server, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + h2c + b"\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and body == b'{"status":"ok"}'
 
 
 def test_a_500_logs_type_traceback_and_the_error_id_it_names() -> None:

@@ -15,7 +15,7 @@ import hashlib
 import re
 from pathlib import Path
 
-from litestar import Controller, Request, Response, get
+from litestar import Controller, MediaType, Request, Response, get
 from litestar.exceptions import NotFoundException
 
 WEB = Path(__file__).resolve().parent
@@ -63,7 +63,7 @@ class WebController(Controller):
     async def index(self, request: Request) -> Response:
         if not request.app.state.settings.server.web_ui:
             raise NotFoundException()
-        return Response(page(), media_type="text/html; charset=utf-8", headers=headers())
+        return Response(page(), media_type=MediaType.HTML, headers=headers())
 
     @get("/favicon.ico", opt={"public": True}, include_in_schema=False, name="web-icon")
     async def favicon(self, request: Request) -> Response:
