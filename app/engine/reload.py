@@ -25,8 +25,8 @@ import msgspec
 from app.engine.engine import Engine
 from app.engine.scheduler import EngineState
 from app.engine.switch import EngineSwitch
-from app.execution.device import release_buffers
 from app.events import reload as events
+from app.execution.device import release_buffers
 from app.loading import ModelLoadError
 from app.profiles.loader import ProfileError, Resolved, leaves
 from app.profiles.schema import Settings

@@ -2,13 +2,13 @@
 
 A profile's keys come from `server.api_key`, `server.api_keys` and `server.api_key_file` (one key
 per line; blank lines and `#` comments skipped). `server.api_key` is also the server key: the
-admin routes (POST /admin/reload) take it and no tenant's key of the other two. The file is checked when the profile is resolved
-(the loader's check_api_keys) and read into the HTTP app's `Tenants` at startup and on each
-reload, so editing it and reloading rotates keys. The tenant id is what the rest of the server
-knows a client by (the prompt cache's partition, whose rows /slots shows in full, the access
-event's `tenant`): never the key itself, and stable across restarts and reloads. Its 48 bits of
-SHA-256 give away nothing usable of a long random key (as keys should be); a short guessable key
-could be guessed from its id offline.
+admin routes (POST /admin/reload) take it and no tenant's key of the other two. The file is
+checked when the profile is resolved (the loader's check_api_keys) and read into the HTTP app's
+`Tenants` at startup and on each reload, so editing it and reloading rotates keys. The tenant id
+is what the rest of the server knows a client by (the prompt cache's partition, whose rows
+/slots shows in full, the access event's `tenant`): never the key itself, and stable across
+restarts and reloads. Its 48 bits of SHA-256 give away nothing usable of a long random key (as
+keys should be); a short guessable key could be guessed from its id offline.
 """
 
 from __future__ import annotations

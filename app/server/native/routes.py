@@ -207,7 +207,7 @@ class AdminController(Controller):
         status_code=200,
         guards=[require_ready, require_server_key],
         responses={
-            403: error("server.admin_reload is off in the serving profile, or the key is a tenant's, not the server key"),
+            403: error("server.admin_reload is off in the serving profile, or a tenant's key, not the server key"),
             409: error("refused: the old profile goes on serving; the message is the one-line reason"),
         },
     )
