@@ -62,14 +62,14 @@ def stopped(process: subprocess.Popen[str], log: Path, sig: signal.Signals) -> t
 @pytest.mark.slow
 def test_a_signal_at_any_moment_of_the_start_exits_cleanly(tmp_path: Path) -> None:
     outcomes = {}
-    # The moments: Python importing MLX and the app (after half a second, and a second), the
+    # The moments: Python importing MLX and the app (after half a second, and 1.5 s), the
     # engine loading its model (the audit's aborts), and serving.
     moments = {
         "importing": lambda log, url: True,
         "loading": lambda log, url: '"listening"' in log.read_text(),
         "serving": lambda log, url: healthy(url),
     }
-    cases = [("importing", 0.5, signal.SIGTERM), ("importing", 1.0, signal.SIGINT), ("loading", 0, signal.SIGTERM),
+    cases = [("importing", 0.5, signal.SIGTERM), ("importing", 1.5, signal.SIGINT), ("loading", 0, signal.SIGTERM),
              ("loading", 0, signal.SIGINT), ("serving", 0, signal.SIGTERM)]  # fmt: skip
     for moment, delay, sig in cases:
         process, log, url = started(tmp_path, f"{moment}-{delay}-{sig.name}")
