@@ -37,9 +37,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         named: Sequence[str] = ()
     else:  # help and usage errors list them all
         named = argv[:1] if argv[:1] and argv[0] in COMMANDS else COMMANDS
-    args = build_parser(named).parse_args(argv)
     try:
+        args = build_parser(named).parse_args(argv)
         return args.handler(args)
+    except KeyboardInterrupt:  # Ctrl-C before the command handles it (serve does from its first line)
+        return 128 + signal.SIGINT  # the shell's status for it, without a traceback
     except (ModelLoadError, ProfileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

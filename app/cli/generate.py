@@ -33,6 +33,7 @@ from app.loading import read_checkpoint
 from app.profiles import ProfileError, Resolved, add_profile_flags, settled
 from app.profiles.loader import flags_of, resolve
 from app.profiles.schema import Settings
+from app.profiles.tenants import ANONYMOUS
 from app.runtime.logging import configure_logging
 from app.sampling import SamplingParams
 from app.sampling.dry import dry_breakers
@@ -112,7 +113,8 @@ def sampling(settings: Settings, tokenizer: TokenizerWrapper) -> SamplingParams:
     """The profile's sampler defaults, DRY's breakers as the tokenizer's tokens."""
     params = settings.sampling.params()
     if params.has_dry:
-        params = msgspec.structs.replace(params, dry_breakers=dry_breakers(tokenizer, params.dry_sequence_breakers))
+        breakers = dry_breakers(tokenizer, params.dry_sequence_breakers, ANONYMOUS)
+        params = msgspec.structs.replace(params, dry_breakers=breakers)
     problems = params.problems()
     if problems:
         raise ProfileError(f"{settings.source}: [sampling]: {'; '.join(problems)}")

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import argparse
 import errno
+import logging
+import os
+import signal
 import socket
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
+from app.cli import tensor_launch
 from app.cli.exit_codes import EXIT_CONFIG
+from app.events import serve as events
 from app.profiles import add_profile_flags, origin, settled
 from app.profiles.loader import flags_of, resolve
 from app.runtime.logging import configure_logging, log_stream
@@ -73,9 +78,43 @@ def listen_problem(host: str, port: int) -> ListenProblem | None:
     return None
 
 
+def stop_early() -> None:
+    """Until uvicorn installs its draining handlers, SIGTERM and SIGINT stop at once (a tensor
+    rank's stop signals, ignored as its supervisor started it, stay ignored)."""
+    for sig in tensor_launch.STOP_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, stop_before_serving)
+
+
+def stop_before_serving(sig: int, _: object) -> None:
+    """SIGTERM or SIGINT while MLX, the app and the engine are still being imported and built:
+    nothing serves or holds anything yet, so stop at once, as cleanly as a drained server (0),
+    not by the signal's default action or a KeyboardInterrupt's traceback."""
+    events.stopped_before_serving(signal=signal.Signals(sig).name)
+    exit_process(0)
+
+
+def exit_process(status: int) -> NoReturn:
+    """End `mlxcel serve` without the interpreter's finalization.
+
+    MLX keeps per-thread state (a thread's compile cache) whose destructor, run as the thread
+    exits, takes the GIL to release the Python objects it holds. A finalizing interpreter answers
+    that with pthread_exit inside the C++ destructor, and the process aborted ("terminate called
+    without an active exception", status 134): an engine thread ends just as the process does
+    when a signal comes while it loads (13 of 19 SIGTERMs 2-5 s after start), and a reload's
+    engine may still be loading at exit. By now the drain is done, the engines are stopped and
+    the grammar worker closed; the log is flushed here: finalization has nothing left to do.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def run(args: argparse.Namespace) -> int:
     # Logging first (a profile's [logging] needs no model check), so that settling the drafter
     # below reports into the configured stream.
+    stop_early()
     resolved = resolve(args.profile, flags_of(args))
     log = resolved.settings.logging
     configure_logging(log.level, fmt=log.format, stream=log_stream(log.destination))
@@ -83,8 +122,6 @@ def run(args: argparse.Namespace) -> int:
     settings = resolved.settings
     rank = None
     if settings.target.parallel == "tensor":
-        from app.cli import tensor_launch
-
         rank = tensor_launch.launched_rank()
         if rank is not None:
             tensor_launch.watch_supervisor()
@@ -100,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
         if rank is None:
             return tensor_launch.supervise(settings, sys.argv[1:])
         tensor_launch.restore_stop_signals()
+        stop_early()  # rank 0: the signals it inherited ignored are its own again
     from app.cli.serving import serve
 
     status = serve(settings, lambda: settled(resolve(args.profile, flags_of(args))))
-    return tensor_launch.record_status(status) if rank == 0 else status
+    exit_process(tensor_launch.record_status(status) if rank == 0 else status)

@@ -26,6 +26,7 @@ from app.engine.scheduler import EngineState, Scheduler, UnavailableError, unava
 from app.engine.snapshot import EngineSnapshot, copy_metrics, row_view
 from app.events import engine as events
 from app.execution.embedding import embeddings
+from app.execution.streams import pooled_streams
 from app.profiles.schema import Settings
 from app.profiles.tenants import Tenants
 from app.runtime.logging import new_error_id
@@ -123,6 +124,10 @@ class Engine:
     # --- the worker thread -----------------------------------------------------------------
 
     def _run(self) -> None:
+        with pooled_streams():  # this thread's MLX streams outlive it: the next engine takes them
+            self._serve()
+
+    def _serve(self) -> None:
         try:
             self._load()
         except BaseException as exc:

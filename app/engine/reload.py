@@ -14,6 +14,7 @@ change to who may call that the new profile does not allow, or models that do no
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from app.engine.engine import Engine
 from app.engine.scheduler import EngineState
 from app.engine.switch import EngineSwitch
 from app.events import reload as events
+from app.execution.device import release_buffers
 from app.loading import ModelLoadError
 from app.profiles.loader import ProfileError, Resolved, leaves
 from app.profiles.schema import Settings
@@ -132,7 +134,8 @@ class Reloader:
             drafter_kind=settings.drafter.kind,
             seconds=time.perf_counter() - started,
         )
-        threading.Thread(target=self._release, args=(replaced,), name="mlxcel-release", daemon=True).start()
+        del replaced  # the release thread finds it among the retired: a reference here would keep it alive
+        threading.Thread(target=self._release, name="mlxcel-release", daemon=True).start()
         return engine
 
     def reload_in_background(self, trigger: str) -> None:
@@ -194,9 +197,19 @@ class Reloader:
         engine.on_failure = self.on_failure
         return engine, changed
 
-    def _release(self, replaced: Engine) -> None:
-        """Wait for the replaced engine's requests to end, then stop it (its memory goes with it)."""
-        while replaced in self.engines.engines:  # another reload's thread may be the one that stops it
-            self.engines.release_finished()
+    def _release(self) -> None:
+        """Stop each replaced engine once its requests end, then hand its memory back to the system.
+
+        It holds no reference to an engine past the one that stops it, so the engine is freed
+        here (cycles and all, by gc) and MLX's cache and malloc's arenas can give its weights and
+        KV pool back: kept, they added ~80 MB to the first reload's RSS (`docs/reliability.md`)."""
+        while self.engines.retiring:  # another reload's thread may be the one that stops some
+            log_released(self.engines.release_finished())
             time.sleep(POLL_S)
-        events.engine_released(profile=replaced.settings.profile)
+        gc.collect()
+        release_buffers()
+
+
+def log_released(engines: list[Engine]) -> None:
+    for engine in engines:
+        events.engine_released(profile=engine.settings.profile)

@@ -29,6 +29,12 @@ class EngineSwitch:
         with self._lock:
             return [self.current, *self._retired]
 
+    @property
+    def retiring(self) -> bool:
+        """Some replaced engine is not stopped yet."""
+        with self._lock:
+            return bool(self._retired)
+
     @contextmanager
     def hold(self) -> Iterator[Engine]:
         """The current engine, kept from release until the block ends."""

@@ -32,6 +32,11 @@ def drain_timed_out(*, rows: int) -> None:
     _log.warning("drain_timed_out", rows=rows)
 
 
+def stopped_before_serving(*, signal: str) -> None:
+    """SIGTERM or SIGINT before the server was built (while MLX and the app were imported): exit 0 at once."""
+    _log.info("stopped_before_serving", signal=signal)
+
+
 def forced_exit(*, signal: str) -> None:
     _log.warning("forced_exit", signal=signal)
 

@@ -26,6 +26,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from app.runtime.blas import row_stable_rows
+from app.runtime.memory import release_free_memory
 
 # On the CPU backend half-precision products are slower than float32; small models are upcast.
 UPCAST_LIMIT_PARAMS = 1_000_000_000
@@ -66,6 +67,13 @@ def backend() -> Backend:
     if mx.default_device().type == mx.DeviceType.gpu:  # MLX's GPU backends: Metal or CUDA
         return Backend("metal", 0) if mx.metal.is_available() else Backend("cuda", CUDA_ROW_INVARIANT_ROWS)
     return Backend("cpu", row_stable_rows())
+
+
+def release_buffers() -> None:
+    """Hand what MLX's buffer cache and malloc's arenas keep back to the system: after a reload's
+    old engine is freed, its weights and KV pool would otherwise stay in the cache for good."""
+    mx.clear_cache()
+    release_free_memory()
 
 
 def keep_buffers(pool_bytes: int) -> None:

@@ -465,11 +465,12 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
     for key, value in leaves(msgspec.to_builtins(settings)).items():
         if isinstance(value, float) and not math.isfinite(value):
             raise ProfileError(f"{origin(key, sources, path)}: {value} is not a finite number; give a finite one")
-    keyed = check_api_keys(settings, sources, path)
-    if settings.server.admin_reload and not keyed:
+    check_api_keys(settings, sources, path)
+    if settings.server.admin_reload and settings.server.api_key is None:
         raise ProfileError(
-            f"{origin('server.admin_reload', sources, path)}: needs server.api_key, api_keys or api_key_file (a key "
-            "guards POST /admin/reload, or anyone who reaches the port could reload); set a key, or reload with SIGHUP"
+            f"{origin('server.admin_reload', sources, path)}: needs server.api_key (the server key guards POST "
+            "/admin/reload, which no tenant's key of server.api_keys or api_key_file may call); set it, or reload "
+            "with SIGHUP"
         )
     if settings.server.embeddings and settings.target.parallel != "none":
         raise ProfileError(
@@ -502,8 +503,8 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
         raise ProfileError(f"{origin('logging.destination', sources, path)}: {problem}")
 
 
-def check_api_keys(settings: Settings, sources: dict[str, str], path: Path) -> bool:
-    """Every configured key is usable and the key file reads; whether any key is configured."""
+def check_api_keys(settings: Settings, sources: dict[str, str], path: Path) -> None:
+    """Every configured key is usable and the key file reads."""
     server = settings.server
     if server.api_key is not None and not server.api_key.strip():
         raise ProfileError(
@@ -513,7 +514,7 @@ def check_api_keys(settings: Settings, sources: dict[str, str], path: Path) -> b
     if any(not key.strip() for key in server.api_keys):
         raise ProfileError(f"{origin('server.api_keys', sources, path)}: an empty API key; drop it from the list")
     if server.api_key_file is None:
-        return server.api_key is not None or bool(server.api_keys)
+        return
     where = origin("server.api_key_file", sources, path)
     try:
         keys = read_key_file(server.api_key_file)
@@ -526,7 +527,6 @@ def check_api_keys(settings: Settings, sources: dict[str, str], path: Path) -> b
             f"{where}: {server.api_key_file} holds no key (only blank lines and # comments); write one key per "
             "line, or leave server.api_key_file unset"
         )
-    return True
 
 
 def require_each(entries: list[str], pattern: re.Pattern[str], where: str, advice: str) -> None:

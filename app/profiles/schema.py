@@ -202,7 +202,8 @@ class ServerSettings(Group):
     # a model named org/name that is not in the Hugging Face cache may be downloaded (flag --hf-download)
     allow_model_download: bool = False
     props_show_paths: bool = False  # /props and /v1/models show filesystem paths, not just their last part
-    # POST /admin/reload (hot profile reload); needs an API key, which guards it. SIGHUP reloads regardless.
+    # POST /admin/reload (hot profile reload); needs server.api_key, the server key, which alone may call it
+    # (a tenant's key of api_keys or api_key_file may not). SIGHUP reloads regardless.
     admin_reload: bool = False
     # a reload may change the keys that say who may call (app/engine/reload.py ACCESS_KEYS)
     reload_may_change_auth: bool = False

@@ -1,13 +1,14 @@
 """Tenants: each API key is one, named by a short hash of the key; with no key, one anonymous tenant.
 
 A profile's keys come from `server.api_key`, `server.api_keys` and `server.api_key_file` (one key
-per line; blank lines and `#` comments skipped). The file is checked when the profile is resolved
-(the loader's check_api_keys) and read into the HTTP app's `Tenants` at startup and on each
-reload, so editing it and reloading rotates keys. The tenant id is what the rest of the server
-knows a client by (the prompt cache's partition, whose rows /slots shows in full, the access
-event's `tenant`): never the key itself, and stable across restarts and reloads. Its 48 bits of
-SHA-256 give away nothing usable of a long random key (as keys should be); a short guessable key
-could be guessed from its id offline.
+per line; blank lines and `#` comments skipped). `server.api_key` is also the server key: the
+admin routes (POST /admin/reload) take it and no tenant's key of the other two. The file is
+checked when the profile is resolved (the loader's check_api_keys) and read into the HTTP app's
+`Tenants` at startup and on each reload, so editing it and reloading rotates keys. The tenant id
+is what the rest of the server knows a client by (the prompt cache's partition, whose rows
+/slots shows in full, the access event's `tenant`): never the key itself, and stable across
+restarts and reloads. Its 48 bits of SHA-256 give away nothing usable of a long random key (as
+keys should be); a short guessable key could be guessed from its id offline.
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ def configured_keys(server: ServerSettings) -> list[str]:
 @dataclass(frozen=True)
 class Tenants:
     keys: tuple[tuple[bytes, str], ...]  # (key, its tenant id)
+    server: str | None = None  # the tenant of `server.api_key`, the server key: the admin routes are its alone
 
     @classmethod
     def of(cls, server: ServerSettings) -> Tenants:
-        return cls(tuple((key.encode(), tenant_id(key)) for key in configured_keys(server)))
+        keys = tuple((key.encode(), tenant_id(key)) for key in configured_keys(server))
+        return cls(keys, None if server.api_key is None else tenant_id(server.api_key))
 
     @property
     def open(self) -> bool:

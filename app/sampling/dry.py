@@ -58,8 +58,11 @@ def _token_texts(tokenizer: TokenizerWrapper) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=64)
-def dry_breakers(tokenizer: TokenizerWrapper, breakers: tuple[str, ...]) -> Breakers:
-    """DRY's sequence breakers as `tokenizer`'s token sequences, remembered per breaker list."""
+def dry_breakers(tokenizer: TokenizerWrapper, breakers: tuple[str, ...], tenant: str) -> Breakers:
+    """DRY's sequence breakers as `tokenizer`'s token sequences, remembered per breaker list and
+    `tenant`: a list's first use walks the vocabulary (7-22 ms on the embedded target), a
+    remembered one costs nothing, so a cache shared by tenants would tell one whether another had
+    sent a list (docs/reliability.md, "Tenants and the caches")."""
     return sequence_breakers(
         breakers, _token_texts(tokenizer), lambda text: tokenizer.encode(text, add_special_tokens=False)
     )

@@ -5,7 +5,10 @@ wait in a bounded queue in front of it. A compile that runs past `compile_timeou
 child killed; one that crashes it (a native stack overflow, the memory limit) leaves it dead;
 either way the caller gets a `GrammarError` naming the limit and the next compile starts a
 fresh child. The compiler's own verdicts (the grammar, or its refusal) are cached by the text's
-hash (bounded), so a repeated schema costs a dictionary lookup. A child that died is no verdict
+hash and the tenant that sent it (bounded), so a tenant's repeated schema costs a dictionary
+lookup, and another tenant's same schema is compiled again: a hit answered in a fraction of a
+compile's time, which told a tenant whether another had sent a schema (0.105 s against 0.216 s,
+12 of 12 pairs). A child that died is no verdict
 on the grammar by itself (something outside may have killed it), so the compile is tried once
 more on a fresh child: a grammar that kills that one too is refused for it, and that refusal is
 cached (a repeated crashing grammar must not keep killing the worker); one whose second try
@@ -84,12 +87,12 @@ class GrammarCompiler:
         self._waiting_lock = threading.Lock()
         self._cache: OrderedDict[str, Grammar | str] = OrderedDict()  # hash -> grammar, or the refusal
 
-    def compile(self, kind: str, text: str, source: str) -> Grammar:
-        """The checked grammar for `text` (GBNF, or a JSON schema as JSON text); blocking.
+    def compile(self, kind: str, text: str, source: str, tenant: str) -> Grammar:
+        """The checked grammar for `text` (GBNF, or a JSON schema as JSON text) for `tenant`; blocking.
 
         GrammarError: refused (the message names the limit); GrammarUnavailableError: no compile now.
         """
-        key = hashlib.sha256(f"{kind}\0{text}".encode()).hexdigest()
+        key = hashlib.sha256(f"{tenant}\0{kind}\0{text}".encode()).hexdigest()
         verdict = self._cached(key)
         if verdict is None:
             verdict = self._queued(key, kind, text)

@@ -6,6 +6,7 @@ opt={"public": True}); the key comes as `Authorization: Bearer KEY` or, Anthropi
 `x-api-key: KEY`. OPTIONS never needs it: browsers send no key on a CORS preflight, and the
 answer names only the allowed methods. Without keys every request is the anonymous tenant's; so
 is a request without a valid key on a public route, which starts no rows and shows no slots.
+The admin routes take the server key alone (`require_server_key`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,16 @@ def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> No
     if tenant or tenants.open or handler.opt.get("public") or connection.scope["method"] == "OPTIONS":
         return
     raise ApiError(401, "Invalid API Key", "authentication_error")
+
+
+def require_server_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    """The admin routes' guard, after require_api_key's: the server key (`server.api_key`) only.
+    A tenant's key (`server.api_keys`, the key file) is a client of the API, not of the server:
+    a valid key without the right, so 403 (OpenAI's `permission_error`); no key or a wrong one
+    was already a 401."""
+    if tenant_of(connection) != connection.app.state.tenants.server:
+        message = "this route needs the server key (server.api_key); a tenant's key may not call it"
+        raise ApiError(403, message, "permission_error")
 
 
 def tenant_of(connection: ASGIConnection) -> str:

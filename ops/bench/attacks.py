@@ -12,7 +12,8 @@ canary's median run within 3x idle (the median, as the machine's other work move
 by more than that), RSS after within 10% of before. Sizes are the test's (tests/server/test_attacks.py, seconds each)
 unless --audit asks for the audit's own (minutes on a small machine). Run against a server whose
 profile matches the test's (its api_keys, short listener timeouts, small response and store
-limits) to compare two builds; `--key` and `--key-b` name its tenants' keys.
+limits) to compare two builds; `--key` and `--key-b` name its tenants' keys, `--server-key` its
+server key (the profile's `server.api_key`, with `server.admin_reload` on).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Sizes:
     stalled_streams: int = 3  # streams whose client stops reading (the audit: 16 of 8.5 MB)
     stream_probs: int = 1000  # their n_probs and tokens: 130 x 1001 entries (max_logprob_entries), 10.8 MB of frames
     stream_tokens: int = 130
+    reloads: int = 20  # POST /admin/reload by the server key, one after another (the audit: 133)
 
 
 AUDIT = Sizes(
@@ -95,6 +97,7 @@ AUDIT = Sizes(
     unread_bytes=31_700_000,
     unread_pipelined=1,
     stalled_streams=16,
+    reloads=133,
 )
 
 
@@ -104,6 +107,7 @@ class Target:
     pid: int
     key: str | None = None  # tenant A's API key (None: no keys)
     key_b: str | None = None  # tenant B's
+    server_key: str | None = None  # server.api_key, the admin routes' key
 
     @property
     def headers(self) -> dict[str, str]:
@@ -580,6 +584,46 @@ def tokenize_pieces(target: Target, sizes: Sizes) -> dict[str, Any]:
     return {"status": answer.status_code, "bytes": len(answer.content)}
 
 
+# --- auth and what tenants can see (issue 45) --------------------------------------------------
+
+
+def threads(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/task").iterdir()))
+
+
+def reloads(target: Target, sizes: Sizes) -> dict[str, Any]:
+    """Each tenant's key tries POST /admin/reload; then the server key reloads again and again (each
+    reload left a thread and ~7 MB behind)."""
+    tenants = []
+    for key in (target.key, target.key_b):
+        with target.client(key) as http:
+            tenants.append(http.post("/admin/reload").status_code)
+    before = threads(target.pid)
+    with target.client(target.server_key) as http:
+        statuses = [http.post("/admin/reload").status_code for _ in range(sizes.reloads)]
+    time.sleep(SETTLE_S)  # the last replaced engine is released
+    return {"tenants": tenants, "statuses": sorted(set(statuses)), "threads": [before, threads(target.pid)]}
+
+
+def grammar_schema(marker: str) -> dict[str, Any]:
+    """A schema of many typed properties, named after `marker`: a compile takes tenths of a second."""
+    kinds = [{"type": "string", "maxLength": 12}, {"type": "integer", "minimum": 0}, {"enum": ["a", "b", "c"]}]
+    properties = {f"{marker}_{i}": kinds[i % 3] for i in range(60)}
+    return {"type": "object", "properties": properties, "required": sorted(properties)}
+
+
+def tenant_grammars(target: Target, sizes: Sizes) -> dict[str, Any]:
+    """Tenant A sends a new schema twice, then tenant B the same: B's must cost a compile like any
+    new schema, not A's cache hit (the shared cache answered a right guess in half the time)."""
+    body = {"prompt": "x", "n_predict": 1, "json_schema": grammar_schema(f"p{time.time_ns()}")}
+    seconds = {}
+    for name, key in (("a_first", target.key), ("a_again", target.key), ("b_same", target.key_b)):
+        with target.client(key) as http:
+            status, seconds[name] = timed(lambda: http.post("/completion", json=body))
+        assert status == 200, status
+    return seconds
+
+
 # --- 4. 5xx and wrong answers -----------------------------------------------------------------------
 
 THINK_TOOL = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -705,6 +749,8 @@ ATTACKS: dict[str, Callable[[Target, Sizes], dict[str, Any]]] = {
     "unread_answers": unread_answers,
     "stalled_streams": stalled_streams,
     "wrong_answers": wrong_answers,
+    "reloads": reloads,
+    "tenant_grammars": tenant_grammars,
 }
 
 
@@ -714,11 +760,12 @@ def main() -> None:
     parser.add_argument("--pid", type=int, required=True)
     parser.add_argument("--key")
     parser.add_argument("--key-b")
+    parser.add_argument("--server-key")
     parser.add_argument("--audit", action="store_true", help="the audit's sizes (minutes)")
     parser.add_argument("--only", nargs="*", choices=sorted(ATTACKS), default=list(ATTACKS))
     parser.add_argument("--set", nargs="*", default=[], metavar="SIZE=N", help="one size changed (Sizes' fields)")
     args = parser.parse_args()
-    target = Target(args.url, args.pid, args.key, args.key_b)
+    target = Target(args.url, args.pid, args.key, args.key_b, args.server_key)
     sizes = AUDIT if args.audit else Sizes()
     for change in args.set:
         name, value = change.split("=")

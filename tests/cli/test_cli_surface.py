@@ -87,10 +87,12 @@ def test_a_model_flag_alone_serves_no_drafter(capsys: pytest.CaptureFixture) -> 
     assert "warning" not in capsys.readouterr().err
 
 
-def test_admin_reload_needs_an_api_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    profile = write(tmp_path, "p", 'target = "@TARGET@"\n[server]\nadmin_reload = true\n')
-    with pytest.raises(ProfileError, match=rf"^{profile}: server.admin_reload: needs server.api_key"):
-        resolve(str(profile))
+def test_admin_reload_needs_the_server_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tenants' keys alone do not turn the route on: none of them may call it."""
+    for tenants in ("", 'api_keys = ["t"]\n'):
+        profile = write(tmp_path, "p", f'target = "@TARGET@"\n[server]\nadmin_reload = true\n{tenants}')
+        with pytest.raises(ProfileError, match=rf"^{profile}: server.admin_reload: needs server.api_key \("):
+            resolve(str(profile))
     monkeypatch.setenv("MLXCEL_SERVER__API_KEY", "k")
     assert resolve(str(profile)).settings.server.admin_reload
 

@@ -13,6 +13,7 @@ from app.sampling.grammar import GrammarError
 from app.sampling.grammar_child import GrammarLimits
 from app.sampling.grammar_worker import GrammarCompiler, GrammarUnavailableError, WorkerVocabulary
 
+TENANT = "key-0123456789ab"  # any tenant id: the verdicts cached below are its
 SLOW = "\n".join(["root ::= r0", *(f'r{i} ::= "a" r{i + 1} | "b" r{i + 1}' for i in range(3000)), 'r3000 ::= "c"'])
 
 
@@ -26,17 +27,17 @@ def compiler():
 
 
 def test_a_grammar_compiles_in_the_worker_and_is_cached(compiler: GrammarCompiler) -> None:
-    grammar = compiler.compile("json_schema", '{"type": "integer"}', "json_schema")
+    grammar = compiler.compile("json_schema", '{"type": "integer"}', "json_schema", TENANT)
     assert grammar.limits is compiler.limits
-    assert compiler.compile("json_schema", '{"type": "integer"}', "json_object").source == "json_object"
+    assert compiler.compile("json_schema", '{"type": "integer"}', "json_object", TENANT).source == "json_object"
     with pytest.raises(GrammarError, match="invalid grammar"):
-        compiler.compile("grammar", "root ::= missing", "grammar")
+        compiler.compile("grammar", "root ::= missing", "grammar", TENANT)
 
 
 def test_a_compile_past_the_time_limit_kills_the_worker_and_the_next_one_respawns(compiler: GrammarCompiler) -> None:
     with pytest.raises(GrammarError, match=r"longer than 0\.5 s \(grammar\.compile_timeout_s\)"):
-        compiler.compile("grammar", SLOW, "grammar")
-    assert compiler.compile("grammar", 'root ::= "yes"', "grammar").source == "grammar"
+        compiler.compile("grammar", SLOW, "grammar", TENANT)
+    assert compiler.compile("grammar", 'root ::= "yes"', "grammar", TENANT).source == "grammar"
 
 
 def test_a_full_queue_is_refused_at_once(compiler: GrammarCompiler) -> None:
@@ -44,7 +45,7 @@ def test_a_full_queue_is_refused_at_once(compiler: GrammarCompiler) -> None:
 
     def slow() -> None:
         try:
-            compiler.compile("grammar", SLOW + "\n", "grammar")  # not the cached verdict above
+            compiler.compile("grammar", SLOW + "\n", "grammar", TENANT)  # not the cached verdict above
         except GrammarError as exc:
             errors.append(exc)
 
@@ -53,6 +54,6 @@ def test_a_full_queue_is_refused_at_once(compiler: GrammarCompiler) -> None:
     while not compiler._waiting:  # until the first holds the worker
         time.sleep(0.001)
     with pytest.raises(GrammarUnavailableError, match=r"grammar\.max_queue"):
-        compiler.compile("grammar", 'root ::= "other"', "grammar")
+        compiler.compile("grammar", 'root ::= "other"', "grammar", TENANT)
     first.join()
     assert errors and "compile_timeout_s" in str(errors[0])

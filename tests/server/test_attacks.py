@@ -2,13 +2,13 @@
 decoding canary (ops/bench/attacks.py): /health answers within 1 s and the canary within 3x its
 idle time while an attack runs, and the server's RSS is back within 10% of its start after.
 
-One server serves every attack: target-only, embeddings on, two tenants' keys, a chat template
-with thinking tags, short listener timeouts (a second for a client to take some of its answer),
-small response, unsent-bytes and store limits, 128 connections, and 256 file descriptors once
-it runs (so that a few hundred slow sockets reach the limit, as 2,100 reached the 2,048 that
-mlx-lm sets on import in the audit). The attacks are the audits', scaled down to seconds; each
-still failed on the build before its fix: issue 34's on b503299, issue 45's on b5f3cc6
-(docs/reliability.md gives the figures before and after).
+One server serves every attack: target-only, embeddings on, two tenants' keys and the server key
+(with POST /admin/reload on), a chat template with thinking tags, short listener timeouts (a
+second for a client to take some of its answer), small response, unsent-bytes and store limits,
+128 connections, and 256 file descriptors once it runs (so that a few hundred slow sockets reach
+the limit, as 2,100 reached the 2,048 that mlx-lm sets on import in the audit). The attacks are
+the audits', scaled down to seconds; each still failed on the build before its fix: issue 34's
+on b503299, issue 45's on b5f3cc6 (docs/reliability.md gives the figures before and after).
 """
 
 from __future__ import annotations
@@ -27,12 +27,15 @@ from tests.support.cli import write
 from tests.support.server import RunningServer, serve
 
 KEYS = ("tenant-a-key", "tenant-b-key")
+SERVER_KEY = "server-key"
 NOFILE = 256
 PROFILE = f"""target = "@TARGET@"
 [server]
 chat_template_file = "think.jinja"
 embeddings = true
 api_keys = ["{KEYS[0]}", "{KEYS[1]}"]
+api_key = "{SERVER_KEY}"
+admin_reload = true
 max_connections = 128
 header_timeout_s = 1.0
 body_timeout_s = 2.0
@@ -58,7 +61,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
 def target(server: RunningServer) -> Target:
     """The server, warmed: what it allocates once (MLX's buffers for an embedding, llguidance's for
     a grammar row, the tokenizer's for large texts) is in its RSS before the first attack measures it."""
-    target = Target(server.url, server.process.pid, *KEYS)
+    target = Target(server.url, server.process.pid, *KEYS, SERVER_KEY)
     with target.client() as http:
         http.post("/v1/embeddings", json={"input": [[5] * Sizes().embedding_tokens]})
         http.post("/v1/completions", json={"prompt": "x", "max_tokens": 200, "grammar": AMBIGUOUS, "temperature": 1})
@@ -147,3 +150,26 @@ def test_no_5xx_and_no_wrong_answers(target: Target) -> None:
     (checked,) = attacked(target, "wrong_answers")
     assert bar([checked]) == []
     assert {name: ok for name, ok in checked.outcome.items() if not ok} == {}
+
+
+@pytest.mark.slow
+def test_tenants_see_nothing_of_each_others_grammars(target: Target, server: RunningServer) -> None:
+    """Tenant B's schema is compiled though tenant A's same one is cached: the worker logs a
+    compile for each miss and none for a hit (issue 45: a shared cache answered B's right guess
+    in half the time of a wrong one)."""
+    compiles = len(server.events("grammar_compiled"))
+    (grammars,) = attacked(target, "tenant_grammars")
+    assert bar([grammars]) == []
+    kinds = [e["kind"] for e in server.events("grammar_compiled")[compiles:]]
+    assert kinds == ["json_schema", "json_schema"]  # A's first and B's; A's second was its own hit
+
+
+@pytest.mark.slow
+def test_admin_is_the_server_keys_and_reloads_end_their_threads(target: Target) -> None:
+    """A tenant's key may not reload (it could before issue 45); the server key's reloads leave no
+    thread behind (each left one: 133 reloads took 10 threads to 143, RSS 257 MB to 1.2 GB)."""
+    (reloaded,) = attacked(target, "reloads")
+    assert bar([reloaded]) == []
+    assert reloaded.outcome["tenants"] == [403, 403] and reloaded.outcome["statuses"] == [200]
+    before, after = reloaded.outcome["threads"]
+    assert after <= before + 2, reloaded.outcome  # the pooled streams: an old engine's and a new one's

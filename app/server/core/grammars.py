@@ -48,12 +48,13 @@ class Grammars:
         # One thread per waiting request, so grammar.max_queue counts every one.
         self._threads = ThreadPoolExecutor(max_workers=MAX_GRAMMAR_QUEUE + 1, thread_name_prefix="grammar")
 
-    async def compiled(self, engine: EngineView, kind: str, value: Any) -> Grammar:
-        """The checked grammar of requests.requested_grammar's (kind, value); ApiError if refused."""
+    async def compiled(self, engine: EngineView, tenant: str, kind: str, value: Any) -> Grammar:
+        """The checked grammar of requests.requested_grammar's (kind, value) for `tenant`, whose
+        verdicts the compiler caches apart from other tenants'; ApiError if refused."""
         grammar_limits = limits(engine.settings.grammar)
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._threads, self._compile, engine, grammar_limits, kind, value)
+            return await loop.run_in_executor(self._threads, self._compile, engine, grammar_limits, tenant, kind, value)
         except GrammarError as exc:
             raise ApiError(400, str(exc)) from exc
         except GrammarUnavailableError as exc:
@@ -66,11 +67,13 @@ class Grammars:
                 self._compiler.close()
             self._compiler = self._tokenizer = None
 
-    def _compile(self, engine: EngineView, grammar_limits: GrammarLimits, kind: str, value: Any) -> Grammar:
+    def _compile(
+        self, engine: EngineView, grammar_limits: GrammarLimits, tenant: str, kind: str, value: Any
+    ) -> Grammar:
         """Blocking, so off the event loop: the bounds walk a schema of up to max_bytes, and the
         first compile also serializes the tokenizer."""
         kind, text, source = source_text(kind, value, grammar_limits)
-        return self._compiler_for(engine, grammar_limits).compile(kind, text, source)
+        return self._compiler_for(engine, grammar_limits).compile(kind, text, source, tenant)
 
     def _compiler_for(self, engine: EngineView, grammar_limits: GrammarLimits) -> GrammarCompiler:
         tokenizer = engine.tokenizer

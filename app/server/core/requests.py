@@ -91,7 +91,9 @@ def logit_bias(raw: LogitBias | None, tokenizer: TokenizerWrapper) -> dict[int, 
     return bias
 
 
-def sampling(request: SamplingFields, settings: Settings, tokenizer: TokenizerWrapper, vocab: int) -> SamplingParams:
+def sampling(
+    request: SamplingFields, settings: Settings, tokenizer: TokenizerWrapper, vocab: int, tenant: str
+) -> SamplingParams:
     defaults = msgspec.structs.asdict(settings.sampling)
     chosen: dict[str, Any] = {f: getattr(request, f) for f in SAMPLING_FIELDS if getattr(request, f) is not None}
     bias = logit_bias(request.logit_bias, tokenizer)
@@ -105,7 +107,7 @@ def sampling(request: SamplingFields, settings: Settings, tokenizer: TokenizerWr
         if len(breakers) > MAX_BREAKERS:
             raise ApiError(400, f"dry_sequence_breakers: at most {MAX_BREAKERS} entries, got {len(breakers)}")
         params = msgspec.structs.replace(
-            params, dry_sequence_breakers=breakers, dry_breakers=dry_breakers(tokenizer, breakers)
+            params, dry_sequence_breakers=breakers, dry_breakers=dry_breakers(tokenizer, breakers, tenant)
         )
     problems = params.problems(vocab)
     if problems:

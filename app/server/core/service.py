@@ -265,10 +265,14 @@ async def start_rows(
     check_rows(len(prompts), n, engine.settings)
     rows = len(prompts) * n
     # Once per request, off the event loop: logit_bias keys that are text are tokenized.
-    params = await offload.run(request, requests.sampling, data, engine.settings, engine.tokenizer, engine.vocab_size)
+    # Both caches behind these are per tenant: one tenant's hit must not tell it what another sent.
+    tenant = tenant_of(request)
+    params = await offload.run(
+        request, requests.sampling, data, engine.settings, engine.tokenizer, engine.vocab_size, tenant
+    )
     wanted = requests.grammar(data, forced_call)
     grammars: Grammars = request.app.state.grammars
-    grammar = None if wanted is None else await grammars.compiled(engine, *wanted)
+    grammar = None if wanted is None else await grammars.compiled(engine, tenant, *wanted)
     request_id = access.request_id()
     submissions: list[Submission] = []
     try:

@@ -16,7 +16,7 @@ from litestar.response import Stream
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from app.server import offload
-from app.server.auth import tenant_of
+from app.server.auth import require_server_key, tenant_of
 from app.server.chat import template
 from app.server.core import prompts as prompt_shapes
 from app.server.core import requests
@@ -195,7 +195,7 @@ def tokens_body(tokenizer: TokenizerWrapper, data: TokenizeRequest, limit: int) 
 
 # --- POST /admin/reload: hot profile reload over HTTP ---------------------------------------
 # mlxcel's own route; off unless the profile turns it on with `server.admin_reload`, which needs
-# `server.api_key`: the key guards it
+# `server.api_key`: the server key guards it, and no tenant's key may call it
 
 
 class AdminController(Controller):
@@ -205,9 +205,9 @@ class AdminController(Controller):
         "/admin/reload",
         name="admin-reload",
         status_code=200,
-        guards=[require_ready],
+        guards=[require_ready, require_server_key],
         responses={
-            403: error("server.admin_reload is off in the serving profile"),
+            403: error("server.admin_reload is off in the serving profile, or a tenant's key, not the server key"),
             409: error("refused: the old profile goes on serving; the message is the one-line reason"),
         },
     )
