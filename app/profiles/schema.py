@@ -222,7 +222,7 @@ class GrammarSettings(Group):
     check_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=600.0)] = 1.0  # wall time of those checks together
     max_tools: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 128  # tools in one chat request
     # the worker process that compiles them
-    compile_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=600.0)] = 2.0
+    compile_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=600.0)] = 2.0  # CPU seconds (wall: 10 times)
     compile_memory_mb: Annotated[int, msgspec.Meta(ge=256, le=1 << 20)] = 2048
     max_queue: Annotated[int, msgspec.Meta(ge=1, le=MAX_GRAMMAR_QUEUE)] = 16  # waiting for the worker (then 503)
     cache_entries: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)] = 256  # checked grammars kept by hash
