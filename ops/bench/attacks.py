@@ -47,8 +47,8 @@ class Sizes:
     embedding_inputs: int = 2  # inputs of embedding_tokens each (the audit: 24 of 4,000, 495 s)
     embedding_tokens: int = 600
     abandoned_inputs: int = 6  # a second embeddings request whose client leaves after a second
-    grammar_clients: int = 2  # clients of the ambiguous grammar (the audit: n = 8, two clients)
-    grammar_rows: int = 2
+    grammar_clients: int = 2  # clients of the ambiguous grammar, n = grammar_rows each (issue 45's audit: 8)
+    grammar_rows: int = 8  # as many as server.max_rows: admitted in order, one client's rows held every row
     anchors: int = 1500  # `$ref: #aN` references (the audit: about 2,000, 215 s per 400)
     text_clients: int = 4  # concurrent /tokenize and count_tokens of text_bytes each (the audit: 6 of 4 MB)
     text_bytes: int = 512 << 10
@@ -69,7 +69,6 @@ AUDIT = Sizes(
     nested_escapes=32_000,
     embedding_inputs=24,
     embedding_tokens=4000,
-    grammar_rows=8,
     anchors=2000,
     text_clients=6,
     text_bytes=4 << 20,
