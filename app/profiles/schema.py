@@ -190,8 +190,9 @@ class ServerSettings(Group):
     # /v1/embeddings and /embedding (llama-server's --embeddings): the target's pooled hidden states
     embeddings: bool = False
     embeddings_pooling: PoolingName = "mean"
-    # tokens one embeddings request may embed over all its inputs (OpenAI's limit is 300,000): past it, 400
-    max_embedding_tokens: PositiveInt = 300_000
+    # positions one embeddings request may embed over all its inputs, each input in whole chunks of 32
+    # (app/execution/embedding.py `positions`: a forward each, so this bounds the engine time): past it, 400
+    max_embedding_tokens: PositiveInt = 16_384
     web_ui: bool = True  # the chat page at / (app/server/web/index.html)
     # chat answers' thinking parsed as this when a request names no reasoning_format (--reasoning-format)
     reasoning_format: ReasoningFormatName = "auto"

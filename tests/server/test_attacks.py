@@ -81,12 +81,13 @@ def bar(results: list[Result]) -> list[str]:
 
 @pytest.mark.slow
 def test_no_request_stalls_the_event_loop_or_the_engine(target: Target) -> None:
-    nested, embeddings, anchors, texts = attacked(
-        target, "nested_strings", "long_embeddings", "anchor_refs", "big_texts"
+    nested, embeddings, short, anchors, texts = attacked(
+        target, "nested_strings", "long_embeddings", "short_embeddings", "anchor_refs", "big_texts"
     )
-    assert bar([nested, embeddings, anchors, texts]) == []
+    assert bar([nested, embeddings, short, anchors, texts]) == []
     assert nested.outcome["status"] == 400 and nested.outcome["seconds"] < 1.0
     assert embeddings.outcome["status"] == 200 and embeddings.outcome["abandoned"] == "left"
+    assert short.outcome["status"] == 400 and short.outcome["seconds"] < 1.0  # server.max_embedding_tokens
     assert anchors.outcome["seconds"] < 2.0
     assert texts.outcome["statuses"] == [200] * 4
 
