@@ -23,6 +23,7 @@ class Job:
     request_id: str
     route: str
     sink: Sink
+    group: str = ""  # the HTTP request whose rows these are (its id; "": this row is its request's only one)
     stream: bool = False
     per_token_timings: bool = False
     progress: bool = False  # a stream that gets Progress events while its prompt prefills

@@ -10,7 +10,8 @@ each queues its next forward before its token is read.
 Rows never share state (caches, samplers, key streams), so each row's output is exactly what
 it would be alone. A tick forwards at most `max_batch_tokens` target positions (at least one
 row); rows left over go first next tick, so none starves. Requests beyond `max_rows` wait in
-the queue; beyond `max_queue` they are refused.
+the queue, admitted fairly across requests (app/engine/admission.py: one request's `n` rows
+never hold the rows another request's first row needs); beyond `max_queue` they are refused.
 
 Heavy work takes at most `heavy_work_share` of the engine's time while other rows decode
 (app/engine/share.py): an embedding runs one chunk at a time between ticks, and grammar rows
@@ -35,6 +36,7 @@ from enum import StrEnum
 from app.decoding.block_builder import DrafterUnavailableError
 from app.decoding.row_events import Delta, Event, Failed, Started
 from app.decoding.width import Goodput
+from app.engine import admission
 from app.engine.host import ModelHost
 from app.engine.reporter import Reporter
 from app.engine.row import Job, Row
@@ -247,18 +249,21 @@ class Scheduler:
                 self._count()
 
     def _next_job(self) -> Job | None:
-        """The next queued job still wanted, if a row is free for it (marked as being admitted)."""
+        """The next queued job still wanted, if a row is free for it (marked as being admitted);
+        fair across requests (app/engine/admission.py)."""
         with self._wake:
-            while self._queue and len(self.rows) < self.limits.max_rows:
-                job = self._queue.popleft()
-                if job.cancelled:  # its client left while it waited
-                    self.reporter.cancelled(job, decided=0)
-                    continue
-                self._admitting = job
+            for job in [job for job in self._queue if job.cancelled]:  # their clients left while they waited
+                self._queue.remove(job)
+                self.reporter.cancelled(job, decided=0)
+            index = admission.next_index(self._queue, [row.job for row in self.rows.values()], self.limits.max_rows)
+            if index is None:
                 self._count()
-                return job
+                return None
+            job = self._queue[index]
+            del self._queue[index]
+            self._admitting = job
             self._count()
-            return None
+            return job
 
     def _build(self, job: Job, slot: int) -> Row | None:
         job.admitted = time.perf_counter()

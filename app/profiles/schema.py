@@ -194,8 +194,9 @@ class ServerSettings(Group):
     # /v1/embeddings and /embedding (llama-server's --embeddings): the target's pooled hidden states
     embeddings: bool = False
     embeddings_pooling: PoolingName = "mean"
-    # tokens one embeddings request may embed over all its inputs (OpenAI's limit is 300,000): past it, 400
-    max_embedding_tokens: PositiveInt = 300_000
+    # positions one embeddings request may embed over all its inputs, each input in whole chunks of 32
+    # (app/execution/embedding.py `positions`: a forward each, so this bounds the engine time): past it, 400
+    max_embedding_tokens: PositiveInt = 16_384
     web_ui: bool = True  # the chat page at / (app/server/web/index.html)
     # chat answers' thinking parsed as this when a request names no reasoning_format (--reasoning-format)
     reasoning_format: ReasoningFormatName = "auto"
@@ -227,7 +228,7 @@ class GrammarSettings(Group):
     check_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=600.0)] = 1.0  # wall time of those checks together
     max_tools: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 128  # tools in one chat request
     # the worker process that compiles them
-    compile_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=600.0)] = 2.0
+    compile_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=600.0)] = 2.0  # CPU seconds (wall: 10 times)
     compile_memory_mb: Annotated[int, msgspec.Meta(ge=256, le=1 << 20)] = 2048
     max_queue: Annotated[int, msgspec.Meta(ge=1, le=MAX_GRAMMAR_QUEUE)] = 16  # waiting for the worker (then 503)
     cache_entries: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)] = 256  # checked grammars kept by hash

@@ -6,6 +6,11 @@ about cubically with it), a JSON schema's `$ref` chains (llguidance recurses alo
 thousand deep overflows its native stack), its definitions, its `anyOf`/`oneOf`/`enum` widths
 and its property names. Each refusal names its [grammar] key.
 
+A numeric bound (`minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum`) beyond 2**53 is
+refused too: llguidance reads bounds as 64-bit floats and an integer's through int64, saturating,
+so such a bound moves (a `minimum` of 1.23e29 became int64's largest and answered it, against the
+schema); within 2**53 every integer bound and every float bound is exact.
+
 Each node a `$ref` names is walked once however many references name it (2,000 anchor
 references once walked the whole schema 2,000 times: minutes per request), and the walks
 together stop at `grammar.check_timeout_s` of wall time.
@@ -25,6 +30,8 @@ RULE = re.compile(r"::=")
 CLOCK_EVERY = 1024  # nodes walked between two looks at the clock
 DEFINITIONS = ("$defs", "definitions")
 ALTERNATIVES = ("anyOf", "oneOf", "enum")
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+EXACT_BOUND = 2**53  # the largest magnitude below which every integer is a 64-bit float
 
 
 def check_size(what: str, text: str, limits: GrammarLimits) -> None:
@@ -123,11 +130,22 @@ def _walk(node: Any, limits: GrammarLimits, visit: Callable[[dict[str, Any]], No
                     f"JSON schema: a property name of {longest} characters; this server accepts "
                     f"{limits.max_property_name} (grammar.max_property_name)"
                 )
+        _check_bounds(item)
         ref = item.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
             found.append(ref[1:])
         stack.extend(value for key, value in item.items() if key != "$ref")
     return found
+
+
+def _check_bounds(item: dict[str, Any]) -> None:
+    for key in BOUNDS:
+        value = item.get(key)
+        if isinstance(value, int | float) and abs(value) > EXACT_BOUND:
+            raise GrammarError(
+                f"JSON schema: {key} {value!r} is beyond what the grammar engine represents exactly; "
+                f"numeric bounds must lie within -{EXACT_BOUND} and {EXACT_BOUND}"
+            )
 
 
 def _resolved(schema: Any, pointer: str, anchors: dict[str, Any]) -> Any:

@@ -1,19 +1,21 @@
 """Untrusted grammars compiled in a worker process, within a time and a memory limit.
 
 One persistent child (app/sampling/grammar_child.py) compiles one grammar at a time; callers
-wait in a bounded queue in front of it. A compile that runs past `compile_timeout_s` gets the
-child killed; one that crashes it (a native stack overflow, the memory limit) leaves it dead;
-either way the caller gets a `GrammarError` naming the limit and the next compile starts a
-fresh child. The compiler's own verdicts (the grammar, or its refusal) are cached by the text's
-hash and the tenant that sent it (bounded), so a tenant's repeated schema costs a dictionary
-lookup, and another tenant's same schema is compiled again: a hit answered in a fraction of a
-compile's time, which told a tenant whether another had sent a schema (0.105 s against 0.216 s,
-12 of 12 pairs). A child that died is no verdict
-on the grammar by itself (something outside may have killed it), so the compile is tried once
-more on a fresh child: a grammar that kills that one too is refused for it, and that refusal is
-cached (a repeated crashing grammar must not keep killing the worker); one whose second try
-succeeds gets its grammar. A compile past the time limit is refused and never cached: on a busy
-machine the same grammar may fit next time.
+wait in a bounded queue in front of it. A compile whose child spends more than
+`compile_timeout_s` of CPU gets the child killed (CPU, not wall time: on a loaded machine a
+grammar that compiles in 0.6 s when quiet took over 2 s of wall time on every try); a wall-clock
+backstop of WALL_BACKSTOP times that still ends a child that stopped or starves. One that
+crashes it (a native stack overflow, the memory limit) leaves it dead; either way the caller
+gets a `GrammarError` naming the limit and the next compile starts a fresh child. The compiler's
+own verdicts (the grammar, or its refusal) are cached by the text's hash and the tenant that sent
+it (bounded), so a tenant's repeated schema costs a dictionary lookup, and another tenant's same
+schema is compiled again: a hit answered in a fraction of a compile's time, which told a tenant
+whether another had sent a schema (0.105 s against 0.216 s, 12 of 12 pairs). A child that died
+is no verdict on the grammar by itself (something outside may have killed it), so the compile is
+tried once more on a fresh child: a grammar that kills that one too is refused for it, and that
+refusal is cached (a repeated crashing grammar must not keep killing the worker); one whose
+second try succeeds gets its grammar. A compile past either time limit is refused and never
+cached: on a busy machine the same grammar may fit next time.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from app.events import grammar as events
 from app.sampling import grammar_child
@@ -39,6 +44,8 @@ from app.sampling.grammar_child import HEADER, GrammarLimits, label
 
 CHILD = Path(grammar_child.__file__)
 STARTUP_TIMEOUT_S = 60.0  # the tokenizer's build (about a second; more on a loaded machine)
+WALL_BACKSTOP = 10  # a compile's wall-clock limit, in multiples of its CPU budget
+POLL_S = 0.05  # how often the child's CPU time is read while it compiles
 
 
 class GrammarUnavailableError(Exception):
@@ -150,10 +157,12 @@ class GrammarCompiler:
         child = self._running_child()
         started = time.perf_counter()
         try:
+            cpu_budget_s = self.limits.compile_timeout_s
+            over_budget = _cpu_over(child, cpu_budget_s)
             _send(child, {"kind": kind, "text": text})
-            timeout_s = self.limits.compile_timeout_s
-            overrun = f"compiling took longer than {timeout_s:g} s (grammar.compile_timeout_s)"
-            answer = _receive(child, timeout_s, overrun)
+            backstop_s = WALL_BACKSTOP * cpu_budget_s
+            overrun = f"compiling took longer than {backstop_s:g} s ({WALL_BACKSTOP} x grammar.compile_timeout_s)"
+            answer = _receive(child, backstop_s, overrun, over_budget)
         except ChildGoneError as exc:
             reason = str(exc) or self._death(child)
             events.grammar_worker_lost(kind=kind, reason=reason, bytes=len(text))
@@ -227,24 +236,55 @@ def _send(child: subprocess.Popen[bytes], value: Any) -> None:
         raise ChildGoneError("") from exc
 
 
-def _receive(child: subprocess.Popen[bytes], timeout_s: float, overrun: str) -> dict[str, Any]:
-    """The child's next answer within `timeout_s`; past it the child is killed (`overrun` says why)."""
+def _cpu_over(child: subprocess.Popen[bytes], budget_s: float) -> Callable[[], str | None]:
+    """From now on: why the child has spent more than `budget_s` of CPU (all its threads, user and
+    system), or None while it has not."""
+    process = psutil.Process(child.pid)
+    started = _cpu_s(process)
+
+    def over() -> str | None:
+        spent = _cpu_s(process) - started
+        return (
+            f"compiling took more than {budget_s:g} s of CPU (grammar.compile_timeout_s)" if spent > budget_s else None
+        )
+
+    return over
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    try:
+        times = process.cpu_times()
+    except psutil.Error:  # gone: its pipe says so
+        return 0.0
+    return times.user + times.system
+
+
+def _receive(
+    child: subprocess.Popen[bytes], timeout_s: float, overrun: str, over_budget: Callable[[], str | None] = lambda: None
+) -> dict[str, Any]:
+    """The child's next answer within `timeout_s` of wall time, and before `over_budget` names an
+    overrun; past either the child is killed (`overrun`, or what `over_budget` said, says why)."""
     deadline = time.monotonic() + timeout_s
-    (size,) = HEADER.unpack(_read(child, HEADER.size, deadline, overrun))
-    return json.loads(_read(child, size, deadline, overrun))
+    (size,) = HEADER.unpack(_read(child, HEADER.size, deadline, overrun, over_budget))
+    return json.loads(_read(child, size, deadline, overrun, over_budget))
 
 
-def _read(child: subprocess.Popen[bytes], size: int, deadline: float, overrun: str) -> bytes:
+def _read(
+    child: subprocess.Popen[bytes], size: int, deadline: float, overrun: str, over_budget: Callable[[], str | None]
+) -> bytes:
     assert child.stdout is not None
     fd = child.stdout.fileno()
     chunks, got = [], 0
     while got < size:
         remaining = deadline - time.monotonic()
-        ready, _, _ = select.select([fd], [], [], max(remaining, 0))
+        ready, _, _ = select.select([fd], [], [], min(max(remaining, 0), POLL_S))
         if not ready:
+            why = overrun if remaining <= 0 else over_budget()
+            if why is None:
+                continue
             child.kill()
             child.wait()
-            raise ChildGoneError(overrun)
+            raise ChildGoneError(why)
         chunk = os.read(fd, size - got)
         if not chunk:
             raise ChildGoneError("")

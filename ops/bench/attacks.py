@@ -48,8 +48,9 @@ class Sizes:
     embedding_inputs: int = 2  # inputs of embedding_tokens each (the audit: 24 of 4,000, 495 s)
     embedding_tokens: int = 600
     abandoned_inputs: int = 6  # a second embeddings request whose client leaves after a second
-    grammar_clients: int = 2  # clients of the ambiguous grammar (the audit: n = 8, two clients)
-    grammar_rows: int = 2
+    short_inputs: int = 2048  # one-token embedding inputs in one request (the audit: 2,048, minutes of the lane)
+    grammar_clients: int = 2  # clients of the ambiguous grammar, n = grammar_rows each (issue 45's audit: 8)
+    grammar_rows: int = 8  # as many as server.max_rows: admitted in order, one client's rows held every row
     anchors: int = 1500  # `$ref: #aN` references (the audit: about 2,000, 215 s per 400)
     text_clients: int = 4  # concurrent /tokenize and count_tokens of text_bytes each (the audit: 6 of 4 MB)
     text_bytes: int = 512 << 10
@@ -79,7 +80,6 @@ AUDIT = Sizes(
     nested_escapes=32_000,
     embedding_inputs=24,
     embedding_tokens=4000,
-    grammar_rows=8,
     anchors=2000,
     text_clients=6,
     text_bytes=4 << 20,
@@ -284,6 +284,13 @@ def long_embeddings(target: Target, sizes: Sizes) -> dict[str, Any]:
     left, (status, seconds) = together([leave, embed])
     time.sleep(1.0)  # the canaries go on: an abandoned embedding still computing slows them
     return {"status": status, "seconds": seconds, "abandoned": left}
+
+
+def short_embeddings(target: Target, sizes: Sizes) -> dict[str, Any]:
+    """Many one-token embedding inputs: each took a forward of its own, about a 32-token chunk's time."""
+    with target.client() as http:
+        status, seconds = timed(lambda: http.post("/v1/embeddings", json={"input": [[5]] * sizes.short_inputs}))
+    return {"status": status, "seconds": seconds}
 
 
 def ambiguous_grammar(target: Target, sizes: Sizes) -> dict[str, Any]:
@@ -735,6 +742,7 @@ def wrong_answers(target: Target, sizes: Sizes) -> dict[str, Any]:
 ATTACKS: dict[str, Callable[[Target, Sizes], dict[str, Any]]] = {
     "nested_strings": nested_strings,
     "long_embeddings": long_embeddings,
+    "short_embeddings": short_embeddings,
     "ambiguous_grammar": ambiguous_grammar,
     "anchor_refs": anchor_refs,
     "big_texts": big_texts,

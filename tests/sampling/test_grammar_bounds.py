@@ -64,3 +64,28 @@ def test_gbnf_rules_and_size() -> None:
         check_gbnf("\n".join(f'r{i} ::= "x"' for i in range(4)), LIMITS)
     with pytest.raises(GrammarError, match=r"grammar\.max_bytes"):
         check_gbnf('root ::= "' + "x" * 300_000 + '"', LIMITS)
+
+
+def integer(**bounds: float) -> dict:
+    return {"type": "object", "properties": {"a": {"type": "integer", **bounds}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(
+    ("bounds", "key"),
+    [
+        ({"minimum": 1.23e29, "maximum": 9.9e32}, "minimum"),  # both sides: llguidance answered int64's largest
+        ({"minimum": 1.23e29}, "minimum"),
+        ({"maximum": -9.9e32}, "maximum"),
+        ({"exclusiveMinimum": 2**53 + 1}, "exclusiveMinimum"),  # a float of 2**53 (it let 2**53 through)
+        ({"minimum": 0, "exclusiveMaximum": 9223372036854775808}, "exclusiveMaximum"),
+    ],
+)
+def test_a_bound_the_grammar_engine_would_move_names_its_key(bounds: dict, key: str) -> None:
+    assert f"JSON schema: {key} " in refused(integer(**bounds))
+    number = {"properties": {"x": {"type": "number", **bounds}}}
+    assert f"JSON schema: {key} " in refused(number)
+
+
+def test_bounds_within_two_to_the_53_pass() -> None:
+    for bounds in ({"minimum": -(2**53), "maximum": 2**53}, {"exclusiveMinimum": 1.5, "exclusiveMaximum": 9.0e15}):
+        check_schema(integer(**bounds), json.dumps(integer(**bounds)), LIMITS)

@@ -142,6 +142,27 @@ def test_what_cannot_be_honoured_is_a_400(default_server, route: str, extra: dic
 
 
 @pytest.mark.parametrize(
+    ("bounds", "key"),
+    [({"minimum": 1.23e29, "maximum": 9.9e32}, "minimum"), ({"minimum": 1.23e29}, "minimum"),
+     ({"maximum": 9.9e32}, "maximum"), ({"exclusiveMinimum": -9.9e32, "maximum": 0}, "exclusiveMinimum")],
+)  # fmt: skip
+def test_an_integer_bound_beyond_two_to_the_53_is_a_400_never_a_moved_answer(
+    target_only_server, bounds: dict, key: str
+) -> None:
+    """llguidance saturated such bounds to int64: 1.23e29 <= a <= 9.9e32 answered 200 with
+    {"a": 9223372036854775807}. Both routes' schemas reach the same check."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer", **bounds}}, "required": ["a"]}
+    response_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    with target_only_server.client() as http:
+        native = http.post("/completion", json={"prompt": PROMPT, "n_predict": 16, "json_schema": schema})
+        chat_body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+        chat = http.post("/v1/chat/completions", json=chat_body | {"response_format": response_format})
+    for answer in (native, chat):
+        assert answer.status_code == 400, answer.text
+        assert f"JSON schema: {key} " in answer.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
     ("choice", "names"),
     [("required", {"get_weather", "get_time"}), ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})],
 )

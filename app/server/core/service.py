@@ -163,9 +163,10 @@ def start(
     request_id: str | None = None,
     grammar: Grammar | None = None,
     rows: int = 1,
+    group: str = "",
 ) -> Submission:
     """Build the row request (choice `choice` of its prompt, one of the request's `rows`, with the
-    request's sampling `params` and `grammar`) and submit it."""
+    request's sampling `params` and `grammar`, its rows together the `group`) and submit it."""
     settings = engine.settings
     requests.check_prompt_fits(tokens, settings, engine.context_limit)
     row_request = requests.row_request(data, tokens, settings, params, choice, grammar, rows, tenant=tenant_of(request))
@@ -180,6 +181,7 @@ def start(
         request_id=request_id or access.request_id(),
         route=route,
         sink=sink,
+        group=group,
         stream=data.stream,
         per_token_timings=data.stream and data.timings_per_token,
         progress=data.stream and data.return_progress,
@@ -290,6 +292,7 @@ async def start_rows(
                     request_id=row_id,
                     grammar=grammar,
                     rows=rows,
+                    group=request_id,
                 )
                 submissions.append(submission)
     except Exception:

@@ -6,7 +6,9 @@ inputs are read as llama-server reads prompts (app/server/core/prompts.py: one s
 mix of both is one input, a list of those is many; `{"prompt_string": ...}` and
 `{"content": [text parts]}` objects too), each tokenized with the tokenizer's special tokens, and
 the target's hidden states are pooled by `server.embeddings_pooling` and normalised
-(app/execution/embedding.py); pooling `none` answers every token's vector, on llama-server's
+(app/execution/embedding.py), within `server.max_embedding_tokens` positions per request (each
+input rounded up to whole chunks: one forward each, which bounds the time a request holds the
+engine's embedding lane); pooling `none` answers every token's vector, on llama-server's
 native routes only. Off, the routes answer 404 `not_supported_error`, which the OpenAI SDK does
 not retry (it retries a 501).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from msgspec import UNSET
 
+from app.execution.embedding import CHUNK, positions
 from app.profiles.schema import Settings
 from app.server.core import prompts
 from app.server.core.schemas import ContentPart, PromptObject, WireStruct
@@ -85,10 +88,11 @@ def token_inputs(
         if len(tokens) > limit:  # llama-server's words ("too large to process"), this server's limit
             raise ApiError(400, f"input[{index}] ({len(tokens)} tokens) is too large to process: this server "
                                 f"embeds at most {limit} tokens (server.max_prompt_tokens)")  # fmt: skip
-        total += len(tokens)
+        total += positions(len(tokens))
         if total > budget:
-            raise ApiError(400, f"input: over {total} tokens by input[{index}]; this server embeds at most "
-                                f"{budget} per request (server.max_embedding_tokens)")  # fmt: skip
+            raise ApiError(400, f"input: {total} positions by input[{index}] (each input counts in whole chunks of "
+                                f"{CHUNK}, a forward each); this server embeds at most {budget} per request "
+                                "(server.max_embedding_tokens)")  # fmt: skip
         found.append(tokens)
     return found
 
