@@ -3,6 +3,7 @@ shared servers, with the xdist groups that start each of them on one worker only
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -28,6 +29,8 @@ SHIPPED = set(shipped_profiles())
 # Each holds its models, KV pools and buffers (0.3 to 2.6 GB seen): kept all session, every
 # shipped profile on both workers plus the workers themselves outgrew CI's 24 GiB.
 LIVE_PROFILE_SERVERS = 3
+SESSION_STARTED = pytest.StashKey[float]()
+WORKER_WALLS: dict[str, float] = {}  # the controller's: each xdist worker's wall time, as it reported
 
 
 def server_group(item: pytest.Item) -> str | None:
@@ -39,6 +42,31 @@ def server_group(item: pytest.Item) -> str | None:
     if "server" in uses:  # a module's own server (tests/server/test_hostile_corpus.py)
         return item.nodeid.split("::")[0]
     return next((group for fixture, group in SERVER_FIXTURES.items() if fixture in uses), None)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[SESSION_STARTED] = time.monotonic()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A worker reports its wall time to the controller (xdist's `workeroutput`)."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["wall_s"] = time.monotonic() - session.config.stash[SESSION_STARTED]
+
+
+def pytest_testnodedown(node: object, error: object) -> None:
+    output = getattr(node, "workeroutput", {})
+    if "wall_s" in output:
+        WORKER_WALLS[node.gateway.id] = output["wall_s"]  # type: ignore[attr-defined]  (xdist's WorkerController)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Each worker's wall time, after the slowest tests: an idle worker at the end shows as a gap."""
+    if WORKER_WALLS:
+        terminalreporter.section("wall time per worker")
+        for worker, wall in sorted(WORKER_WALLS.items()):
+            terminalreporter.write_line(f"{worker}: {wall:.0f} s ({wall / 60:.1f} min)")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

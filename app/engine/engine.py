@@ -103,8 +103,12 @@ class Engine:
         self._thread.start()
 
     def stop(self) -> None:
+        loading = self.state is EngineState.LOADING
         self.scheduler.stop()
-        if self._thread.is_alive():
+        # A load is not cut short: joining a thread still loading (and warming) its models held a
+        # signalled start's exit for its whole load, past a minute on loaded cores. Its thread is
+        # a daemon, and it stops serving before it starts (`_serve` reads the stop).
+        if self._thread.is_alive() and not loading:
             self._thread.join(timeout=30)
         self.scheduler.set_state(EngineState.STOPPED)
 
@@ -136,7 +140,8 @@ class Engine:
             if self.on_failure is not None:
                 self.on_failure(exc)
             return
-        self.scheduler.set_state(EngineState.READY)
+        if not self.scheduler.ready_unless_stopped():  # stopped while it loaded: it never serves, nor says so
+            return
         if self.on_ready is not None:
             self.on_ready(self)
         try:

@@ -117,6 +117,10 @@ class Reloader:
         if not self._busy.acquire(blocking=False):
             self._refuse(trigger, "a reload is already running; wait for it to finish")
         try:
+            # Replaced engines that finished are stopped before another engine thread starts: each
+            # engine that runs at once holds a pooled MLX stream, a native thread that never ends
+            # (app/execution/streams.py), so back-to-back reloads must not outrun the release thread.
+            log_released(self.engines.release_finished())
             try:
                 engine, changed = self._build()
             except ReloadRefusedError as exc:

@@ -143,6 +143,14 @@ class Scheduler:
             self._stopping = True
             self._wake.notify_all()
 
+    def ready_unless_stopped(self) -> bool:
+        """READY once the models loaded, unless a stop came meanwhile; whether it serves."""
+        with self._wake:
+            if self._stopping:
+                return False
+            self.state = EngineState.READY
+            return True
+
     def set_state(self, state: EngineState) -> None:
         with self._wake:
             self.state = state

@@ -22,6 +22,7 @@ class EngineSwitch:
         self._retired: list[Engine] = []
         self._held: dict[Engine, int] = {}  # engine -> requests holding it
         self._lock = threading.Lock()
+        self._releasing = threading.Lock()
 
     @property
     def engines(self) -> list[Engine]:
@@ -60,11 +61,12 @@ class EngineSwitch:
 
     def release_finished(self) -> list[Engine]:
         """Stop the replaced engines no request holds and no row runs on; those stopped."""
-        with self._lock:
-            finished = [e for e in self._retired if e not in self._held and e.idle]
-            self._retired = [e for e in self._retired if e not in finished]
-        for engine in finished:
-            engine.stop()
+        with self._releasing:  # a caller returns once the engines another caller is stopping have stopped too
+            with self._lock:
+                finished = [e for e in self._retired if e not in self._held and e.idle]
+                self._retired = [e for e in self._retired if e not in finished]
+            for engine in finished:
+                engine.stop()
         return finished
 
     # --- the whole server: startup, shutdown and its drain ----------------------------------

@@ -29,7 +29,7 @@ from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample
 
 MODELS = REPO_ROOT / "models"
 TOKENS = list(range(10, 16))
-P = [0.85, 0.05, 0.04, 0.03, 0.02, 0.01]  # the target's row at T = 1: each category >= 20 of 12,000 at T = 0.7
+P = [0.85, 0.05, 0.04, 0.03, 0.02, 0.01]  # the row at T = 1: each category >= 8 of 5,000 at T = 0.7
 SCALE = 1.3  # the drafters' logits: the target's times this, so q is sharper than p
 # Verify widths: DFlash-family rounds cost one drafter forward at any width; an MTP head chains.
 WIDTHS = {"mtp": 8, "dflash": 16, "muse": 16}
@@ -99,8 +99,8 @@ def test_lossless_block_loops_emit_the_target_distribution(fixed, kind: str, sto
 def test_chi_square_rejects_argmax_against_argmax_on_the_same_setup(fixed, kind: str) -> None:
     target, drafters = fixed
     builder = block_builder(target, drafters[kind], kind, lossless=False)
-    # The biased stream is all argmax: its statistic grows by n (1 - p_max) / p_max ~ 0.045 n.
-    stream = emitted_stream(builder, sample_count() // 10, Rule.ARGMAX_AGAINST_ARGMAX)
+    # The biased stream is all argmax: its statistic grows by n (1 - p_max) / p_max ~ 0.045 n (~56 here).
+    stream = emitted_stream(builder, sample_count() // 4, Rule.ARGMAX_AGAINST_ARGMAX)
     assert chi_square(stream, TOKENS, P_AT_T) > CRITICAL_DOF5_ALPHA_1E4
 
 

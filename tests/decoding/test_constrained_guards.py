@@ -124,10 +124,10 @@ def test_every_decided_token_is_within_the_grammar(embedded_target, embedded_dra
 @pytest.mark.slow
 @pytest.mark.parametrize("stochastic", [False, True], ids=["sampler-match", "stochastic"])
 def test_constrained_stream_matches_the_masked_target_distribution(digit_pair, stochastic: bool) -> None:
-    """The contract's statistic (dof 5, alpha 1e-4) over half the contract's stream length: the
-    power test below catches an unmasked drafter row with a quarter of it (statistic ~180 at 3,000
-    tokens, seven times the threshold). `MLXCEL_SPEC_DIST_SAMPLES` scales this run too."""
-    n = sample_count() // 2
+    """The contract's statistic (dof 5, alpha 1e-4) over the contract's stream length: the power
+    test below catches an unmasked drafter row with 3,000 tokens (statistic ~180, seven times the
+    threshold). `MLXCEL_SPEC_DIST_SAMPLES` scales this run too."""
+    n = sample_count()
     stream = constrained_stream(builder(*digit_pair, "draft-model", k=2, stochastic=stochastic), n)
     assert chi_square(stream, ALLOWED, MASKED_P) < CRITICAL_DOF5_ALPHA_1E4
 

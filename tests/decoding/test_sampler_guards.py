@@ -49,7 +49,8 @@ DRY = replace(SIX, dry_multiplier=1.0, dry_base=1.75, dry_allowed_length=2, dry_
 # tokens where the default order (top-p, then the temperature) keeps two.
 CUSTOM = replace(SIX, temperature=2.5, top_p=0.5, samplers=("temperature", "top_p"))
 MIROSTAT = {v: SamplingParams(temperature=1.0, mirostat=v, mirostat_tau=1.5, mirostat_eta=0.5) for v in (1, 2)}
-ROWS = 40  # history-dependent streams: ROWS rows, a quarter of sample_count() tokens in all (CPU time)
+ROWS = 40  # history-dependent streams: ROWS rows stepping together
+POWER_SHARE = 0.6  # a power test's stream, of a guard's: its planted fault is caught with margin at 3,000 tokens
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +76,8 @@ def speculative(pair, stochastic: bool) -> LoopBuilder:
     return LoopBuilder(*pair, plan)
 
 
-def rows_of(builder: LoopBuilder, sampling: SamplingParams) -> list[Generation]:
-    per_row = -(-sample_count() // (4 * ROWS))
+def rows_of(builder: LoopBuilder, sampling: SamplingParams, share: float = 1.0) -> list[Generation]:
+    per_row = -(-int(sample_count() * share) // ROWS)
     return run_rows(
         [builder.build(RowRequest(prompt=PROMPT, sampling=sampling, max_tokens=per_row, seed=s)) for s in range(ROWS)]
     )
@@ -120,7 +121,7 @@ def test_a_stateless_stage_keeps_the_stream_on_its_p(constant_pair, logits, stag
     p = ref.final_distribution(logits, temperature=1.0, top_k=6, **reference)[TOKENS]
     assert not np.allclose(p, P, atol=0.02)  # the stage changes p here
     request = RowRequest(prompt=PROMPT, sampling=sampling, max_tokens=0)
-    stream = seeded_stream(speculative(constant_pair, True), request, sample_count() // 2)
+    stream = seeded_stream(speculative(constant_pair, True), request, sample_count())
     assert fit(stream, p) < CRITICAL_DOF5_ALPHA_1E4
 
 
@@ -130,7 +131,7 @@ def test_chi_square_rejects_the_stream_without_the_stage(constant_pair, logits, 
     _, reference = STATELESS[stage]
     p = ref.final_distribution(logits, temperature=1.0, top_k=6, **reference)[TOKENS]
     request = RowRequest(prompt=PROMPT, sampling=SIX, max_tokens=0)
-    stream = seeded_stream(speculative(constant_pair, False), request, sample_count() // 4)
+    stream = seeded_stream(speculative(constant_pair, False), request, int(sample_count() * POWER_SHARE))
     assert fit(stream, p) > CRITICAL_DOF5_ALPHA_1E4
 
 
@@ -143,7 +144,7 @@ def test_dry_keeps_the_stream_on_each_positions_p(constant_pair, logits, stochas
 
 @pytest.mark.slow
 def test_chi_square_rejects_a_stream_without_dry(constant_pair, logits) -> None:
-    rows = rows_of(speculative(constant_pair, False), SIX)
+    rows = rows_of(speculative(constant_pair, False), SIX, POWER_SHARE)
     assert pooled_chi_square([(g.emitted, dry_expectations(logits, g.emitted)) for g in rows]) > CRITICAL_DOF5_ALPHA_1E4
 
 
@@ -165,7 +166,7 @@ def test_chi_square_rejects_mirostat_carried_wrongly(constant_pair, logits, monk
     else:
         unchained = MirostatState.rows
         monkeypatch.setattr(MirostatState, "rows", lambda self, logits, previous: unchained(self, logits, None))
-    rows = rows_of(speculative(constant_pair, False), MIROSTAT[2])
+    rows = rows_of(speculative(constant_pair, False), MIROSTAT[2], POWER_SHARE)
     stat = pooled_chi_square([(g.emitted, mirostat_expectations(logits, g.emitted, 2)) for g in rows])
     assert stat > CRITICAL_DOF5_ALPHA_1E4
 
@@ -214,7 +215,7 @@ def test_a_custom_chain_order_keeps_the_stream_on_its_p(constant_pair, logits, s
     in_default_order = ref.final_distribution(logits, temperature=2.5, top_k=6, top_p=0.5)[TOKENS]
     assert np.count_nonzero(p) == 3 and np.count_nonzero(in_default_order) == 2  # the order matters here
     request = RowRequest(prompt=PROMPT, sampling=CUSTOM, max_tokens=0)
-    stream = seeded_stream(speculative(constant_pair, stochastic), request, sample_count() // 2)
+    stream = seeded_stream(speculative(constant_pair, stochastic), request, sample_count())
     assert fit(stream, p) < CRITICAL_DOF5_ALPHA_1E4
 
 
@@ -222,5 +223,5 @@ def test_a_custom_chain_order_keeps_the_stream_on_its_p(constant_pair, logits, s
 def test_chi_square_rejects_the_default_order_against_a_custom_chains_p(constant_pair, logits) -> None:
     p = ref.chained(logits, ["temperature", "top_p"], temperature=2.5, top_p=0.5)[TOKENS]
     request = RowRequest(prompt=PROMPT, sampling=replace(CUSTOM, samplers=SIX.samplers), max_tokens=0)
-    stream = seeded_stream(speculative(constant_pair, False), request, sample_count() // 4)
+    stream = seeded_stream(speculative(constant_pair, False), request, int(sample_count() * POWER_SHARE))
     assert fit(stream, p) > CRITICAL_DOF5_ALPHA_1E4

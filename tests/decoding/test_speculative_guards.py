@@ -170,7 +170,7 @@ def test_the_target_distribution_holds_while_the_ticks_choice_moves_the_widths(c
 @pytest.mark.slow
 def test_chi_square_rejects_argmax_against_argmax_in_the_loop(constant_pair) -> None:
     """Power calibration at loop level: the biased block-loop rule, run at T > 0, is caught."""
-    stream = emitted_stream(speculative(*constant_pair, k=2), sample_count() // 8, rule=Rule.ARGMAX_AGAINST_ARGMAX)
+    stream = emitted_stream(speculative(*constant_pair, k=2), sample_count() * 3 // 10, rule=Rule.ARGMAX_AGAINST_ARGMAX)
     assert chi_square(stream, TOKENS, P) > CRITICAL_DOF5_ALPHA_1E4
 
 
@@ -178,7 +178,7 @@ def test_chi_square_rejects_argmax_against_argmax_in_the_loop(constant_pair) -> 
 def test_chi_square_rejects_emitting_the_coupled_drafts(constant_pair, monkeypatch: pytest.MonkeyPatch) -> None:
     """Power calibration for coupling: coupled drafts agree with the target's draws so often that
     emitting them in its place is tempting, and biased (they follow q); the statistic catches a
-    loop that accepts every coupled draft, at an eighth of the guards' sample."""
+    loop that accepts every coupled draft, at 3/10 of the guards' sample."""
 
     def accept_every_draft(drafts, drawn, keys):
         bonus = drawn[len(drafts)]
@@ -188,7 +188,7 @@ def test_chi_square_rejects_emitting_the_coupled_drafts(constant_pair, monkeypat
     monkeypatch.setattr(rules, "sampler_match", accept_every_draft)
     builder = speculative(*constant_pair, k=2)
     assert builder.build(RowRequest(prompt=[1], sampling=SIX, max_tokens=1)).speculation.coupled
-    assert chi_square(emitted_stream(builder, sample_count() // 8), TOKENS, P) > CRITICAL_DOF5_ALPHA_1E4
+    assert chi_square(emitted_stream(builder, sample_count() * 3 // 10), TOKENS, P) > CRITICAL_DOF5_ALPHA_1E4
 
 
 @pytest.mark.parametrize("stochastic", [False, True], ids=["sampler-match", "stochastic"])

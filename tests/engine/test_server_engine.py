@@ -14,7 +14,7 @@ import httpx
 import pytest
 import uvicorn
 
-from app.engine.engine import Engine
+from app.engine.engine import Engine, EngineState
 from app.profiles import resolve
 from app.server.app import create_app
 from tests.support.server import clean_env, free_port, sse_frames
@@ -164,3 +164,27 @@ def test_a_load_failure_exits_non_zero_with_the_reason(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "cannot start" in result.stderr and str(broken) in result.stderr
+
+
+def test_a_stop_while_models_load_returns_at_once_and_the_engine_never_serves() -> None:
+    """A signalled start's shutdown stopped an engine still loading: the stop joined the load, past
+    a minute on loaded cores (issue 45). It returns at once now; the engine never turns READY nor
+    says it serves, and its thread ends once the load does."""
+
+    class Held(Engine):
+        gate = threading.Event()
+
+        def _load(self) -> None:
+            self.gate.wait(30)
+            super()._load()
+
+    ready: list[Engine] = []
+    engine = Held(resolve("target-only").settings, on_ready=ready.append)
+    engine.start()
+    engine.stop()
+    assert engine._thread.is_alive() and not Held.gate.is_set()  # the stop did not wait for the load
+    assert engine.state is EngineState.STOPPED
+    Held.gate.set()
+    engine._thread.join(30)
+    assert not engine._thread.is_alive()
+    assert engine.state is EngineState.STOPPED and ready == []

@@ -37,7 +37,7 @@ def final_distribution(
     if sigma > 0:
         logits = top_n_sigma(logits, sigma)
     order = np.argsort(-logits, kind="stable")
-    kept = [t for t in order if np.isfinite(logits[t])]
+    kept = order[np.isfinite(logits[order])].tolist()  # vectorised: a whole vocabulary per emitted token
     if 0 < top_k < len(kept):
         kept = kept[:top_k]
     if typical_p < 1.0:
