@@ -194,9 +194,10 @@ class ServerSettings(Group):
     # /v1/embeddings and /embedding (llama-server's --embeddings): the target's pooled hidden states
     embeddings: bool = False
     embeddings_pooling: PoolingName = "mean"
-    # positions one embeddings request may embed over all its inputs, each input in whole chunks of 32
-    # (app/execution/embedding.py `positions`: a forward each, so this bounds the engine time): past it, 400
-    max_embedding_tokens: PositiveInt = 16_384
+    # positions one embeddings request may embed: its forwards of 32 (app/execution/embedding.py `Plan`:
+    # short inputs packed into one, a long one in chunks), so this bounds the engine time; past it, 400.
+    # OpenAI's per-request token limit, so clients' default batches (LangChain's 1,000 inputs) pass
+    max_embedding_tokens: PositiveInt = 300_000
     web_ui: bool = True  # the chat page at / (app/server/web/index.html)
     # chat answers' thinking parsed as this when a request names no reasoning_format (--reasoning-format)
     reasoning_format: ReasoningFormatName = "auto"

@@ -49,6 +49,7 @@ class Sizes:
     embedding_tokens: int = 600
     abandoned_inputs: int = 6  # a second embeddings request whose client leaves after a second
     short_inputs: int = 2048  # one-token embedding inputs in one request (the audit: 2,048, minutes of the lane)
+    over_budget_tokens: int = 150  # then short_inputs of this many: 5 forwards each, past max_embedding_tokens
     grammar_clients: int = 2  # clients of the ambiguous grammar, n = grammar_rows each (issue 45's audit: 8)
     grammar_rows: int = 8  # as many as server.max_rows: admitted in order, one client's rows held every row
     anchors: int = 1500  # `$ref: #aN` references (the audit: about 2,000, 215 s per 400)
@@ -287,10 +288,15 @@ def long_embeddings(target: Target, sizes: Sizes) -> dict[str, Any]:
 
 
 def short_embeddings(target: Target, sizes: Sizes) -> dict[str, Any]:
-    """Many one-token embedding inputs: each took a forward of its own, about a 32-token chunk's time."""
+    """Many one-token embedding inputs: each took a forward of its own, about a 32-token chunk's
+    time (now 32 share one); then as many inputs of over_budget_tokens, whose forwards the server
+    refuses to start (the default server.max_embedding_tokens, 300,000 positions, against 327,680)."""
+    short = {"input": [[5]] * sizes.short_inputs, "encoding_format": "base64"}  # as the OpenAI SDK asks
+    many = {"input": [[5] * sizes.over_budget_tokens] * sizes.short_inputs, "encoding_format": "base64"}
     with target.client() as http:
-        status, seconds = timed(lambda: http.post("/v1/embeddings", json={"input": [[5]] * sizes.short_inputs}))
-    return {"status": status, "seconds": seconds}
+        status, seconds = timed(lambda: http.post("/v1/embeddings", json=short))
+        refused, refused_s = timed(lambda: http.post("/v1/embeddings", json=many))
+    return {"status": status, "seconds": seconds, "over_budget": refused, "over_budget_seconds": refused_s}
 
 
 def ambiguous_grammar(target: Target, sizes: Sizes) -> dict[str, Any]:

@@ -73,7 +73,7 @@ def test_openai_sdk_embeddings_float_base64_lists_and_token_ids(embedding_server
      ({"input": "a", "dimensions": 8}, "dimensions"), ({"input": [10**9]}, "out of the vocabulary"),
      ({"input": {"content": "string"}}, "text parts"), ({"input": {"content": [{"type": "image_url"}]}}, "text"),
      ({"input": "def f(): pass\n" * 2000}, "is too large to process"),
-     ({"input": [[5]] * 2048}, "16416 positions by input[512]")],  # each input a chunk: minutes of forwards
+     ({"input": [[5] * 150] * 2048}, "300160 positions by input[1875]")],  # 5 forwards each: minutes of them
 )  # fmt: skip
 def test_bad_inputs_are_400(embedding_server, body: dict, needle: str) -> None:
     answer = httpx.post(f"{embedding_server.url}/v1/embeddings", json=body, timeout=30)

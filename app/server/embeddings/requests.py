@@ -6,11 +6,12 @@ inputs are read as llama-server reads prompts (app/server/core/prompts.py: one s
 mix of both is one input, a list of those is many; `{"prompt_string": ...}` and
 `{"content": [text parts]}` objects too), each tokenized with the tokenizer's special tokens, and
 the target's hidden states are pooled by `server.embeddings_pooling` and normalised
-(app/execution/embedding.py), within `server.max_embedding_tokens` positions per request (each
-input rounded up to whole chunks: one forward each, which bounds the time a request holds the
-engine's embedding lane); pooling `none` answers every token's vector, on llama-server's
-native routes only. Off, the routes answer 404 `not_supported_error`, which the OpenAI SDK does
-not retry (it retries a 501).
+(app/execution/embedding.py), within `server.max_embedding_tokens` positions per request: the
+forwards of the request's plan (`embedding.Plan`: short inputs packed together, a long one in
+chunks, the grouping the engine then runs), each counted as a whole chunk, which bounds the
+time a request holds the engine's embedding lane; pooling `none` answers every token's vector,
+on llama-server's native routes only. Off, the routes answer 404 `not_supported_error`, which
+the OpenAI SDK does not retry (it retries a 501).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from msgspec import UNSET
 
-from app.execution.embedding import CHUNK, positions
+from app.execution.embedding import CHUNK, Plan
 from app.profiles.schema import Settings
 from app.server.core import prompts
 from app.server.core.schemas import ContentPart, PromptObject, WireStruct
@@ -79,7 +80,7 @@ def token_inputs(
         raise ApiError(400, "input: must not be empty")
     if len(parts) > MAX_INPUTS:
         raise ApiError(400, f"input: {len(parts)} inputs; this server embeds at most {MAX_INPUTS} per request")
-    found, total, budget = [], 0, settings.server.max_embedding_tokens
+    found, plan, budget = [], Plan(), settings.server.max_embedding_tokens
     for index, part in enumerate(parts):
         tokens = prompts.prompt_tokens(prompt_of(index, part), tokenizer, vocab)
         if not tokens:  # llama-server's words: a tokenizer with no BOS makes "" no tokens
@@ -88,11 +89,11 @@ def token_inputs(
         if len(tokens) > limit:  # llama-server's words ("too large to process"), this server's limit
             raise ApiError(400, f"input[{index}] ({len(tokens)} tokens) is too large to process: this server "
                                 f"embeds at most {limit} tokens (server.max_prompt_tokens)")  # fmt: skip
-        total += positions(len(tokens))
-        if total > budget:
-            raise ApiError(400, f"input: {total} positions by input[{index}] (each input counts in whole chunks of "
-                                f"{CHUNK}, a forward each); this server embeds at most {budget} per request "
-                                "(server.max_embedding_tokens)")  # fmt: skip
+        plan.add(len(tokens))
+        if plan.positions > budget:
+            raise ApiError(400, f"input: {plan.positions} positions by input[{index}] ({plan.forwards} forwards of "
+                                f"{CHUNK}: short inputs packed together, a long one in chunks); this server embeds "
+                                f"at most {budget} per request (server.max_embedding_tokens)")  # fmt: skip
         found.append(tokens)
     return found
 
