@@ -25,9 +25,11 @@ from ops.models.tiny import build_tiny_model
 ROWS = 16
 
 
-def twin_pools(model: nn.Module, rng: np.random.Generator) -> tuple[list[ModelRunner], list[ModelRunner]]:
+def twin_pools(
+    model: nn.Module, rng: np.random.Generator, rows: int = ROWS
+) -> tuple[list[ModelRunner], list[ModelRunner]]:
     """Two identical sets of rows at different cache lengths (some rewound after their prompt)."""
-    solo, batched = [ModelRunner(model) for _ in range(ROWS)], [ModelRunner(model) for _ in range(ROWS)]
+    solo, batched = [ModelRunner(model) for _ in range(rows)], [ModelRunner(model) for _ in range(rows)]
     for a, b in zip(solo, batched, strict=True):
         prompt = rng.integers(4, 4000, size=int(rng.integers(2, 60))).tolist()
         mx.eval(a.prefill(prompt), b.prefill(prompt))
@@ -64,11 +66,13 @@ def assert_same_caches(solo: list[ModelRunner], batched: list[ModelRunner]) -> N
                 assert mx.array_equal(p, q).item()
 
 
-@pytest.mark.parametrize("role", ["target", "drafter"])
-def test_rows_match_their_solo_forwards_over_rounds_with_rewinds(role, embedded_target, embedded_drafter) -> None:
+def test_rows_match_their_solo_forwards_over_rounds_with_rewinds(embedded_drafter) -> None:
     """B = 1..16 rows of widths 1..8 (some given as arrays), rewound between rounds; one round
-    carries a row of 40 tokens among the others."""
-    model = (embedded_target if role == "target" else embedded_drafter).model
+    carries a row of 40 tokens among the others. On the embedded drafter: the target's architecture
+    and shapes (qwen3, hidden 256, 4 heads over 2 KV heads of 64) at 2 layers, not 14; it ran on
+    both until issue 44 (the target's case took 87-126 s of the suite). The target's own batched
+    forwards are held to its solo ones by the seeded-identity and batched-rows tests."""
+    model = embedded_drafter.model
     rng = np.random.default_rng(12)
     solo, batched = twin_pools(model, rng)
     assert batching(model) == "rows"
@@ -128,8 +132,8 @@ def test_taps_record_each_row_as_its_own_forward_would(embedded_target) -> None:
     model = embedded_target.model
     taps = prepare(model, taps=True).taps
     names = [1, 9, FINAL]
-    solo, batched = twin_pools(model, np.random.default_rng(5))
     inputs = [[7, 8, 9], [300], [11, 12, 13, 14, 15], [42, 43]]
+    solo, batched = twin_pools(model, np.random.default_rng(5), rows=len(inputs))
     with taps.capture(names) as expected:
         mx.eval([r.forward(t) for r, t in zip(solo[:4], inputs, strict=True)])
     with taps.capture(names) as seen:
