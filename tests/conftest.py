@@ -13,6 +13,7 @@ import pytest
 import structlog
 
 from app.execution.model import LoadedModel, load_model
+from app.execution.prepare import prepared
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 from app.profiles.loader import shipped_profiles
 from ops.models.tiny import build_tiny_model
@@ -81,6 +82,21 @@ def structlog_defaults() -> None:
     logging unless MLXCEL_LOG is set) would otherwise filter out a later test's captured events,
     and which tests share a process depends on how xdist splits them."""
     structlog.reset_defaults()
+
+
+SHARED_MODELS = ("embedded_target", "embedded_drafter", "tiny_model")  # the session's, one per worker
+
+
+@pytest.fixture(autouse=True)
+def idle_pools_dropped(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test, the shared models' KV pools go if no row is left on them: each test starts
+    from a small pool, not one grown by every test before it on this worker (issue 44)."""
+    yield
+    for name in SHARED_MODELS:
+        if name in request.fixturenames:
+            loaded = request.getfixturevalue(name)
+            if prepared(loaded.model).unpooled() is None:
+                prepared(loaded.model).drop_idle_pool()
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams
 from ops.models.tiny import build_tiny_model
+from tests.support.batched import seeded_rows
 from tests.support.derived_models import constant_output, scaled_block_drafter
 from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
 
@@ -40,6 +41,7 @@ P_AT_T = [p / sum(TEMPERED) for p in TEMPERED]  # what every emitted token must 
 GREEDY = SamplingParams(temperature=0.0)
 KINDS = ("mtp", "dflash", "muse")
 CODE = "def merge_sorted(left, right):\n    result = []\n"
+ACCEPTANCE_ROWS = 4  # a closed-form run's rows per batch (run alone, one after another, until issue 44)
 PROMPTS = [CODE, "class LRUCache:\n    def __init__(self, capacity):\n", "import json\n\n\ndef load_config(path):\n"]
 
 
@@ -119,17 +121,15 @@ def acceptance_run(target: LoadedModel, drafter: str, stochastic: bool, position
     closed_form = "closed_form_sum_min" if stochastic else "closed_form_coupled"  # sampler-match's drafts couple
     tested = accepted = diagnosed = 0
     weighted = 0.0
-    seed = 0
-    while tested < positions:
-        prompt = target.tokenizer.encode(PROMPTS[seed % len(PROMPTS)])
-        request = RowRequest(prompt=prompt, sampling=SamplingParams(temperature=TEMPERATURE), max_tokens=256, seed=seed)
-        generation = run(builder.build(request))
-        assert generation.speculation.rule is rule and generation.speculation.coupled is not stochastic
-        stats = generation.stats.acceptance
+    sampling = SamplingParams(temperature=TEMPERATURE)
+    for row in seeded_rows(builder, PROMPTS, sampling, ACCEPTANCE_ROWS):  # seeds 0, 1, ... to `positions`
+        assert row.speculation.rule is rule and row.speculation.coupled is not stochastic
+        stats = row.stats.acceptance
         tested, accepted = tested + stats.positions_tested, accepted + stats.accepted
         weighted += getattr(stats, closed_form) * stats.diagnosed_positions
         diagnosed += stats.diagnosed_positions
-        seed += 1
+        if tested >= positions:
+            break
     return tested, accepted, weighted / diagnosed
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from app.acceptance import AcceptanceStats, Rule, rules
+from app.acceptance import Rule, rules
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.decoding.loop import SpeculativeLoop
@@ -21,7 +20,7 @@ from app.execution.model import LoadedModel, load_model
 from app.execution.runner import ModelRunner
 from app.sampling import SamplingParams
 from ops.models.tiny import build_tiny_model
-from tests.support.batched import Arrival, run_batched, run_rows, seeded_stream
+from tests.support.batched import Arrival, run_batched, seeded_rows, seeded_stream
 from tests.support.costs import swinging_costs
 from tests.support.derived_models import anti_drafter, fixed_distribution_pair
 from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
@@ -296,17 +295,6 @@ def test_penalty_history_is_rewound_on_rejection(regimes) -> None:
     assert drafted.emitted == run(plain.build(request)).emitted
 
 
-def seeded_stats(builder: LoopBuilder, sampling: SamplingParams) -> Iterator[AcceptanceStats]:
-    """The speculation stats of seeded rows over PROMPTS, seed 0, 1, ... in order, run a batch of
-    ACCEPTANCE_ROWS rows at a time (each row's stats are what it would give alone)."""
-    for first in itertools.count(0, ACCEPTANCE_ROWS):
-        rows = []
-        for seed in range(first, first + ACCEPTANCE_ROWS):
-            prompt = builder.target.tokenizer.encode(PROMPTS[seed % len(PROMPTS)])
-            rows.append(builder.build(RowRequest(prompt=prompt, sampling=sampling, max_tokens=256, seed=seed)))
-        yield from (generation.stats.acceptance for generation in run_rows(rows))
-
-
 @pytest.mark.slow
 def test_measured_acceptance_sits_on_the_closed_form_of_the_rule_that_ran(embedded_target, embedded_drafter) -> None:
     """T = 0.7, >= 2,000 tested positions each (3 SE): sampler-match at the coupled closed form
@@ -318,7 +306,8 @@ def test_measured_acceptance_sits_on_the_closed_form_of_the_rule_that_ran(embedd
         builder = speculative(embedded_target, embedded_drafter, stochastic=stochastic, diagnose=True, coupled=coupled)
         tested = accepted = 0
         forms: list[tuple[float, int]] = []
-        for stats in seeded_stats(builder, sampling):  # seeds 0, 1, ... until 2,000 positions
+        for row in seeded_rows(builder, PROMPTS, sampling, ACCEPTANCE_ROWS):  # seeds 0, 1, ... to 2,000 positions
+            stats = row.stats.acceptance
             tested += stats.positions_tested
             accepted += stats.accepted
             forms.append((getattr(stats, closed_form), stats.diagnosed_positions))

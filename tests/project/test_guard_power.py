@@ -4,6 +4,7 @@ the computation is checked against the chi-square's known quantile and against s
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tests.support.statistics import (
     CRITICAL_DOF5_ALPHA_1E4,
@@ -36,6 +37,7 @@ def test_the_default_size_is_the_fewest_that_reach_the_power() -> None:
     assert DEFAULT_SAMPLES == 5_000
 
 
+@pytest.mark.slow  # a statistical check (under a second)
 def test_the_computed_power_matches_simulation() -> None:
     """2,000 simulated guards at a size where the power is about a half: the computed chance lies
     within four standard errors of the simulated one (seeded)."""

@@ -3,12 +3,14 @@ decode step in one `run_together`, their forwards batched."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
 from app.execution.steps import run_together
+from app.sampling import SamplingParams
 
 STREAM_ROWS = 24  # rows of a distribution guard's stream: about half the CPU of running them one by one
 
@@ -66,3 +68,17 @@ def seeded_stream(
     stream = [token for generation in run_rows(rows, before_tick) for token in generation.emitted]
     assert len(stream) >= n, "a row ended early"
     return stream[:n]
+
+
+def seeded_rows(
+    builder: LoopBuilder, prompts: Sequence[str], sampling: SamplingParams, rows: int
+) -> Iterator[Generation]:
+    """Finished seeded rows over `prompts` (seed i on prompt i mod their count), seed 0, 1, ... in
+    order, run `rows` rows at a time (each row emits, and counts, what it would alone, at a
+    fraction of the cost)."""
+    for first in itertools.count(0, rows):
+        batch = []
+        for seed in range(first, first + rows):
+            prompt = builder.target.tokenizer.encode(prompts[seed % len(prompts)])
+            batch.append(builder.build(RowRequest(prompt=prompt, sampling=sampling, max_tokens=256, seed=seed)))
+        yield from run_rows(batch)
