@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from app.sampling import Distribution, RowRng
-from app.sampling.streams import PositionKeys
+from app.sampling import Distribution
 
 
 @dataclass(frozen=True)
@@ -58,46 +57,68 @@ def argmax_against_argmax(drafts: Sequence[int], target_argmax: Sequence[int]) -
     return _longest_matching_prefix(drafts, target_argmax)
 
 
-def sampler_match(drafts: Sequence[int], drawn: Sequence[int], keys: PositionKeys) -> Verdict:
+def sampler_match(drafts: Sequence[int], drawn: Sequence[int]) -> Verdict:
     """Accept iff the draft equals a fresh draw from p; emit that draw on both branches.
 
     Lossless: every emitted token is a fresh conditional draw from the target. Accepts with
     probability sum_x p(x) q(x). `drawn` holds the k + 1 draws (the bonus included), made in one
-    evaluation from p at `keys` (`keys.draw(p)`), the target stream's keys of those positions, and
-    only the keys of the positions emitted are consumed: each emitted token is the draw
-    target-only decoding makes there, so a seeded row emits target-only's tokens whatever drafted
-    them.
+    evaluation from p at the target stream's keys of those positions (`PositionKeys.draw`). The
+    caller consumes the keys of the positions emitted (`len(verdict.tokens)`) and no more: each
+    emitted token is the draw target-only decoding makes there, so a seeded row emits
+    target-only's tokens whatever drafted them.
     """
-    k = len(drafts)
-    n = 0
-    while n < k and drawn[n] == drafts[n]:
-        n += 1
-    keys.consume(n + 1)
-    return Verdict(accepted=n, tokens=drawn[: n + 1], tested=n + 1 if n < k else k)
+    return _longest_matching_prefix(drafts, drawn)
 
 
-def modified_rejection(drafts: Sequence[int], p: Distribution, q: Distribution, rng: RowRng) -> Verdict:
+@dataclass(frozen=True)
+class RejectionDraws:
+    """What the stochastic rule reads of a round, built lazily so that every row's are evaluated
+    in one wait: per draft position its uniform u, p(d) and q(d), and the token the round ends on
+    after each possible accepted count n (n < k: the recovered draw from relu(p - q) at position
+    n; n = k: the bonus draw from p at k). Keys: `keys[i]` is the stream's i-th next key; the
+    uniform of position i takes key i, the round's last draw key min(n + 1, k), so a round of n
+    accepted drafts consumes `tested + 1` keys, as drawing them one by one would."""
+
+    uniforms: mx.array  # [k]
+    p_at: mx.array  # [k]
+    q_at: mx.array  # [k]
+    endings: mx.array  # [k + 1]
+
+    @property
+    def arrays(self) -> tuple[mx.array, ...]:
+        return (self.uniforms, self.p_at, self.q_at, self.endings)
+
+
+def rejection_draws(drafts: mx.array, p: Distribution, q: Distribution, keys: Sequence[mx.array]) -> RejectionDraws:
+    """The lazy inputs of `modified_rejection` for the k `drafts`, from the target rows p `[k+1]`,
+    the drafter rows q `[k]` and the stream's next k + 1 keys (`RowRng.peek`)."""
+    k = int(drafts.shape[0])
+    uniforms = mx.stack([mx.random.uniform(key=key) for key in keys[:k]])
+    endings = []
+    for n in range(k):
+        residual = mx.maximum(p[n].dense() - q[n].dense(), 0.0)
+        endings.append(Distribution.from_dense(residual / mx.sum(residual)).draw(keys[n + 1]))
+    endings.append(p[k].draw(keys[k]))
+    return RejectionDraws(uniforms, p[:k].prob_of(drafts), q.prob_of(drafts), mx.concatenate(endings))
+
+
+def modified_rejection(
+    drafts: Sequence[int], uniforms: Sequence[float], p_at: Sequence[float], q_at: Sequence[float],
+    endings: Sequence[int],
+) -> Verdict:  # fmt: skip
     """Leviathan et al. / Chen et al.: accept iff u * q(t) <= p(t), u ~ U[0, 1).
 
     On the first rejection emit a draw from normalize(relu(p - q)) and end the chain; after a
     full accept emit a bonus draw from p. Lossless because min(p, q) + relu(p - q) == p, and
     acceptance-optimal: it accepts with probability sum_x min(p(x), q(x)). Randomness: one
-    uniform per verified position, then one categorical draw (the recovered or bonus token).
+    uniform per verified position, then one categorical draw (the recovered or bonus token):
+    `RejectionDraws` holds them all, evaluated; the caller consumes `tested + 1` keys.
     """
     k = len(drafts)
-    tokens = mx.array(list(drafts), dtype=mx.int32)
-    keys = rng.peek(k)
-    u = mx.stack([mx.random.uniform(key=key) for key in keys])
-    u, p_at, q_at = (a.tolist() for a in (u, p[:k].prob_of(tokens), q.prob_of(tokens)))
     n = 0
-    while n < k and u[n] * q_at[n] <= p_at[n]:
+    while n < k and uniforms[n] * q_at[n] <= p_at[n]:
         n += 1
-    rng.advance(min(n + 1, k))
-    if n == k:
-        return Verdict(accepted=k, tokens=[*drafts, int(p[k].draw(rng.next_key()).item())], tested=k)
-    residual = mx.maximum(p[n].dense() - q[n].dense(), 0.0)
-    recovered = Distribution.from_dense(residual / mx.sum(residual)).draw(rng.next_key())
-    return Verdict(accepted=n, tokens=[*drafts[:n], int(recovered.item())], tested=n + 1)
+    return Verdict(accepted=n, tokens=[*drafts[:n], int(endings[n])], tested=n + 1 if n < k else k)
 
 
 def sum_min(p: mx.array, q: mx.array) -> mx.array:

@@ -63,18 +63,21 @@ class RoundLoop(Protocol):
         ...
 
 
-def sample_next(state: RowState, logits: mx.array, greedy: bool = False) -> int:
+def sample_next(state: RowState, logits: mx.array, greedy: bool = False) -> Steps[int]:
     """The token after the prompt (or after the last decided one), from that position's logits
     `[1, V]`, masked by the grammar where the row is constrained; `greedy`: the argmax of the
-    adjusted row whatever the sampler (the biased block rule's stream), drawing nothing."""
+    adjusted row whatever the sampler (the biased block rule's stream), drawing nothing. The
+    token is read on the host with the tick's other rows' reads, in one wait."""
     mask = state.next_mask()
     row = logits if mask is None else masked(logits, mask)
     contexts = state.contexts([len(state.tokens)])
     if greedy:
-        token, p = int(state.sampler.greedy(row, contexts)[0].item()), None
+        drawn, p = state.sampler.greedy(row, contexts)[:1], None
     else:
         forced = mask is not None and not sampled_rows(mask, 1)[0]
-        token, p = state.sampler.sample(row, contexts, state.rng, forced)
+        drawn, p = state.sampler.sample(row, contexts, state.rng, forced)
+    yield Evaluate((drawn,))
+    token = int(drawn.item())
     state.decide([token], p)
     state.report(logits, [token], p, mask)
     return token
@@ -83,7 +86,7 @@ def sample_next(state: RowState, logits: mx.array, greedy: bool = False) -> int:
 def decode_one(target: ModelRunner, state: RowState) -> Steps[list[int]]:
     """One plain decode step: forward the pending token, sample the next."""
     logits = (yield Forward(target, state.tokens[target.length :], sampled=not state.sampler.is_greedy))[-1:]
-    return [sample_next(state, logits)]
+    return [(yield from sample_next(state, logits))]
 
 
 def jump_forward(state: RowState, budget: int) -> list[int]:
@@ -165,7 +168,7 @@ class TargetLoop:
 
     def prefilling(self, state: RowState) -> Steps[int | None]:
         logits = yield from prefill_target(self.target, state)
-        return None if logits is None else sample_next(state, logits)
+        return None if logits is None else (yield from sample_next(state, logits))
 
     def step(self, state: RowState, budget: int) -> RoundOutcome:
         return run_alone(self.steps(state, budget))
@@ -233,7 +236,8 @@ class SpeculativeLoop:
                 return None
             # Under argmax-against-argmax every later token is the target's argmax, so the first
             # is too: the whole stream is the greedy one, not a sampled token and a greedy tail.
-            self._first = sample_next(state, logits, greedy=self.speculation.rule is Rule.ARGMAX_AGAINST_ARGMAX)
+            greedy = self.speculation.rule is Rule.ARGMAX_AGAINST_ARGMAX
+            self._first = yield from sample_next(state, logits, greedy=greedy)
         chunks = self._prompt_features
         if not (yield from self.proposer.prefilling(state, mx.concatenate(chunks, axis=1) if chunks else None)):
             return None

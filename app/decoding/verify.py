@@ -25,10 +25,10 @@ from app.decoding.speculation import Speculation
 from app.drafters.base import Proposal, Proposer
 from app.execution.runner import ModelRunner
 from app.execution.steps import Evaluate, Forward, Steps
-from app.sampling import Distribution
+from app.sampling import Distribution, RowRng
 from app.sampling.grammar import masked
 from app.sampling.state import RowState
-from app.sampling.streams import position_keys, sampled_rows, xtc_coins
+from app.sampling.streams import PositionKeys, position_keys, sampled_rows, xtc_coins
 
 ARGMAX_RULES = {Rule.GREEDY_ARGMAX: rules.greedy_argmax, Rule.ARGMAX_AGAINST_ARGMAX: rules.argmax_against_argmax}
 
@@ -82,8 +82,9 @@ def judging(
 ) -> Steps[tuple[Verdict, Distribution | None]]:
     """Apply `rule` to the verify rows `[k+1, V]` (`masks`: the grammar's, if constrained); also
     the target rows p where it built them. Every draw is the target stream's (app/sampling/streams.py).
-    What the lossless rules read on the host is asked for as one evaluation (a tick evaluates every
-    row's together)."""
+    What a rule reads on the host is asked for as one evaluation (a tick evaluates every row's
+    together); the rule itself is a pure function of those values, and the keys its verdict used
+    are consumed here."""
     base, sampler = len(state.tokens), state.sampler
     if sampler.needs_context:  # each row reads its history as if the drafts before it were decided
         state.history.rewind(base)
@@ -96,12 +97,30 @@ def judging(
     rows = proposal.k + 1
     if rule is Rule.STOCHASTIC and proposal.q is not None:
         p = sampler.distribution(logits, contexts, xtc_coins(state.rng, rows, sampler.uses_coin))
-        return rules.modified_rejection(proposal.tokens.tolist(), p, proposal.q, state.rng), p
+        return (yield from judging_stochastic(proposal.tokens, p, proposal.q, state.rng)), p
     keys = position_keys(state.rng, sampled_rows(masks, rows), sampler.uses_coin)
     p = sampler.distribution(logits, contexts, keys.coins)
+    return (yield from judging_sampler_match(proposal.tokens, p, keys)), p
+
+
+def judging_sampler_match(drafts: mx.array, p: Distribution, keys: PositionKeys) -> Steps[Verdict]:
+    """Sampler-match over `drafts` `[k]` against p `[k+1]`: the draws at `keys` read in one
+    evaluation, and the keys of the emitted positions consumed (target-only's, no more)."""
     drawn = keys.draw(p)
-    yield Evaluate((proposal.tokens, drawn))
-    return rules.sampler_match(proposal.tokens.tolist(), drawn.tolist(), keys), p
+    yield Evaluate((drafts, drawn))
+    verdict = rules.sampler_match(drafts.tolist(), drawn.tolist())
+    keys.consume(len(verdict.tokens))
+    return verdict
+
+
+def judging_stochastic(drafts: mx.array, p: Distribution, q: Distribution, rng: RowRng) -> Steps[Verdict]:
+    """The stochastic rule over `drafts` `[k]` (p `[k+1]`, q `[k]`): its uniforms, probabilities
+    and every possible last draw read in one evaluation, and the keys the verdict used consumed."""
+    draws = rules.rejection_draws(drafts, p, q, rng.peek(int(drafts.shape[0]) + 1))
+    yield Evaluate((drafts, *draws.arrays))
+    verdict = rules.modified_rejection(*(array.tolist() for array in (drafts, *draws.arrays)))
+    rng.advance(verdict.tested + 1)
+    return verdict
 
 
 def _closed_forms(proposal: Proposal, p: Distribution | None, verdict: Verdict, vocab: int) -> ClosedForms:

@@ -10,7 +10,7 @@ from app.drafters.base import Proposal
 from app.drafters.kinds import DrafterKind
 from app.drafters.passes import DrafterPasses, PassShape
 from app.execution.runner import ModelRunner
-from app.execution.steps import Forward, Steps, run_alone
+from app.execution.steps import Evaluate, Forward, Steps, run_alone
 from app.sampling import Distribution
 from app.sampling.grammar import masked
 from app.sampling.streams import draft_keys
@@ -102,9 +102,11 @@ class DraftModelDrafter:
                 coin, key = keys.take(sampled)
                 q = sampler.distribution(logits, contexts, coin)
                 draft = q.draw(key).astype(mx.int32)
-            if needs_host:
+            if needs_host:  # read with every row's draft of this step, in one wait
+                likelihood = q.prob_of(draft) if q is not None and self.p_min > 0.0 else None
+                yield Evaluate((draft,) if likelihood is None else (draft, likelihood))
                 token = int(draft.item())
-                if q is not None and self.p_min > 0.0 and q.prob_of(draft).item() < self.p_min:
+                if likelihood is not None and likelihood.item() < self.p_min:
                     break
                 state.history.extend([token])
                 if constraint is not None:

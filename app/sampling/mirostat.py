@@ -83,4 +83,4 @@ class MirostatState:
         """Settle mu past `tokens`, decided in order from `rows` (None: forced or greedy tokens)."""
         for i, token in enumerate(tokens):
             self.mu = self._step(self.mu, None if rows is None else rows[i], token)
-        mx.eval(self.mu)  # keeps the chain of updates from growing into one long graph
+        mx.async_eval(self.mu)  # cuts the chain of updates (no long graph) without a wait per row

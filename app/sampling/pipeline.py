@@ -282,13 +282,15 @@ class SamplerPipeline:
 
     def sample(
         self, logits: mx.array, contexts: Sequence[Sequence[int]] | None, rng: RowRng, forced: bool = False
-    ) -> tuple[int, Distribution | None]:
-        """Decide one token from one row of logits `[1, V]`; returns (token, p or None if greedy).
-        `forced`: the grammar allows one token here, which is decided drawing nothing (app/sampling/streams.py)."""
+    ) -> tuple[mx.array, Distribution | None]:
+        """Decide one token from one row of logits `[1, V]`; returns (the token `[1]`, lazy: the
+        caller reads it with its batch-mates' in one wait; p or None if greedy). Its key is consumed
+        now. `forced`: the grammar allows one token here, which is decided drawing nothing
+        (app/sampling/streams.py)."""
         if self.is_greedy:
-            return int(self.greedy(logits, contexts)[0].item()), None
+            return self.greedy(logits, contexts)[:1], None
         keys = position_keys(rng, [not forced], self.uses_coin)
         p = self.distribution(logits, contexts, keys.coins)
-        token = int(keys.draw(p).item())
+        token = keys.draw(p)
         keys.consume(1)
         return token, p

@@ -1,4 +1,5 @@
-"""The rules as pure functions over probability rows: guards that need no model."""
+"""The rules over probability rows, as a verify step runs them (app/decoding/verify.py: the lazy
+draws read in one evaluation, the pure rule, the keys consumed): guards that need no model."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from app.acceptance import (
     Verdict,
     argmax_against_argmax,
     greedy_argmax,
-    modified_rejection,
     sampler_match,
     select_rule,
     sum_min,
     sum_prod,
 )
 from app.decoding.plan import Switches
+from app.decoding.verify import judging_sampler_match, judging_stochastic
+from app.execution.steps import run_alone
 from app.sampling import Distribution, RowRng, SamplingParams
 from app.sampling.streams import PositionKeys, position_keys
 from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
@@ -29,6 +31,14 @@ CATEGORIES = list(range(6))
 P = [0.35, 0.25, 0.15, 0.12, 0.08, 0.05]
 Q = [0.10, 0.15, 0.30, 0.05, 0.25, 0.15]
 K = 4
+
+
+def stochastic(drafts: list[int], p: Distribution, q: Distribution, rng: RowRng) -> Verdict:
+    return run_alone(judging_stochastic(mx.array(drafts, dtype=mx.int32), p, q, rng))
+
+
+def matching(drafts: list[int], p: Distribution, keys: PositionKeys) -> Verdict:
+    return run_alone(judging_sampler_match(mx.array(drafts, dtype=mx.int32), p, keys))
 
 
 def draw(row: mx.array, rng: RowRng) -> int:
@@ -53,9 +63,9 @@ def stream_from(rule: str | Callable, n: int, seed: int = 1234) -> list[int]:
         drafts = [draw(q_rows[i], rng) for i in range(K)]
         if rule == "sampler-match":
             keys = position_keys(rng, [True] * (K + 1), False)
-            verdict = sampler_match(drafts, keys.draw(Distribution.from_dense(p_rows)).tolist(), keys)
+            verdict = matching(drafts, Distribution.from_dense(p_rows), keys)
         elif rule == "stochastic":
-            verdict = modified_rejection(drafts, Distribution.from_dense(p_rows), Distribution.from_dense(q_rows), rng)
+            verdict = stochastic(drafts, Distribution.from_dense(p_rows), Distribution.from_dense(q_rows), rng)
         elif rule == "argmax":
             verdict = argmax_against_argmax(drafts, [int(np.argmax(P))] * (K + 1))
         else:
@@ -83,7 +93,7 @@ def test_accept_rate_is_min_one_p_over_q(token: int) -> None:
     rng = RowRng(7)
     p_rows, q_rows = Distribution.from_dense(mx.array([P, P])), Distribution.from_dense(mx.array([Q]))
     trials = 4000
-    accepted = sum(modified_rejection([token], p_rows, q_rows, rng).accepted for _ in range(trials))
+    accepted = sum(stochastic([token], p_rows, q_rows, rng).accepted for _ in range(trials))
     expected = min(1.0, P[token] / Q[token])
     se = max(np.sqrt(expected * (1 - expected) / trials), 1e-9)
     assert abs(accepted / trials - expected) <= 4 * se + 1e-9
@@ -97,7 +107,7 @@ def test_rejections_emit_the_normalised_residual() -> None:
     residual /= residual.sum()
     recovered: list[int] = []
     while len(recovered) < 6000:
-        verdict = modified_rejection([2], p_rows, q_rows, rng)  # q(2) = 0.30 > p(2): rejects half the time
+        verdict = stochastic([2], p_rows, q_rows, rng)  # q(2) = 0.30 > p(2): rejects half the time
         if verdict.rejected:
             recovered.append(verdict.tokens[-1])
     support = [c for c in CATEGORIES if residual[c] > 0]
@@ -127,8 +137,7 @@ def test_sampler_match_emits_the_draw_on_both_branches() -> None:
     one_hot = Distribution.from_dense(mx.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]))
     for drafts, verdict in (([1, 0], Verdict(accepted=1, tokens=[1, 2], tested=2)),
                             ([1, 2], Verdict(accepted=2, tokens=[1, 2, 0], tested=2))):  # fmt: skip
-        keys = plain_keys(3)
-        assert sampler_match(drafts, keys.draw(one_hot).tolist(), keys) == verdict
+        assert sampler_match(drafts, plain_keys(3).draw(one_hot).tolist()) == verdict
 
 
 def test_sampler_match_emits_and_consumes_exactly_target_only_draws() -> None:
@@ -140,7 +149,7 @@ def test_sampler_match_emits_and_consumes_exactly_target_only_draws() -> None:
         alone = [draw(mx.array(P), target_only) for _ in range(K + 2)]
         rng = RowRng(seed)
         keys = position_keys(rng, [True] * (K + 1), False)
-        verdict = sampler_match([*alone[:2], (alone[2] + 1) % len(P), 0], keys.draw(p).tolist(), keys)
+        verdict = matching([*alone[:2], (alone[2] + 1) % len(P), 0], p, keys)
         assert verdict.tokens == alone[:3] and draw(mx.array(P), rng) == alone[3]
 
 

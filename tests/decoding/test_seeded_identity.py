@@ -22,6 +22,8 @@ device: the lead runs the same file on the GPU.
 
 from __future__ import annotations
 
+import functools
+
 import msgspec
 import pytest
 
@@ -118,26 +120,38 @@ def builder(profile: str, coupled: bool = True) -> LoopBuilder:
     return engine.host.builder
 
 
-@pytest.fixture(scope="module")
+@functools.cache
 def reference() -> LoopBuilder:
     return builder("target-only")
 
 
-@pytest.fixture(scope="module")
-def prompts(reference: LoopBuilder) -> list[list[int]]:
-    return [list(reference.target.tokenizer.encode(prompt)) for prompt in HELD_OUT_CODE]  # one tokenizer for all
+@functools.cache
+def held_out_prompts() -> list[list[int]]:
+    return [list(reference().target.tokenizer.encode(prompt)) for prompt in HELD_OUT_CODE]  # one tokenizer for all
 
 
-@pytest.fixture(scope="module")
-def target_only(reference: LoopBuilder, prompts: list[list[int]]) -> dict[str, list[list[int]]]:
+@functools.cache
+def target_only_outputs() -> dict[str, list[list[int]]]:
     """Target-only outputs of both request sets (target-only rows are batch-invariant, so they are
-    run together: tests/engine/test_batched_rows.py holds that to each row's solo output)."""
-    outputs = {}
+    run together: tests/engine/test_batched_rows.py holds that to each row's solo output). Cached
+    for the worker, not in a module fixture: xdist may run another module's test between two of
+    this group's, which would tear a module fixture down and recompute it (18 s each time)."""
+    outputs, prompts = {}, held_out_prompts()
     for name, make, count in (("alone", alone_request, ALONE), ("batched", batched_request, len(prompts))):
-        rows = run_rows([reference.build(make(tokens, i)) for i, tokens in enumerate(prompts[:count])])
+        rows = run_rows([reference().build(make(tokens, i)) for i, tokens in enumerate(prompts[:count])])
         outputs[name] = [row.emitted for row in rows]
     assert all(len(tokens) == N_PREDICT for tokens in outputs["alone"])
     return outputs
+
+
+@pytest.fixture
+def prompts() -> list[list[int]]:
+    return held_out_prompts()
+
+
+@pytest.fixture
+def target_only() -> dict[str, list[list[int]]]:
+    return target_only_outputs()
 
 
 def first_difference(got: list[int], want: list[int]) -> int | None:

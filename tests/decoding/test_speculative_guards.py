@@ -179,10 +179,8 @@ def test_chi_square_rejects_emitting_the_coupled_drafts(constant_pair, monkeypat
     emitting them in its place is tempting, and biased (they follow q); the statistic catches a
     loop that accepts every coupled draft, at 3/10 of the guards' sample."""
 
-    def accept_every_draft(drafts, drawn, keys):
-        bonus = drawn[len(drafts)]
-        keys.consume(len(drafts) + 1)
-        return rules.Verdict(accepted=len(drafts), tokens=[*drafts, bonus], tested=len(drafts))
+    def accept_every_draft(drafts, drawn):
+        return rules.Verdict(accepted=len(drafts), tokens=[*drafts, drawn[len(drafts)]], tested=len(drafts))
 
     monkeypatch.setattr(rules, "sampler_match", accept_every_draft)
     builder = speculative(*constant_pair, k=2)
