@@ -90,8 +90,10 @@ def stop_before_serving(sig: int, _: object) -> None:
     """SIGTERM or SIGINT while MLX, the app and the engine are still being imported and built:
     nothing serves or holds anything yet, so stop at once, as cleanly as a drained server (0),
     not by the signal's default action or a KeyboardInterrupt's traceback."""
-    events.stopped_before_serving(signal=signal.Signals(sig).name)
-    exit_process(0)
+    try:
+        events.stopped_before_serving(signal=signal.Signals(sig).name)
+    finally:  # the handler may run inside a write to the same stream, which then refuses this one
+        exit_process(0)
 
 
 def exit_process(status: int) -> NoReturn:
@@ -105,10 +107,16 @@ def exit_process(status: int) -> NoReturn:
     engine may still be loading at exit. By now the drain is done, the engines are stopped and
     the grammar worker closed; the log is flushed here: finalization has nothing left to do.
     """
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    try:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        # A signal handler that exits runs between any two bytecodes of the main thread, inside a
+        # write to stdout too: a flush then raises ("reentrant call"), and an exception escaping
+        # the handler is swallowed by the interrupted logging call, so the server went on serving
+        # (seen once: a SIGINT as `listening` was written). The exit happens whatever the flush did.
+        os._exit(status)
 
 
 def run(args: argparse.Namespace) -> int:

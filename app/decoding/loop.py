@@ -111,9 +111,11 @@ def ends_here(state: RowState) -> bool:
     return state.constraint is not None and state.constraint.ended
 
 
-def within_grammar(constraint: Constraint, proposal: Proposal, renormalise: bool) -> tuple[Proposal, mx.array]:
+def within_grammar(constraint: Constraint, proposal: Proposal, renormalise: bool) -> Steps[tuple[Proposal, mx.array]]:
     """The proposal cut at its first draft the grammar forbids, and the masks of its verify rows;
-    `renormalise`: the drafts came from unmasked rows q (block drafters)."""
+    `renormalise`: the drafts came from unmasked rows q (block drafters). The drafts are read on
+    the host with every row's of the tick, in one wait."""
+    yield Evaluate((proposal.tokens,))
     walked, masks = constraint.walk(proposal.tokens.tolist())
     if walked < proposal.k:
         q = proposal.q[:walked] if proposal.q is not None else None
@@ -261,7 +263,7 @@ class SpeculativeLoop:
         masks = None
         if state.constraint is not None:
             renormalise = not self.proposer.draws_within_grammar
-            proposal, masks = within_grammar(state.constraint, proposal, renormalise)
+            proposal, masks = yield from within_grammar(state.constraint, proposal, renormalise)
         if self.widths.retracts(proposal.k):
             proposal, masks = Proposal.empty(), masks[:1] if masks is not None else None
             if self.proposer.hook is None:

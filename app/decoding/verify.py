@@ -73,7 +73,9 @@ def verifying(row: VerifyRow) -> Steps[Verified]:
     decided = features[0][:, : verdict.accepted + 1] if features else None
     row.proposer.settle(state, base, proposal, verdict, decided)
     if proposal.k and speculation.diagnose:
-        return Verified(verdict, _closed_forms(proposal, p, verdict, logits.shape[-1]))
+        closed_forms = _closed_forms(proposal, p, verdict, logits.shape[-1])
+        yield Evaluate(closed_forms)
+        return Verified(verdict, ClosedForms(*(tuple(form.tolist()) for form in closed_forms)))
     return Verified(verdict)
 
 
@@ -87,6 +89,7 @@ def judging(
     are consumed here."""
     base, sampler = len(state.tokens), state.sampler
     if sampler.needs_context:  # each row reads its history as if the drafts before it were decided
+        yield Evaluate((proposal.tokens,))  # the drafts on the host, read with every row's at once
         state.history.rewind(base)
         state.history.extend(proposal.tokens.tolist())
     contexts = state.contexts(range(base, base + proposal.k + 1))
@@ -123,8 +126,11 @@ def judging_stochastic(drafts: mx.array, p: Distribution, q: Distribution, rng: 
     return verdict
 
 
-def _closed_forms(proposal: Proposal, p: Distribution | None, verdict: Verdict, vocab: int) -> ClosedForms:
-    """Closed forms over the positions this round tested (one-hot rows where nothing is sampled)."""
+def _closed_forms(
+    proposal: Proposal, p: Distribution | None, verdict: Verdict, vocab: int
+) -> tuple[mx.array, mx.array, mx.array]:
+    """Closed forms over the positions this round tested (one-hot rows where nothing is sampled),
+    lazy: sum_min, sum_prod and the coupled chance per tested position."""
     tested = verdict.tested
     # Greedy p is one-hot on the argmax, which is the emitted token at every tested row.
     p = _one_hot(mx.array(verdict.tokens[:tested]), vocab) if p is None else p[:tested].dense()
@@ -132,8 +138,7 @@ def _closed_forms(proposal: Proposal, p: Distribution | None, verdict: Verdict, 
         q, candidates = proposal.q[:tested].dense(), proposal.q.ids[:tested]
     else:
         q, candidates = _one_hot(proposal.tokens[:tested], vocab), proposal.tokens[:tested, None]
-    sum_min, sum_prod, coupled = rules.sum_min(p, q), rules.sum_prod(p, q), rules.sum_coupled(p, q, candidates)
-    return ClosedForms(tuple(sum_min.tolist()), tuple(sum_prod.tolist()), tuple(coupled.tolist()))
+    return rules.sum_min(p, q), rules.sum_prod(p, q), rules.sum_coupled(p, q, candidates)
 
 
 def _one_hot(tokens: mx.array, vocab: int) -> mx.array:

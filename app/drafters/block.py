@@ -261,7 +261,7 @@ class DFlashDrafter(BlockProposer):
 
     def add_context(self, features: mx.array) -> None:
         self.model.add_context(features, self.caches)
-        mx.eval([(cache.keys, cache.values) for cache in self.caches])
+        mx.async_eval([(cache.keys, cache.values) for cache in self.caches])  # cuts the graph, no wait
 
     def prefill(self, state: RowState, features: mx.array | None) -> bool:
         """The prompt positions past the rows the context holds (restored ones), chunk by chunk."""
@@ -329,7 +329,7 @@ class MtpDrafter(BlockProposer):
         for a, b in prompt_chunks(start, start + features.shape[1]):
             rows = self._context(features[:, a - start : b - start], state.tokens[a + 1 : b + 1])
             ((self.last, self.last_logits),) = MtpPass.serve([rows])
-            mx.eval(self.last)
+            mx.async_eval(self.last)  # each chunk's computed as the next is built, no wait
         return True
 
     def proposing(self, state: RowState, width: int) -> Steps[Proposal]:

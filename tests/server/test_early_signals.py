@@ -85,3 +85,21 @@ def test_a_signal_at_any_moment_of_the_start_exits_cleanly(tmp_path: Path) -> No
     # action ends it (SIGTERM: -15 to Popen, 143 to a shell; SIGINT: 130); from then on, 0.
     assert all(status in (0, -signal.SIGTERM, 128 + signal.SIGINT) for status in outcomes.values()), outcomes
     assert [status for name, status in outcomes.items() if not name.startswith("importing")] == [0] * 3, outcomes
+
+
+def test_an_early_stop_exits_even_when_its_log_line_and_flush_fail() -> None:
+    """The stop handler can run inside a write to stdout (the main thread logging `listening`),
+    where writing or flushing the same stream raises a reentrant-call error; an exception escaping
+    the handler was then swallowed by the interrupted logging call and the server served on (a
+    full suite saw it once). The handler exits whatever its log line and the flush do."""
+    script = (
+        "import signal, sys\n"
+        "from app.cli import serve\n"
+        "def refuse(*_, **__): raise RuntimeError('reentrant call inside <_io.BufferedWriter>')\n"
+        "serve.events.stopped_before_serving = refuse\n"
+        "sys.stdout.flush = refuse\n"
+        "serve.stop_before_serving(signal.SIGINT, None)\n"
+        "sys.exit(3)  # reached only if the handler returned or raised\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
