@@ -268,13 +268,14 @@ def grow_block_drafter(source: Path, out: Path, growth: Growth, dtype: str = "bf
     return out
 
 
-def quantized_copy(path: Path, out: Path, bits: int = 4, group_size: int = 64) -> Path:
-    """mlx-lm's quantization of the model at `path` into `out` (as `mlx_lm convert -q`)."""
+def quantized_copy(path: Path, out: Path, bits: int = 4, group_size: int = 64, dtype: str | None = None) -> Path:
+    """mlx-lm's quantization of the model at `path` into `out` (as `mlx_lm convert -q`), its
+    unquantized weights and scales in `dtype` (None: the checkpoint's)."""
     from mlx_lm import convert
 
     if out.exists():
         shutil.rmtree(out)
-    convert(hf_path=str(path), mlx_path=str(out), quantize=True, q_bits=bits, q_group_size=group_size)
+    convert(hf_path=str(path), mlx_path=str(out), quantize=True, q_bits=bits, q_group_size=group_size, dtype=dtype)
     return out
 
 

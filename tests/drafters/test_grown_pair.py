@@ -18,7 +18,7 @@ from app.execution.model import LoadedModel, load_model
 from app.profiles.schema import AdaptiveSettings, DrafterSettings, Settings
 from app.sampling import SamplingParams
 from ops.bench.prompts import HELD_OUT_CODE
-from ops.models.grown import BLOCK_DRAFTERS, EMBEDDED, Growth, build_grown
+from ops.models.grown import BLOCK_DRAFTERS, EMBEDDED, Growth, build_grown, quantized_copy
 
 pytestmark = pytest.mark.slow  # five drafters' loops on two targets over the held-out prompts: ~40 s
 
@@ -81,6 +81,19 @@ def test_grown_target_decodes_the_embedded_targets_greedy_tokens(embedded_target
         prompt = embedded_target.tokenizer.encode(text)
         expected = decode(LoopBuilder(embedded_target, None, LoopPlan()), prompt)[0]
         assert decode(LoopBuilder(grown_target, None, LoopPlan()), prompt)[0] == expected, text
+
+
+def test_the_4bit_copy_decodes_the_embedded_4bit_copys_greedy_tokens(grown, tmp_path: Path) -> None:
+    """Every 4-bit group of an original weight is the original's group (new input columns start
+    at a multiple of the group size), so the grown target's 4-bit copy computes the embedded
+    target's 4-bit copy's function (both quantized from float32: bf16 scales would round apart)."""
+    quantized = load_model(quantized_copy(grown.target, tmp_path / "grown-4bit"))
+    assert quantized.config["quantization"] == {"group_size": 64, "bits": 4, "mode": "affine"}
+    reference = load_model(quantized_copy(EMBEDDED / "target", tmp_path / "embedded-4bit", dtype="float32"))
+    for text in HELD_OUT_CODE:
+        prompt = reference.tokenizer.encode(text)
+        expected = decode(LoopBuilder(reference, None, LoopPlan()), prompt)[0]
+        assert decode(LoopBuilder(quantized, None, LoopPlan()), prompt)[0] == expected, text
 
 
 @pytest.mark.parametrize("kind", ["draft-model", *BLOCK_DRAFTERS])
