@@ -32,15 +32,39 @@ def tokenizer_vocab(model_dir: Path) -> dict[str, int] | None:
     return vocab
 
 
+def text_size(config: dict, key: str) -> object:
+    """A size of a checkpoint's language model (a multimodal config keeps it in `text_config`)."""
+    return config.get(key, (config.get("text_config") or {}).get(key))
+
+
+def block_problem(target: Checkpoint, drafter: Checkpoint) -> str | None:
+    """Why a block drafter cannot read `target`: it adds the target's embeddings to its own stream
+    and hands its output to the target's lm_head, so its hidden size is the target's; it taps
+    layers the target must have."""
+    rows, target_rows = drafter.config.get("vocab_size"), text_size(target.config, "vocab_size")
+    if rows is not None and rows != target_rows:
+        return f"vocab_size {rows} differs from the target's {target_rows}; train the drafter for this target"
+    width, target_width = drafter.config.get("hidden_size"), text_size(target.config, "hidden_size")
+    if width is not None and target_width is not None and width != target_width:
+        return (
+            f"hidden_size {width} differs from the target's {target_width} (a block drafter reads the target's hidden "
+            "states and borrows its embedding and lm_head); use a drafter made for this target"
+        )
+    taps = (drafter.config.get("dflash_config") or {}).get("target_layer_ids") or []
+    layers = text_size(target.config, "num_hidden_layers")
+    if isinstance(layers, int) and any(not 0 <= i < layers for i in taps):
+        return f"target_layer_ids {taps} exceed the target's {layers} layers; use a drafter made for this target"
+    return None
+
+
 def pairing_problem(target: Checkpoint, drafter: Checkpoint) -> str | None:
     """Why `drafter` cannot draft for `target` (None when it can).
 
-    Block drafters borrow the target's lm_head, so their vocab_size must match it; every drafter's
-    proposals are token ids, so both tokenizers must map text to the same ids.
+    Block drafters borrow the target's lm_head and read its hidden states (`block_problem`); every
+    drafter's proposals are token ids, so both tokenizers must map text to the same ids.
     """
-    rows, target_rows = drafter.config.get("vocab_size"), target.config.get("vocab_size")
-    if not drafter.is_standalone and rows is not None and rows != target_rows:
-        return f"vocab_size {rows} differs from the target's {target_rows}; train the drafter for this target"
+    if not drafter.is_standalone and (problem := block_problem(target, drafter)) is not None:
+        return problem
     target_vocab, drafter_vocab = tokenizer_vocab(target.path), tokenizer_vocab(drafter.path)
     if target_vocab is None or drafter_vocab is None or target_vocab == drafter_vocab:
         return None

@@ -25,18 +25,24 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def settled(resolved: Resolved) -> Resolved:
     """A resolved profile with its drafter settled (`settle_drafter`) and its models checked."""
-    drafter, detected = settle_drafter(resolved.settings, resolved.sources)
+    drafter, detected = settle_drafter(resolved.settings, resolved.sources, resolved.named)
     settings = msgspec.structs.replace(resolved.settings, drafter=drafter)
     check_models(settings, resolved.sources)
-    return Resolved(settings, resolved.sources, drafter_detected=detected)
+    return Resolved(settings, resolved.sources, drafter_detected=detected, named=resolved.named)
 
 
-def settle_drafter(settings: Settings, sources: dict[str, str]) -> tuple[DrafterSettings, bool]:
+def settle_drafter(settings: Settings, sources: dict[str, str], named: bool = False) -> tuple[DrafterSettings, bool]:
     """The drafter the settings mean, each drafter key weighed against the keys set with more
     authority, and whether its kind was read from the model's config.json.
 
-    - A drafter key set with less authority than the target is dropped: a drafter belongs to the
-      target it was paired with, so `-m DIR` alone serves DIR without the profile's drafter.
+    - A drafter key of a named profile's file (`--profile`, MLXCEL_PROFILE) is kept whatever sets
+      the target: the operator asked for that profile, drafter included, so `--profile mtp -m DIR`
+      serves DIR with the profile's MTP head, and `check_models` refuses a drafter that cannot
+      pair with DIR, naming both. Served silently without it, a drafting profile measured
+      target-only (issue 46).
+    - Otherwise a drafter key set with less authority than the target is dropped: the default
+      profile's drafter belongs to the target it was paired with, so `-m DIR` alone (no profile
+      named) serves DIR without it.
     - A drafter model set with more authority than the kind (`--draft-model` over a profile file)
       gets the kind its config.json describes; a kind given alongside it wins (`check_models`
       refuses one that cannot drive the checkpoint).
@@ -45,8 +51,12 @@ def settle_drafter(settings: Settings, sources: dict[str, str]) -> tuple[Drafter
     """
     drafter = settings.drafter
     rank = {key: RANK[sources[key]] for key in ("target.model", "drafter.kind", "drafter.model")}
-    kind = drafter.kind if rank["drafter.kind"] >= rank["target.model"] else "none"
-    model = drafter.model if rank["drafter.model"] >= rank["target.model"] else None
+    kept = {
+        key: (named and sources[key] == "file") or rank[key] >= rank["target.model"]
+        for key in ("drafter.kind", "drafter.model")
+    }
+    kind = drafter.kind if kept["drafter.kind"] else "none"
+    model = drafter.model if kept["drafter.model"] else None
     detected = bool(model) and rank["drafter.model"] > rank["drafter.kind"]
     if detected:
         try:

@@ -85,8 +85,11 @@ def check_models(settings: Settings, sources: dict[str, str] | None = None) -> N
         problem = pairing_problem(target, checkpoint)
     except TokenizerFileError as exc:
         raise ProfileError(f"{at('drafter.model')}: {exc}") from exc
-    if problem is not None:
-        raise ProfileError(f"{at('drafter.model')}: {problem}")
+    if problem is not None:  # both named: a profile's drafter may meet a target set elsewhere (-m)
+        raise ProfileError(
+            f"{at('drafter.model')}: {checkpoint.path} cannot draft for the target {target.path} "
+            f"({at('target.model')}): {problem}"
+        )
     sampling = settings.sampling
     greedy_only = checkpoint.kind is CheckpointKind.DSPARK and drafter.block_rule != LOSSLESS_BLOCK_RULE
     if greedy_only and sampling.temperature > 0 and sampling.top_k != 1:

@@ -255,6 +255,7 @@ class Resolved:
     settings: Settings
     sources: dict[str, str] = field(default_factory=dict)  # dotted key -> file | env | flag | default
     drafter_detected: bool = False  # the drafter kind was read from drafter.model's config.json (`settled`)
+    named: bool = False  # the profile was named (--profile, MLXCEL_PROFILE), not taken by default
 
 
 def profiles_dir() -> Path:
@@ -597,7 +598,8 @@ def resolve(
 ) -> Resolved:
     """File < environment < flags, validated into Settings; the profile named, else MLXCEL_PROFILE's,
     else `default`."""
-    path = profile_path(name_or_path or os.environ.get("MLXCEL_PROFILE") or default)
+    named = name_or_path or os.environ.get("MLXCEL_PROFILE")
+    path = profile_path(named or default)
     from_file = file_layer(path)
     expand_short_keys(from_file)
     check_keys(from_file, str(path))
@@ -619,7 +621,7 @@ def resolve(
         sources.pop(key, None)
     settings = hub_models(convert(data, sources, path), sources, path)
     check_values(settings, sources, path)
-    return Resolved(settings, sources)
+    return Resolved(settings, sources, named=bool(named))
 
 
 def add_profile_flags(parser: argparse.ArgumentParser) -> None:
@@ -631,7 +633,8 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
         "--hf-repo",
         dest="model",
         help="target model directory or Hugging Face repository id org/name, found in the local hub cache "
-        "(target; -hf/--hf-repo as llama-server's); without a drafter flag, served with no drafter",
+        "(target; -hf/--hf-repo as llama-server's); with a named profile (--profile, MLXCEL_PROFILE) served with "
+        "its drafter, else with none unless a drafter flag names one",
     )
     parser.add_argument(
         "--draft-model",

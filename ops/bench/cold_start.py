@@ -6,33 +6,33 @@ a fixed token count, EOS ignored) `--repeats` + 1 times in a row: the first is t
 The goal (issue 25): the first request within 2x the time of a warm one.
 
     python -m ops.bench.cold_start [--profiles target-only,default] [--warmup on,off]
-        [--tokens 64] [--repeats 3] [--target DIR | --target random-1.2b] [--write]
+        [--tokens 64] [--repeats 3] [--target DIR | random-1.2b | grown-1.2b] [--write]
+
+Each profile keeps its drafter on another target (ops/bench/concurrency.py `Target`).
 """
 
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import WRITE_HELP, machine, table, write_section  # first: sets up MLX's BLAS
+from ops.bench.common import WRITE_HELP, machine, section_name, table, write_section  # first: sets up MLX's BLAS
 
 # isort: on
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from ops.bench.concurrency import RANDOM_1_2B, target_dir
+from ops.bench.concurrency import RANDOM_1_2B, target_of
 from ops.bench.prompts import HELD_OUT_CODE
 from ops.bench.server import stream_over_http
-from ops.bench.spawn import spawned
+from ops.bench.spawn import spawned_server
+from ops.models.grown import GROWN_1_2B
 
 
 def measure(profile: str, warmup: str, flags: list[str], tokens: int, repeats: int) -> list[str]:
-    command = [sys.executable, "-m", "app", "serve", "--profile", profile, *flags]
     started = time.perf_counter()
-    env = {"MLXCEL_LOGGING__DESTINATION": "stderr", "MLXCEL_SERVER__WARMUP": warmup}
-    with spawned(command, env, "log: stderr") as (url, _):
+    with spawned_server(profile, "stderr", flags, {"MLXCEL_SERVER__WARMUP": warmup}) as (url, _):
         ready = time.perf_counter() - started
         seconds = [stream_over_http(url, HELD_OUT_CODE[0], tokens)[1] for _ in range(repeats + 1)]
     warm = statistics.median(seconds[1:])
@@ -45,13 +45,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=lambda text: text.split(","), default=["on", "off"])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="warm requests after the first")
-    parser.add_argument("--target", help=f"a model directory, or {RANDOM_1_2B} (built first); default: the embedded")
+    parser.add_argument(
+        "--target", help=f"a model directory, {RANDOM_1_2B} or {GROWN_1_2B} (built first); default: the embedded"
+    )
     parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
-        target = target_dir(args.target, Path(scratch))
-        flags = [] if args.target is None else ["-m", str(target)]
-        rows = [measure(p, w, flags, args.tokens, args.repeats) for p in args.profiles for w in args.warmup]
+        target = target_of(args.target, Path(scratch))
+        rows = [measure(p, w, target.flags(p), args.tokens, args.repeats) for p in args.profiles for w in args.warmup]
     header = [
         "profile",
         "server.warmup",
@@ -63,13 +64,14 @@ def main(argv: list[str] | None = None) -> None:
     body = "\n".join([
         f"## First request after startup (`ops/bench/cold_start.py`), {machine()}",
         "",
-        f"Target: {target.name}; {args.tokens} tokens a request, T = 0; {args.repeats} warm requests after the first.",
+        f"Target: {args.target or target.directory.name}; {args.tokens} tokens a request, T = 0; "
+        f"{args.repeats} warm requests after the first.",
         "",
         table(header, rows),
     ])  # fmt: skip
     print(body)
     if args.write:
-        write_section("cold-start", body)
+        write_section(section_name("cold-start", args.target), body)
 
 
 if __name__ == "__main__":

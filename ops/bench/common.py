@@ -106,6 +106,18 @@ def write_section(name: str, body: str) -> None:
     BENCHMARKS_MD.write_text(text)
 
 
+BUILT_TARGETS = ("random-1.2b", "grown-1.2b")  # `--target` names of targets a bench builds first
+
+
+def section_name(base: str, target: str | None = None) -> str:
+    """A section's marker name in docs/benchmarks.md: `base` for the embedded pair (or a model
+    directory); on a built target its name and the device follow (`concurrency-grown-1.2b-gpu`),
+    so a run on one never replaces the embedded pair's section."""
+    if target not in BUILT_TARGETS:
+        return base
+    return f"{base}-{target}" + ("-gpu" if mx.default_device().type == mx.DeviceType.gpu else "")
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]

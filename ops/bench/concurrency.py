@@ -15,7 +15,7 @@ over every step of a drafting row, and the share of plain steps (width 0).
 
     python -m ops.bench.concurrency [--clients 1,2,4,8,16] [--tokens 64] [--repeats 2]
         [--temperatures 0,0.7] [--sampled-clients 1,8,16]
-        [--profiles target-only,default,prompt-lookup,mtp] [--target DIR | --target random-1.2b]
+        [--profiles target-only,default,prompt-lookup,mtp] [--target DIR | random-1.2b | grown-1.2b]
         [--no-fixed] [--no-fast] [--no-mlx-lm] [--note TEXT] [--write] [--json FILE]
 
 A profile may carry variants after `+`, each a few settings in the server's environment
@@ -40,15 +40,22 @@ Every profile also runs as a fast-path arm, `PROFILE@fast`: the same profile wit
 `execution.exact = false` (MLX's own kernels, a row's bits may depend on its batch-mates, as
 llama-server and vLLM by default), so every run measures the price of exactness beside it.
 
-`--target` serves every arm on another target: a model directory, or `random-1.2b`, issue 25's
-1.2 B random bf16 Qwen3 (ops/models/random_target.py), built into a temporary folder first.
+`--target` serves every arm on another target: a model directory, `random-1.2b`, issue 25's
+1.2 B random bf16 Qwen3 (ops/models/random_target.py), or `grown-1.2b`, issue 46's embedded
+target grown to 1.2 B computing the same function (ops/models/grown.py), each built into a
+temporary folder first. Each arm keeps its profile's drafter (`--profile NAME -m DIR`); on
+`grown-1.2b` a profile's embedded block drafter (models/mtp, dflash, dspark, muse) is replaced
+by its grown copy (`-md`). A drafter that cannot pair with the target stops its server at
+startup, and an arm whose server serves another drafter kind than its profile's is an error
+(ops/bench/spawn.py), never a row: a drafting arm that silently served target-only once made
+rows of target-only throughput under drafting names (issue 46).
 """
 
 from __future__ import annotations
 
 # isort: off
 from ops.bench.common import WRITE_HELP, arguments, machine, progress  # first: sets up MLX's BLAS
-from ops.bench.common import stage, table, write_section
+from ops.bench.common import section_name, stage, table, write_section
 
 # isort: on
 import argparse
@@ -62,14 +69,16 @@ import sys
 import tempfile
 import time
 from bisect import bisect_left
-from contextlib import ExitStack
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from ops.bench.prompts import HELD_OUT_CODE
-from ops.bench.spawn import REPO_ROOT, spawned, spawned_server
+from ops.bench.spawn import REPO_ROOT, profile_drafter, spawned, spawned_server
+from ops.models.grown import GROWN_1_2B, build_grown_1_2b
 from ops.models.random_target import SIZE_1_2B, build_random_target
 
 PROFILES = ["target-only", "default", "prompt-lookup", "mtp"]
@@ -93,7 +102,8 @@ STOCHASTIC = "+stochastic"
 ACCEPTANCE_GOAL, SPEED_GOAL, GOAL_CLIENTS = 0.9, 0.95, 8  # issue 39: coupled sampler-match against stochastic
 MLX_LM = "mlx_lm.server"
 RANDOM_1_2B = "random-1.2b"
-EMBEDDED_TARGET = REPO_ROOT / "models" / "target"
+EMBEDDED = REPO_ROOT / "models"
+EMBEDDED_TARGET = EMBEDDED / "target"
 FRAME = re.compile(rb"^data: (\{.*\})\r?$", re.M)
 WARMUP_TOKENS = 8
 WIDTH_BUCKET = re.compile(r'^mlxcel_spec_decode_width_bucket\{le="(\d+)"\} (\S+)$', re.M)
@@ -427,11 +437,13 @@ def cell_table(cells: dict[tuple[str, int], Cell]) -> str:
 
 def render(
     cells: dict[tuple[str, int], Cell], n: int, repeats: int, note: str = "",
-    sampled: dict[float, dict[tuple[str, int], Cell]] | None = None,
+    sampled: dict[float, dict[tuple[str, int], Cell]] | None = None, target: str | None = None,
 ) -> str:  # fmt: skip
-    """The section: the T = 0 table and goals, then each sampled temperature's (`sampled`)."""
+    """The section: the T = 0 table and goals, then each sampled temperature's (`sampled`); `target`
+    names the target every arm served (`--target`; None: the profiles' own)."""
+    served = f" Every arm on the target `{target}`, with its profile's drafter." if target else ""
     intro = (
-        f"{machine()}. Waves of concurrent streaming `/v1/completions` clients over the "
+        f"{machine()}.{served} Waves of concurrent streaming `/v1/completions` clients over the "
         f"{len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, EOS ignored, {repeats} repeats, "
         f"arms interleaved wave by wave. `{MLX_LM}` 0.32.2 runs the same target in the dtype our loader "
         "picks (float32 for small models on the CPU, the checkpoint's own on a GPU) on the same BLAS, "
@@ -439,7 +451,9 @@ def render(
         "prompt cache off. Inter-token latency spreads each frame's gap over the tokens it carries; the "
         "mean width is over every step of the drafting rows (plain steps: width 0)."
     )
-    parts = ["## Concurrent streaming clients (`ops/bench/concurrency.py`)", "", intro, ""]
+    title = "## Concurrent streaming clients (`ops/bench/concurrency.py`)"
+    title += f", `--target {target}`" if target else ""
+    parts = [title, "", intro, ""]
     parts += [note, ""] if note else []
     parts += ["T = 0:", "", cell_table(cells), "", *goals(cells)] if cells else []
     for temperature, hot in (sampled or {}).items():
@@ -470,7 +484,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=PROFILES,
         help=f"profiles, each with optional variants: PROFILE{VARIANT}VARIANT ({', '.join(VARIANTS)})",
     )
-    parser.add_argument("--target", help=f"a model directory, or {RANDOM_1_2B} (built first); default: the embedded")
+    parser.add_argument(
+        "--target", help=f"a model directory, {RANDOM_1_2B} or {GROWN_1_2B} (built first); default: the embedded"
+    )
     parser.add_argument("--no-fixed", action="store_true", help=f"leave the fixed-width arms (PROFILE{FIXED}) out")
     parser.add_argument("--no-fast", action="store_true", help=f"leave the fast-path arms (PROFILE{FAST}) out")
     parser.add_argument("--no-mlx-lm", action="store_true", help=f"leave {MLX_LM} out")
@@ -481,45 +497,92 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def target_dir(name: str | None, scratch: Path) -> Path:
+@dataclass(frozen=True)
+class Target:
+    """The target every arm serves (`path`; None: each profile's own), and the grown block drafters
+    that read it, by the name of the embedded drafter each was grown from."""
+
+    path: Path | None
+    drafters: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def directory(self) -> Path:
+        return self.path or EMBEDDED_TARGET
+
+    def flags(self, profile: str) -> list[str]:
+        """`-m` for another target, and `-md` for the grown copy of the profile's embedded block drafter."""
+        if self.path is None:
+            return []
+        _, model = profile_drafter(profile)
+        grown = self.drafters.get(model.name) if model is not None and model.parent == EMBEDDED.resolve() else None
+        return ["-m", str(self.path), *([] if grown is None else ["-md", str(grown)])]
+
+
+def target_of(name: str | None, scratch: Path) -> Target:
+    """`--target`'s target, built into `scratch` where it is built."""
     if name is None:
-        return EMBEDDED_TARGET
+        return Target(None)
     if name == RANDOM_1_2B:
-        return build_random_target(scratch / RANDOM_1_2B, **SIZE_1_2B)
-    return Path(name).resolve()
+        return Target(build_random_target(scratch / RANDOM_1_2B, **SIZE_1_2B))
+    if name == GROWN_1_2B:
+        grown = build_grown_1_2b(scratch / GROWN_1_2B)
+        return Target(grown.target, grown.drafters)
+    return Target(Path(name).resolve())
+
+
+def started(servers: ExitStack, managers: dict[str, AbstractContextManager[tuple[str, object]]]) -> dict[str, str]:
+    """Every server started at once (their loads and warm-ups overlap), each stopped with `servers`;
+    their URLs by arm. One that fails (`spawned_server`: unhealthy, or not serving its drafter)
+    stops the bench with its error once the others are up."""
+    with ThreadPoolExecutor(len(managers)) as pool:
+        entering = {arm: pool.submit(manager.__enter__) for arm, manager in managers.items()}
+    urls, failures = {}, []
+    for arm, future in entering.items():
+        try:
+            urls[arm] = future.result()[0]
+        except Exception as exc:  # the first is raised below, once the others are up (and then stopped)
+            failures.append(exc)
+            continue
+        servers.push(managers[arm].__exit__)
+    if failures:
+        raise failures[0]
+    return urls
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     with ExitStack() as servers:
-        target = target_dir(args.target, Path(servers.enter_context(tempfile.TemporaryDirectory())))
+        target = target_of(args.target, Path(servers.enter_context(tempfile.TemporaryDirectory())))
         # as many rows as the widest wave, as mlx_lm.server batches up to it (server.max_rows is 8 by default)
         widest = max(args.clients + (args.sampled_clients if any(args.temperatures) else []))
-        flags = ["--parallel", str(widest), *([] if args.target is None else ["-m", str(target)])]
-        urls = {}
+        managers = {}
         arms = args.profiles + ([] if args.no_fixed else fixed_arms(args.profiles))
         for arm in arms + ([] if args.no_fast else fast_arms(args.profiles)):
             profile, env = arm_settings(arm)
-            stage(f"starting the {arm} server")
             log = "stderr"
             if args.logs:  # each arm's events, the tick's parts included (docs/log-events.md `tick_timed`)
                 log = str(args.logs / f"{re.sub(r'[^A-Za-z0-9-]', '_', arm)}.jsonl")
                 env = {**env, "MLXCEL_LOGGING__LEVEL": "debug"}
-            urls[arm] = servers.enter_context(spawned_server(profile, log, flags, env))[0]
+            flags = ["--parallel", str(widest), *target.flags(profile)]
+            managers[arm] = spawned_server(profile, log, flags, env)
         if not args.no_mlx_lm:
             # mlx_lm.server initialises mx.distributed, which needs more of the environment than PATH
-            stage(f"starting {MLX_LM}")
-            command = mlx_lm_command(widest, target)
-            urls[MLX_LM] = servers.enter_context(spawned(command, dict(os.environ)))[0]
-        runs = {t: measure(urls, args.clients if t == 0 else args.sampled_clients, args.tokens, args.repeats, t)
-                for t in args.temperatures}  # fmt: skip
+            managers[MLX_LM] = spawned(mlx_lm_command(widest, target.directory), dict(os.environ))
+        stage(f"starting {len(managers)} servers together: {', '.join(managers)}")
+        urls = started(servers, managers)
+        runs = {}
+        for t in args.temperatures:
+            runs[t] = measure(urls, args.clients if t == 0 else args.sampled_clients, args.tokens, args.repeats, t)
+            # each temperature's table as soon as it is measured: a run cut short keeps what it measured
+            print(render(runs[0.0] if t == 0 else {}, args.tokens, args.repeats, sampled={t: runs[t]} if t else None),
+                  file=sys.stderr, flush=True)  # fmt: skip
     cells = runs.pop(0.0, {})
-    body = render(cells, args.tokens, args.repeats, args.note, sampled=runs)
+    body = render(cells, args.tokens, args.repeats, args.note, sampled=runs, target=args.target)
     print(body)
     if args.json:
         args.json.write_text(json.dumps(figures({0.0: cells, **runs} if cells else runs), indent=1))
     if args.write:
-        write_section("concurrency", body)
+        write_section(section_name("concurrency", args.target), body)
 
 
 def figures(runs: dict[float, dict[tuple[str, int], Cell]]) -> dict:

@@ -1,17 +1,22 @@
-"""Offline speculative decoding, side by side in one process on the embedded pair.
+"""Offline speculative decoding, side by side in one process on the embedded pair (or the grown one).
 
 Arms run interleaved prompt by prompt (the machine is shared and noisy), each for the same
 number of tokens with EOS ignored, timed wall-clock including prefill. mlx-lm's loops run on the
 same loaded model objects, so the comparison isolates the round loop.
 
     python -m ops.bench.speculative [--tokens 128] [--repeats 2] [--k 4] [--sets all|block|coupling]
-        [--temperatures 0.7,1.0,0.3] [--write]
+        [--temperatures 0.7,1.0,0.3] [--target grown-1.2b] [--write]
 
 `--sets block` runs only the block drafters (T = 0 under the profiles' rule, and T = 0.7 under
 the lossless rules, sampler-match and stochastic), each set against target-only in the same run.
 `--sets coupling` runs issue 39's arms at each of `--temperatures`: the classic draft model and
 MTP (`lossless`) under sampler-match with coupled drafts (`speculative.coupled`, the default),
 with uncoupled ones, and under the stochastic rule, against target-only, then its goals.
+
+`--target grown-1.2b` runs every set on issue 46's embedded target grown to 1.2 B (the same
+function, ops/models/grown.py), built into a temporary folder first, with the block drafters grown
+to read it; the classic draft model is the embedded one (it pairs by vocabulary). Its sections
+are written apart from the embedded pair's (`speculative-grown-1.2b-gpu`, ...).
 """
 
 from __future__ import annotations
@@ -27,11 +32,15 @@ from ops.bench.common import (
     stage,
     table,
     timed,
+    section_name,
     write_section,
 )  # first: sets up MLX's BLAS
 
 # isort: on
+import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step, speculative_generate_step
@@ -45,12 +54,32 @@ from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 from app.profiles.schema import STOCHASTIC_ACCEPT_ENV, DrafterSettings, Settings, SpeculativeSettings
 from app.sampling import SamplingParams
 from ops.bench.prompts import COPY_HEAVY, HELD_OUT_CODE, PROSE
+from ops.models.grown import GROWN_1_2B, build_grown_1_2b
 
 Run = Callable[[], tuple[list[int], object | None]]
 
 GREEDY = SamplingParams(temperature=0.0)
 BLOCK_HEADER = ["drafter", "verify width", "tokens/s", "vs target-only", "mean accepted len", "per-position acceptance"]
 WARM = SamplingParams(temperature=0.7)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """The target the loops run on, the folder of its block drafters (mtp/, dflash/, ...), and its
+    `--target` name (None: the embedded pair)."""
+
+    target: LoadedModel
+    drafters: Path
+    name: str | None = None
+
+    def section(self, base: str) -> str:
+        """This run's section of docs/benchmarks.md: the embedded pair's `base` (`-gpu` on a GPU),
+        or the built target's."""
+        return section_name(base, self.name) if self.name else base + ("-gpu" if backend().gpu else "")
+
+    @property
+    def described(self) -> str:
+        return f"Target `{self.name}` (ops/models/grown.py), its block drafters grown with it. " if self.name else ""
 
 
 def ours(builder: LoopBuilder, prompt: list[int], sampling: SamplingParams, n: int, seed: int) -> Run:
@@ -142,22 +171,32 @@ def main(argv: list[str] | None = None) -> None:
         default=COUPLING_TEMPERATURES,
         help="--sets coupling: one row set per temperature",
     )
+    parser.add_argument(
+        "--target", choices=(GROWN_1_2B,), help="the embedded target grown to 1.2 B (built first); default: embedded"
+    )
     parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     args = parser.parse_args(argv)
     n, k = args.tokens, args.k
 
-    stage("loading the embedded pair")
-    target = load_model(EMBEDDED_TARGET)
-    if args.sets == "coupling":
-        run_coupling_sets(target, n, k, args.repeats, args.temperatures, args.write)
-        return
-    if args.sets == "all":
-        run_classic_sets(target, n, k, args.repeats, args.write)
-    run_block_sets(target, n, args.repeats, args.write)
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.target == GROWN_1_2B:
+            stage(f"building and loading {GROWN_1_2B}")
+            grown = build_grown_1_2b(Path(scratch) / GROWN_1_2B)
+            pair = Pair(load_model(grown.target), grown.root, GROWN_1_2B)
+        else:
+            stage("loading the embedded pair")
+            pair = Pair(load_model(EMBEDDED_TARGET), REPO_ROOT / "models")
+        if args.sets == "coupling":
+            run_coupling_sets(pair, n, k, args.repeats, args.temperatures, args.write)
+            return
+        if args.sets == "all":
+            run_classic_sets(pair, n, k, args.repeats, args.write)
+        run_block_sets(pair, n, args.repeats, args.write)
 
 
-def run_classic_sets(target: LoadedModel, n: int, k: int, repeats: int, write: bool) -> None:
+def run_classic_sets(pair: Pair, n: int, k: int, repeats: int, write: bool) -> None:
     """The classic draft model, mlx-lm's loops and prompt lookup, each set against target-only."""
+    target = pair.target
     drafter = load_model(EMBEDDED_DRAFTER, role="drafter")
     encode = target.tokenizer.encode
     plain = LoopBuilder(target, None, LoopPlan())
@@ -219,8 +258,8 @@ def run_classic_sets(target: LoadedModel, n: int, k: int, repeats: int, write: b
         [
             "## Offline round loops (`ops/bench/speculative.py`)",
             "",
-            f"{machine()}. {len(HELD_OUT_CODE)} held-out code prompts, {len(COPY_HEAVY)} copy-heavy and "
-            f"{len(PROSE)} prose prompts; {n} tokens each, EOS ignored, {repeats} interleaved repeats; "
+            f"{machine()}. {pair.described}{len(HELD_OUT_CODE)} held-out code prompts, {len(COPY_HEAVY)} "
+            f"copy-heavy and {len(PROSE)} prose prompts; {n} tokens each, EOS ignored, {repeats} interleaved repeats; "
             "wall time includes prefill. mlx-lm arms run on the same loaded models. Mean accepted "
             "length is accepted drafts per round (add 1 for tokens per target forward).",
             "",
@@ -232,7 +271,7 @@ def run_classic_sets(target: LoadedModel, n: int, k: int, repeats: int, write: b
     )
     print(body)
     if write:
-        write_section("speculative-gpu" if backend().gpu else "speculative", body)
+        write_section(pair.section("speculative"), body)
 
 
 CLASSIC_RULES = ("sampler-match", "sampler-match uncoupled", "stochastic")  # the arms of each lossless set
@@ -248,33 +287,33 @@ def classic_builder(target: LoadedModel, drafter: LoadedModel, k: int, rule: str
 
 
 def block_builder(
-    target: LoadedModel, name: str, block_rule: str, stochastic: bool = False, coupled: bool = True
+    pair: Pair, name: str, block_rule: str, stochastic: bool = False, coupled: bool = True
 ) -> LoopBuilder:
     """A block drafter's loop as its profile builds it, under `block_rule` (and the stochastic
     switch; `coupled`: speculative.coupled)."""
     kind = "mtp" if name == "mtp" else "dflash"
     settings = Settings(
-        drafter=DrafterSettings(kind=kind, model=str(REPO_ROOT / "models" / name), block_rule=block_rule),
+        drafter=DrafterSettings(kind=kind, model=str(pair.drafters / name), block_rule=block_rule),
         speculative=SpeculativeSettings(coupled=coupled),
     )
     environ = {STOCHASTIC_ACCEPT_ENV: "1" if stochastic else "0"}
-    return LoopBuilder(target, None, plan_from_settings(settings, environ=environ))
+    return LoopBuilder(pair.target, None, plan_from_settings(settings, environ=environ))
 
 
-def lossless_block_builder(target: LoadedModel, name: str, rule: str) -> LoopBuilder:
+def lossless_block_builder(pair: Pair, name: str, rule: str) -> LoopBuilder:
     """A block drafter under `drafter.block_rule = "lossless"` and one of CLASSIC_RULES."""
-    return block_builder(target, name, "lossless", stochastic=rule == "stochastic", coupled=rule == "sampler-match")
+    return block_builder(pair, name, "lossless", stochastic=rule == "stochastic", coupled=rule == "sampler-match")
 
 
 def heading(title: str, sets: str) -> str:
     return f"## {title} (`ops/bench/speculative.py --sets {sets}`)" + (", GPU" if backend().gpu else "")
 
 
-def held_out(n: int, repeats: int) -> str:
-    """The opening of a held-out-code section: the machine and the runs."""
+def held_out(pair: Pair, n: int, repeats: int) -> str:
+    """The opening of a held-out-code section: the machine, the target and the runs."""
     return (
-        f"{machine()}. {len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, EOS ignored, {repeats} "
-        "interleaved repeats, seeded; wall time includes prefill. "
+        f"{machine()}. {pair.described}{len(HELD_OUT_CODE)} held-out code prompts, {n} tokens each, EOS ignored, "
+        f"{repeats} interleaved repeats, seeded; wall time includes prefill. "
     )
 
 
@@ -298,12 +337,13 @@ def block_rows(results: dict[str, Arm], builders: dict[str, LoopBuilder]) -> lis
     return rows
 
 
-def run_block_sets(target: LoadedModel, n: int, repeats: int, write: bool) -> None:
+def run_block_sets(pair: Pair, n: int, repeats: int, write: bool) -> None:
     """Block drafters at T = 0 (the profiles' rule) and at T = 0.7 under the lossless rules."""
+    target = pair.target
     code = [target.tokenizer.encode(p) for p in HELD_OUT_CODE]
     plain = LoopBuilder(target, None, LoopPlan())
     names = ("mtp", "dflash", "dspark", "muse")
-    cold_builders = {name: block_builder(target, name, "argmax-against-argmax") for name in names}
+    cold_builders = {name: block_builder(pair, name, "argmax-against-argmax") for name in names}
     cold = run_set(
         {"target-only": lambda p, s: ours(plain, p, GREEDY, n, s)}
         | {name: (lambda p, s, b=b: ours(b, p, GREEDY, n, s)) for name, b in cold_builders.items()},
@@ -311,7 +351,7 @@ def run_block_sets(target: LoadedModel, n: int, repeats: int, write: bool) -> No
         repeats,
     )
     warm_builders = {
-        f"{name} {rule}": lossless_block_builder(target, name, rule) for name in names for rule in CLASSIC_RULES
+        f"{name} {rule}": lossless_block_builder(pair, name, rule) for name in names for rule in CLASSIC_RULES
     }
     warm = run_set(
         {"target-only": lambda p, s: ours(plain, p, WARM, n, s)}
@@ -324,7 +364,7 @@ def run_block_sets(target: LoadedModel, n: int, repeats: int, write: bool) -> No
         [
             heading("Block drafters", "block"),
             "",
-            held_out(n, repeats) + "Each drafter's width controller is shared by all its requests, as in the "
+            held_out(pair, n, repeats) + "Each drafter's width controller is shared by all its requests, as in the "
             "server; the width is where it stands after the run (settled, or still measuring).",
             "",
             "### T=0 (`argmax-against-argmax`, exact here)",
@@ -341,7 +381,7 @@ def run_block_sets(target: LoadedModel, n: int, repeats: int, write: bool) -> No
     )
     print(body)
     if write:
-        write_section("speculative-block-gpu" if backend().gpu else "speculative-block", body)
+        write_section(pair.section("speculative-block"), body)
 
 
 def coupling_rows(results: dict[str, Arm], temperature: float) -> list[list[str]]:
@@ -375,17 +415,16 @@ def coupling_goals(results: dict[str, Arm], temperature: float, drafter: str) ->
     )
 
 
-def run_coupling_sets(
-    target: LoadedModel, n: int, k: int, repeats: int, temperatures: list[float], write: bool
-) -> None:
+def run_coupling_sets(pair: Pair, n: int, k: int, repeats: int, temperatures: list[float], write: bool) -> None:
     """Issue 39: the classic draft model and MTP (lossless), coupled and uncoupled sampler-match
     and the stochastic rule, against target-only, at each temperature; each set in one run."""
+    target = pair.target
     drafter = load_model(EMBEDDED_DRAFTER, role="drafter")
     code = [target.tokenizer.encode(p) for p in HELD_OUT_CODE]
     plain = LoopBuilder(target, None, LoopPlan())
     classic, mtp = f"classic k={k}", "mtp"
     builders = {f"{classic} {rule}": classic_builder(target, drafter, k, rule) for rule in CLASSIC_RULES}
-    builders |= {f"{mtp} {rule}": lossless_block_builder(target, "mtp", rule) for rule in CLASSIC_RULES}
+    builders |= {f"{mtp} {rule}": lossless_block_builder(pair, "mtp", rule) for rule in CLASSIC_RULES}
     rows, goals = [], []
     for temperature in temperatures:
         sampling = SamplingParams(temperature=temperature)
@@ -405,7 +444,7 @@ def run_coupling_sets(
         [
             heading("Coupled drafts", "coupling"),
             "",
-            held_out(n, repeats) + "Sampler-match with coupled drafts (`speculative.coupled`, the default), with "
+            held_out(pair, n, repeats) + "Sampler-match with coupled drafts (`speculative.coupled`, the default), with "
             f"`speculative.coupled = false`, and the stochastic rule (`{STOCHASTIC_ACCEPT_ENV}=1`); MTP under "
             '`drafter.block_rule = "lossless"`.',
             "",
@@ -416,7 +455,7 @@ def run_coupling_sets(
     )
     print(body)
     if write:
-        write_section("speculative-coupling-gpu" if backend().gpu else "speculative-coupling", body)
+        write_section(pair.section("speculative-coupling"), body)
 
 
 if __name__ == "__main__":

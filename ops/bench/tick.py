@@ -9,21 +9,22 @@ plain `KVCache` batch of 200 positions), for the checkpoint and a 4-bit copy (`m
 -q`). Medians over `--repeats` ticks; the rows are rewound after each. On the CPU it also reports
 the BLAS shim's row-stable kernel's share of the exact tick (app/runtime/sgemm_rows.c).
 
-`--profile` then times one exact tick of the widest rows part by part: the host's build, the
-evaluation, and the evaluation with the attention left out, with the pool's scatter also left
-out, and with MLX's own products instead of the row-invariant ones (time differences: what each
-part costs in the tick).
+`--profile` then times, part by part, the exact tick of every cell that loses to mlx-lm's step
+(exact / mlx-lm above 1): the host's build, the evaluation, and the tick again with the attention
+left out, with the pool's scatter also left out, and with MLX's own products instead of the
+row-invariant ones. The differences are what each part costs in that tick.
 
-    python -m ops.bench.tick [--target DIR | --target random-1.2b] [--rows 1,4,16] [--widths 1,5]
+    python -m ops.bench.tick [--target DIR | random-1.2b | grown-1.2b] [--rows 1,4,16] [--widths 1,5]
         [--repeats 12] [--no-quantized] [--profile] [--write]
 
-The issue's table (issue 35) is `--target random-1.2b` on the H200.
+The issue's table (issue 35) is `--target random-1.2b` on the H200; issue 46's is `--target
+grown-1.2b` (ops/models/grown.py: the embedded target grown to 1.2 B, the same function).
 """
 
 from __future__ import annotations
 
 # isort: off
-from ops.bench.common import WRITE_HELP, machine, table, write_section  # first: sets up MLX's BLAS
+from ops.bench.common import WRITE_HELP, machine, section_name, table, write_section  # first: sets up MLX's BLAS
 
 # isort: on
 import argparse
@@ -38,7 +39,6 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx_lm
 import numpy as np
-from mlx_lm import convert
 from mlx_lm.models.cache import make_prompt_cache
 
 from app.execution import attention, row_invariant
@@ -50,6 +50,7 @@ from app.execution.runner import ModelRunner
 from app.loading import read_checkpoint
 from app.runtime.blas import product_seconds, time_products
 from ops.bench.spawn import REPO_ROOT
+from ops.models.grown import GROWN_1_2B, build_grown_1_2b, quantized_copy
 from ops.models.random_target import SIZE_1_2B, build_random_target
 
 RANDOM_1_2B = "random-1.2b"
@@ -133,57 +134,75 @@ def patched(target: object, name: str, value: object) -> Iterator[None]:
         setattr(target, name, original)
 
 
-def profile(model: nn.Module, rows: int, width: int, args: argparse.Namespace) -> list[list[str]]:
-    """One exact tick part by part (see the module's docstring)."""
+def profile(model: nn.Module, rows: int, width: int, args: argparse.Namespace) -> dict[str, float]:
+    """One exact tick part by part (see the module's docstring), ms: the whole tick, the host's
+    build, the evaluation, and what the attention, the pool's scatter and the row-invariant
+    products (over MLX's own) add to it."""
     measured, runners = project(model, rows, width, args)
-    lines = [["whole tick", f"{measured['tick']:.2f}"], ["host's build of the graph", f"{measured['host']:.2f}"]]
-    lines.append(["evaluation", f"{measured['tick'] - measured['host']:.2f}"])
 
-    def again(label: str) -> None:
+    def again() -> float:
         prepared(model).ticks.clear()  # a compiled tick would replay what it traced before the patch
         result, _ = project(model, rows, width, args)
         prepared(model).ticks.clear()
-        lines.append([label, f"{result['tick']:.2f} ({result['tick'] - measured['tick']:+.2f})"])
+        return result["tick"]
 
     with patched(attention.PoolLayer, "attend", lambda self, queries, scale, mask, sinks: queries):
-        again("tick without attention")
+        no_attention = again()
         with patched(attention.PoolLayer, "update_and_fetch", lambda self, keys, values: (self.keys, self.values)):
-            again("tick without attention and the pool's scatter")
+            no_scatter = again()
     with patched(row_invariant, "_active", lambda: False):
-        again("tick with MLX's own products (row-invariant attention kept)")
+        mlx_products = again()
     del runners
-    return lines
+    whole = measured["tick"]
+    return {
+        "whole": whole,
+        "host": measured["host"],
+        "evaluation": whole - measured["host"],
+        "attention": whole - no_attention,
+        "scatter": no_attention - no_scatter,
+        "products": whole - mlx_products,
+    }
 
 
-def quantized_copy(path: Path, into: Path) -> Path:
-    out = into / f"{path.name}-4bit"
-    convert(hf_path=str(path), mlx_path=str(out), quantize=True, q_bits=4, q_group_size=64)
-    return out
+PARTS_HEADER = ["weights", "rows", "width", "exact / mlx-lm", "whole tick ms", "host build ms", "evaluation ms",
+                "attention ms", "pool's scatter ms", "row-invariant products over MLX's ms"]  # fmt: skip
+
+
+def parts_row(name: str, rows: int, width: int, lost: float, parts: dict[str, float]) -> list[str]:
+    measured = [f"{parts[key]:.2f}" for key in ("whole", "host", "evaluation")]
+    differences = [f"{parts[key]:+.2f}" for key in ("attention", "scatter", "products")]
+    return [name, str(rows), str(width), f"{lost:.2f}x", *measured, *differences]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default=str(EMBEDDED_TARGET), help=f"a model directory or {RANDOM_1_2B}")
+    parser.add_argument(
+        "--target", default=str(EMBEDDED_TARGET), help=f"a model directory, {RANDOM_1_2B} or {GROWN_1_2B}"
+    )
     parser.add_argument("--rows", default="1,4,16")
     parser.add_argument("--widths", default="1,5")
     parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--warm", type=int, default=3, help="unmeasured ticks first (compiles each shape)")
     parser.add_argument("--no-quantized", action="store_true", help="skip the 4-bit copy")
-    parser.add_argument("--profile", action="store_true", help="also time one tick of the widest rows part by part")
+    parser.add_argument(
+        "--profile", action="store_true", help="also time part by part each tick slower than mlx-lm's step"
+    )
     parser.add_argument("--write", action="store_true", help=WRITE_HELP)
     args = parser.parse_args()
     rows, widths = [int(r) for r in args.rows.split(",")], [int(w) for w in args.widths.split(",")]
     with tempfile.TemporaryDirectory() as scratch:
         target = Path(args.target)
         if args.target == RANDOM_1_2B:
-            target = build_random_target(Path(scratch) / "random-1.2b", **SIZE_1_2B)
+            target = build_random_target(Path(scratch) / RANDOM_1_2B, **SIZE_1_2B)
+        elif args.target == GROWN_1_2B:
+            target = build_grown_1_2b(Path(scratch) / GROWN_1_2B, drafters=False).target
         variants = [("checkpoint", target)]
         if not args.no_quantized:
-            variants.append(("4-bit", quantized_copy(target, Path(scratch))))
+            variants.append(("4-bit", quantized_copy(target, Path(scratch) / f"{target.name}-4bit")))
         body = report(variants, rows, widths, args)
     print(body)
     if args.write:
-        write_section("tick", body)
+        write_section(section_name("tick", args.target), body)
 
 
 def report(variants: list[tuple[str, Path]], rows: list[int], widths: list[int], args: argparse.Namespace) -> str:
@@ -214,9 +233,11 @@ def report(variants: list[tuple[str, Path]], rows: list[int], widths: list[int],
                 line += [f"{ours['products']:.0%}"] if cpu and "products" in ours else ([] if not cpu else ["-"])
                 lines.append(line)
                 print(" | ".join(line), flush=True)
-        if args.profile:
-            profiles.append((name, profile(exact, max(rows), max(widths), args)))
-    target = variants[0][1].name
+                if args.profile and ours["tick"] > theirs["tick"]:  # a losing cell: where its time goes
+                    parts = profile(exact, b, w, args)
+                    profiles.append(parts_row(name, b, w, ours["tick"] / theirs["tick"], parts))
+                    print(" | ".join(profiles[-1]), flush=True)
+    target = args.target if args.target in (RANDOM_1_2B, GROWN_1_2B) else variants[0][1].name
     body = [
         "### One tick: the exact path, the fast path and mlx-lm's own step (`python -m ops.bench.tick`)",
         "",
@@ -225,9 +246,13 @@ def report(variants: list[tuple[str, Path]], rows: list[int], widths: list[int],
         "",
         table(header, lines),
     ]
-    for name, parts in profiles:
-        body += ["", f"One exact tick of {max(rows)} rows x {max(widths)}, {name}, part by part (ms):", ""]
-        body.append(table(["part", "ms"], parts))
+    if args.profile:
+        intro = (
+            "Each exact tick slower than mlx-lm's step, part by part (ms; the attention, the pool's scatter and "
+            "the products by time differences: the tick again without each, or with MLX's own products):"
+        )
+        none = "(none: every exact tick was at most mlx-lm's step)"
+        body += ["", intro, "", table(PARTS_HEADER, profiles) if profiles else none]
     return "\n".join(body)
 
 

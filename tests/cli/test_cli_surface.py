@@ -1,5 +1,6 @@
 """The command line an operator meets: --version, help on every flag, a closed pipe, the masked
-API key, what `-m DIR` serves, where a listen error came from, and bench writing only on request."""
+API key, what `-m DIR` serves (a named profile's drafter, or none), where a listen error came
+from, and bench writing only on request."""
 
 from __future__ import annotations
 
@@ -72,19 +73,36 @@ def test_profiles_show_masks_the_api_key(monkeypatch: pytest.MonkeyPatch, capsys
 def serve_args(*flags: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_profile_flags(parser)
-    return parser.parse_args(["--profile", "default", *flags])
+    return parser.parse_args(list(flags))
 
 
-def test_a_model_flag_alone_serves_no_drafter(capsys: pytest.CaptureFixture) -> None:
-    """The default profile pairs a drafter with its target; `-m DIR` names another target, so the
-    profile's drafter is not kept (and `--draft-kind none` warns about no path it never gave)."""
+def test_a_model_flag_alone_serves_no_drafter(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """With no profile named, the default profile's drafter belongs to its own target: `-m DIR`
+    names another, so the drafter is not kept (and `--draft-kind none` warns about no path it
+    never gave)."""
+    monkeypatch.delenv("MLXCEL_PROFILE", raising=False)
     target = str(EMBEDDED_TARGET)
-    for flags in (("-m", target), ("-m", target, "--draft-kind", "none"), ("--draft-kind", "none")):
+    named = ("--profile", "default")
+    for flags in (("-m", target), ("-m", target, "--draft-kind", "none"), (*named, "--draft-kind", "none")):
         drafter = settings_from_args(serve_args(*flags)).drafter
         assert (drafter.kind, drafter.model) == ("none", None), flags
     drafter = settings_from_args(serve_args("-m", target, "--draft-model", str(EMBEDDED_DRAFTER))).drafter
     assert (drafter.kind, drafter.model) == ("draft-model", str(EMBEDDED_DRAFTER))
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_named_profile_keeps_its_drafter_on_another_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--profile default -m DIR` (or MLXCEL_PROFILE) asked for the profile's drafter too (issue 46:
+    dropping it made the bench's drafting arms measure target-only); a drafter flag still wins."""
+    monkeypatch.delenv("MLXCEL_PROFILE", raising=False)
+    target = str(EMBEDDED_TARGET)
+    drafter = settings_from_args(serve_args("--profile", "default", "-m", target)).drafter
+    assert (drafter.kind, drafter.model) == ("draft-model", str(EMBEDDED_DRAFTER))
+    monkeypatch.setenv("MLXCEL_PROFILE", "mtp")
+    drafter = settings_from_args(serve_args("-m", target)).drafter
+    assert (drafter.kind, Path(drafter.model).name) == ("mtp", "mtp")
+    drafter = settings_from_args(serve_args("-m", target, "--draft-kind", "none")).drafter
+    assert (drafter.kind, drafter.model) == ("none", None)
 
 
 def test_admin_reload_needs_the_server_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

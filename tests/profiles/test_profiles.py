@@ -132,7 +132,9 @@ def test_a_drafter_with_another_vocabulary_is_refused(tmp_path: Path) -> None:
     drafter = build_tiny_model(tmp_path / "other-vocab", perturb_vocab=True)
     path = write(tmp_path, "p", f'target = "@TARGET@"\n[drafter]\nkind = "draft-model"\nmodel = "{drafter}"\n')
     with pytest.raises(
-        ProfileError, match=r"drafter.model: its vocabulary differs from the target's .* share a tokenizer"
+        ProfileError,
+        match=rf"drafter.model: {re.escape(str(drafter))} cannot draft for the target .*: "
+        r"its vocabulary differs from the target's .* share a tokenizer",
     ):
         check_models(resolve(str(path)).settings)
 
