@@ -162,7 +162,7 @@ def quantized_copy(path: Path, into: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--target", default=str(EMBEDDED_TARGET), help=f"a model directory or {RANDOM_1_2B}")
     parser.add_argument("--rows", default="1,4,16")
     parser.add_argument("--widths", default="1,5")
