@@ -37,7 +37,6 @@ from app.profiles.tenants import ANONYMOUS
 from app.runtime.logging import configure_logging
 from app.sampling import SamplingParams
 from app.sampling.dry import dry_breakers
-from app.sampling.infill import with_infill
 from app.sampling.rng import resolve_seed
 
 PROFILE = "target-only"  # without --profile (or MLXCEL_PROFILE): the target alone, unless a flag names a drafter
@@ -121,7 +120,7 @@ def sampling(settings: Settings, tokenizer: TokenizerWrapper) -> SamplingParams:
     problems = params.problems()
     if problems:
         raise ProfileError(f"{settings.source}: [sampling]: {'; '.join(problems)}")
-    return with_infill(params, tokenizer)
+    return params
 
 
 def encode_prompt(tokenizer: TokenizerWrapper, prompt: str, use_template: bool) -> list[int]:
