@@ -31,23 +31,8 @@ def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
     return parser
 
 
-def stop_while_importing(sig: int, _: object) -> None:
-    """`serve`'s stop until its own handler is in (app/cli/serve.py `stop_early`): the command's
-    imports (MLX, mlx-lm, transformers) run code that catches every exception, so a SIGINT's
-    KeyboardInterrupt raised inside one was swallowed and the server went on to serve (seen twice
-    in full suites, a SIGINT 1.5 s after start). Nothing is held yet: one line and exit 0,
-    without the logging stack, which is not imported yet."""
-    name = signal.Signals(sig).name
-    os.write(1, f'{{"signal":"{name}","event":"stopped_before_serving","level":"info"}}\n'.encode())
-    os._exit(0)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["serve"]:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            if signal.getsignal(sig) is not signal.SIG_IGN:  # a tensor rank's ignored signals stay ignored
-                signal.signal(sig, stop_while_importing)
     if argv[:1] == ["--version"]:  # answered before any subcommand module (and MLX) is imported
         named: Sequence[str] = ()
     else:  # help and usage errors list them all

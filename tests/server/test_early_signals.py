@@ -65,8 +65,8 @@ def stopped(process: subprocess.Popen[str], log: Path, sig: signal.Signals) -> t
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=False,
-    reason="open: in 3 of the last 3 full suites, a SIGINT 1.5 s after start was lost (the server served on, no "
-    "stop event) despite a handler from the CLI's first line; reproduced only under the full suite's load",
+    reason="open: in 3 full suites in a row, a SIGINT 1.5 s after start was lost (the server served on, no stop "
+    "event); seen only under the full suite's load",
 )
 def test_a_signal_at_any_moment_of_the_start_exits_cleanly(tmp_path: Path) -> None:
     outcomes = {}
