@@ -162,10 +162,12 @@ def chat_choice(
     tool_calls) the calls its text is."""
     thought, text = split(reasoning, result.text) if reasoning is not None else (None, result.text)
     shown = UNSET if thought is None else thought
-    calls = tool_calls(plan, text) if plan is not None else None
-    if calls:
+    cut = result.stop_type == "limit"
+    calls = tool_calls(plan, text, cut) if plan is not None else None
+    if calls:  # a call the token limit cut is a call still, finish_reason "length" (OpenAI's)
         message = AssistantMessage(content=None, reasoning_content=shown, tool_calls=calls)
-        return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason="tool_calls")
+        reason = "length" if cut else "tool_calls"
+        return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason=reason)
     message = AssistantMessage(content=text, reasoning_content=shown)
     return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason=finish_reason(result))
 
