@@ -111,7 +111,7 @@ def test_a_misspelt_profile_and_a_model_key_say_what_was_meant(tmp_path: Path) -
         with pytest.raises(ProfileError, match=r"model: unknown key \(did you mean 'target'\?"):
             resolve(str(profile))
     reserved = write(tmp_path, "r", 'target = "@TARGET@"\n[server]\nchat_template_kwargs = {tools = 1}\n')
-    with pytest.raises(ProfileError, match="server.chat_template_kwargs: 'tools' is not a template variable"):
+    with pytest.raises(ProfileError, match=r"server\.chat_template_kwargs: 'tools' is not a template variable"):
         resolve(str(reserved))
 
 

@@ -105,7 +105,9 @@ def check_every_api(server, fields: dict, tool_choice: dict | str) -> None:
                                                                    "get_weather")  # fmt: skip
     assert written_so_far(item.arguments, whole["arguments"])
     events = list(client.responses.create(**responses_fields, stream=True))
-    assert events[-1].type == "response.incomplete"  # OpenAI's event at the limit (the SDK's helper waits for .completed)
+    assert (
+        events[-1].type == "response.incomplete"
+    )  # OpenAI's event at the limit (the SDK's helper waits for .completed)
     streamed = events[-1].response
     assert streamed.status == "incomplete" and streamed.output[0].arguments == item.arguments
 
@@ -171,8 +173,8 @@ def test_an_auto_call_cut_by_num_predict_is_a_call_on_ollamas_api(caller_server)
             if cut["message"]["tool_calls"][0]["function"]["arguments"] not in ({}, call["function"]["arguments"]):
                 break
         (begun,) = cut["message"]["tool_calls"]
-        assert (cut["done_reason"], begun["function"]["name"], cut["message"]["content"]) == ("length",
-                                                                                               "get_weather", "")  # fmt: skip
+        found = (cut["done_reason"], begun["function"]["name"], cut["message"]["content"])
+        assert found == ("length", "get_weather", "")
         assert within(begun["function"]["arguments"], call["function"]["arguments"])
         with http.stream("POST", "/api/chat", json=body | {"options": options, "stream": True}) as response:
             lines = [json.loads(line) for line in response.iter_lines()]

@@ -124,11 +124,12 @@ def test_tools_keep_alive_think_and_loading(default_server) -> None:
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     answer = ollama_client.chat(model="m", messages=ask, tools=TOOLS, keep_alive="5m", think=False, options=GREEDY)
     assert answer.message.content and answer.done
-    history = ask + [
-        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather",
-                                                                           "arguments": {"city": "Paris"}}}]},
+    call = {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    history = [
+        *ask,
+        {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
-    ]  # fmt: skip
+    ]
     assert ollama_client.chat(model="m", messages=history, tools=TOOLS, options=GREEDY).done
     assert ollama_client.generate(model="m", prompt="").done_reason == "load"
     assert ollama_client.chat(model="m", messages=[], keep_alive=0).done_reason == "unload"

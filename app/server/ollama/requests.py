@@ -77,14 +77,14 @@ class Generation(WireStruct, kw_only=True):
     top_logprobs: int | None = None
 
 
-class ChatBody(Generation, kw_only=True):
+class OllamaChatRequest(Generation, kw_only=True):
     """POST /api/chat."""
 
     messages: list[Message] | None = None  # none (or []): Ollama's "load the model" request
     tools: list[dict[str, Any]] | None = None
 
 
-class GenerateBody(Generation, kw_only=True):
+class OllamaGenerateRequest(Generation, kw_only=True):
     """POST /api/generate."""
 
     prompt: str | None = None  # none (or ""): Ollama's "load the model" request
@@ -96,7 +96,7 @@ class GenerateBody(Generation, kw_only=True):
     raw: bool = False  # the prompt as it is, without the chat template
 
 
-class ShowBody(WireStruct, kw_only=True):
+class OllamaShowRequest(WireStruct, kw_only=True):
     """POST /api/show: `model`, or the older `name` (LiteLLM sends it)."""
 
     model: str | None = None
@@ -104,7 +104,7 @@ class ShowBody(WireStruct, kw_only=True):
     verbose: bool = False
 
 
-class EmbedBody(WireStruct, kw_only=True):
+class OllamaEmbedRequest(WireStruct, kw_only=True):
     """POST /api/embed (`input`) and the older /api/embeddings (`prompt`)."""
 
     model: str | None = None
@@ -116,9 +116,9 @@ class EmbedBody(WireStruct, kw_only=True):
     keep_alive: str | int | float | None = None
 
 
-def loads_only(data: ChatBody | GenerateBody) -> bool:
+def loads_only(data: OllamaChatRequest | OllamaGenerateRequest) -> bool:
     """Ollama's "load the model" request (no messages, no prompt): it is loaded already."""
-    return not data.messages if isinstance(data, ChatBody) else not data.prompt
+    return not data.messages if isinstance(data, OllamaChatRequest) else not data.prompt
 
 
 def unloads(keep_alive: str | int | float | None) -> bool:
@@ -128,14 +128,14 @@ def unloads(keep_alive: str | int | float | None) -> bool:
     return keep_alive is not None and keep_alive == 0
 
 
-def chat_request(data: ChatBody) -> ChatRequest:
+def chat_request(data: OllamaChatRequest) -> ChatRequest:
     """/api/chat as the chat route's request (tools, grammar, sampling and thinking included)."""
     messages = [chat_message(index, message) for index, message in enumerate(data.messages or [])]
     body = {"messages": messages, "tools": data.tools} | generation_fields(data)
     return translated(body, "Ollama chat")
 
 
-def generate_chat_request(data: GenerateBody) -> ChatRequest:
+def generate_chat_request(data: OllamaGenerateRequest) -> ChatRequest:
     """/api/generate (not raw) as a chat request: its `system` and its prompt as the user's turn,
     through the model's chat template, as Ollama applies the model's template."""
     refuse_generate_fields(data)
@@ -145,7 +145,7 @@ def generate_chat_request(data: GenerateBody) -> ChatRequest:
     return translated({"messages": messages} | generation_fields(data), "Ollama generate")
 
 
-def raw_request(data: GenerateBody) -> CompletionRequest:
+def raw_request(data: OllamaGenerateRequest) -> CompletionRequest:
     """A raw /api/generate: the prompt as is (no template), as llama-server's native route reads one."""
     refuse_generate_fields(data)
     if data.system:
@@ -164,7 +164,7 @@ def raw_request(data: GenerateBody) -> CompletionRequest:
         raise ApiError(400, f"this Ollama generate request does not make a completion request: {exc}") from exc
 
 
-def refuse_generate_fields(data: GenerateBody) -> None:
+def refuse_generate_fields(data: OllamaGenerateRequest) -> None:
     if data.images:
         raise ApiError(400, f"images: not supported: {TEXT_ONLY}")
     if data.suffix:

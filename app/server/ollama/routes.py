@@ -47,7 +47,13 @@ from app.server.engine_view import Delta, EngineView, Finished, Progress, requir
 from app.server.errors import HANDLERS, ApiError
 from app.server.native.requests import CompletionRequest
 from app.server.ollama import requests, shapes
-from app.server.ollama.requests import ChatBody, EmbedBody, GenerateBody, Options, ShowBody
+from app.server.ollama.requests import (
+    OllamaChatRequest,
+    OllamaEmbedRequest,
+    OllamaGenerateRequest,
+    OllamaShowRequest,
+    Options,
+)
 from app.server.ollama.shapes import (
     AssistantMessage,
     ChatAnswer,
@@ -120,7 +126,7 @@ class OllamaController(Controller):
         return Running(models=[loaded])
 
     @post("/api/show", status_code=200, name="ollama-show", guards=[require_ready])
-    async def show(self, engine: NamedDependency[EngineView], data: JSONBody[ShowBody]) -> Show:
+    async def show(self, engine: NamedDependency[EngineView], data: JSONBody[OllamaShowRequest]) -> Show:
         """The served model's details, template, defaults and capabilities; another name is a 404."""
         settings = engine.settings
         wanted = data.model or data.name or ""
@@ -159,7 +165,7 @@ class OllamaController(Controller):
         "/api/chat", status_code=200, name="ollama-chat", guards=[require_ready], responses=streamed_lines(ChatAnswer)
     )
     async def chat(
-        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[ChatBody]
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[OllamaChatRequest]
     ) -> Response | Stream:
         """A chat answer through the chat pipeline: NDJSON lines, or one body with `stream: false`."""
         started = time.perf_counter_ns()
@@ -192,7 +198,7 @@ class OllamaController(Controller):
         responses=streamed_lines(GenerateAnswer),
     )
     async def generate(
-        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[GenerateBody]
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[OllamaGenerateRequest]
     ) -> Response | Stream:
         """A completion of `prompt`, through the chat template unless `raw`: NDJSON lines, or one body."""
         started = time.perf_counter_ns()
@@ -229,7 +235,9 @@ class OllamaController(Controller):
         return await body(rows, result, lambda: whole(result, None, thinking, shaper, piece, started), engine)
 
     @post("/api/embed", status_code=200, name="ollama-embed", guards=[require_ready])
-    async def embed(self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[EmbedBody]) -> Response:
+    async def embed(
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[OllamaEmbedRequest]
+    ) -> Response[Embed]:
         """The inputs' embeddings (server.embeddings; off, a 404), one vector per input."""
         started = time.perf_counter_ns()
         embedding_requests.check_on(engine.settings, request.url.path)
@@ -251,8 +259,8 @@ class OllamaController(Controller):
 
     @post("/api/embeddings", status_code=200, name="ollama-embeddings", guards=[require_ready])
     async def embeddings(
-        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[EmbedBody]
-    ) -> Response:
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[OllamaEmbedRequest]
+    ) -> Response[Embedding]:
         """Ollama's older route: `prompt`'s one embedding."""
         embedding_requests.check_on(engine.settings, request.url.path)
         embedding_requests.check_pooled(engine.settings)
@@ -317,7 +325,7 @@ def default_parameters(engine: EngineView) -> list[str]:
     ]
 
 
-def loaded(data: ChatBody | GenerateBody, answer: ChatAnswer | GenerateAnswer) -> Response:
+def loaded(data: OllamaChatRequest | OllamaGenerateRequest, answer: ChatAnswer | GenerateAnswer) -> Response:
     """Ollama's answer to a request that only loads (or, `keep_alive: 0`, unloads) the model: it
     is loaded while the server runs, and stays so."""
     reason = "unload" if requests.unloads(data.keep_alive) else "load"
