@@ -132,6 +132,11 @@ def check_every_api(server, fields: dict, tool_choice: dict | str) -> None:
 def test_a_required_call_cut_by_max_tokens_is_a_call_on_every_api(default_server) -> None:
     fields = {"model": "target", "messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0}
     check_every_api(default_server, fields, "required")
+    # cut before the name tells the two tools apart: no call, and still no content
+    client = openai.OpenAI(base_url=f"{default_server.url}/v1", api_key="unused")
+    for stream in (False, True):
+        calls, reason, content = openai_call(client, fields | {"max_tokens": 3}, stream)
+        assert (calls, reason, content or "") == ([], "length", ""), stream
 
 
 def test_a_named_call_cut_by_max_tokens_is_a_call(default_server) -> None:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from app.server.chat.tools import ToolPlan, arguments_object, tool_calls
+from app.server.chat.tools import ToolPlan, arguments_object, tool_calls, uncalled_text
 from app.server.core.shaping import speculative_biased
 from app.server.engine_view import Finished, Timings
 
@@ -60,7 +60,7 @@ def content(result: Finished, plan: ToolPlan | None) -> list[TextBlock | ToolUse
     if calls:  # a use the token limit cut: its input as far as it got
         return [ToolUseBlock(id=call.id.replace("call_", "toolu_", 1), name=call.function.name,
                              input=arguments_object(call)) for call in calls]  # fmt: skip
-    return [TextBlock(text=result.text)]
+    return [TextBlock(text=uncalled_text(plan, result.text))]
 
 
 def stop_reason(result: Finished, blocks: list[TextBlock | ToolUseBlock]) -> tuple[str, str | None]:

@@ -159,6 +159,12 @@ def tool_calls(plan: ToolPlan, text: str, cut: bool = False) -> list[ToolCall] |
     ]
 
 
+def uncalled_text(plan: ToolPlan | None, text: str) -> str:
+    """An answer's text where it is no call: none under a forced plan, whose output is only ever a
+    call (one cut before its tool could be told apart is no call, and still not content)."""
+    return "" if plan is not None and plan.forced else text
+
+
 def arguments_object(call: ToolCall) -> dict[str, Any]:
     """A call's arguments as an object, for the APIs that send them so (Anthropic's `input`,
     Ollama's `arguments`): a cut call's as far as they got (app/loading/tool_calls.py `partial_json`)."""
@@ -194,8 +200,8 @@ class CallStream:
         return self.release()
 
     def release(self) -> tuple[str, list[TokenLogprob]]:
-        """The held text and log-probabilities, no longer held."""
-        held = self._text, self._logprobs
+        """The held text and log-probabilities, no longer held (a forced plan's text is never content)."""
+        held = uncalled_text(self._plan, self._text), self._logprobs
         self._text, self._logprobs = "", []
         return held
 

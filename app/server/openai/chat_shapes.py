@@ -9,7 +9,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from app.server.chat.reasoning import Reasoning, split
-from app.server.chat.tools import ToolCall, ToolPlan, tool_calls
+from app.server.chat.tools import ToolCall, ToolPlan, tool_calls, uncalled_text
 from app.server.core.logprobs import ChatLogprobs, Logprobs
 from app.server.core.shaping import prompt_progress, speculative_biased
 from app.server.engine_view import Finished, Progress, Timings
@@ -168,7 +168,7 @@ def chat_choice(
         message = AssistantMessage(content=None, reasoning_content=shown, tool_calls=calls)
         reason = "length" if cut else "tool_calls"
         return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason=reason)
-    message = AssistantMessage(content=text, reasoning_content=shown)
+    message = AssistantMessage(content=uncalled_text(plan, text), reasoning_content=shown)
     return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason=finish_reason(result))
 
 
