@@ -219,7 +219,7 @@ def chat_message(index: int, message: Message) -> dict[str, Any]:
         raise ApiError(400, f"messages[{index}].images: not supported: {TEXT_ONLY}")
     entry: dict[str, Any] = {"role": message.role, "content": message.content or ""}
     if message.tool_calls:
-        entry["tool_calls"] = [history_call(index, call) for call in message.tool_calls]
+        entry["tool_calls"] = message.tool_calls  # read as every chat request's (chat/template.py history_call)
     if message.tool_name is not None:
         entry["name"] = message.tool_name
     if message.tool_call_id is not None:
@@ -227,14 +227,6 @@ def chat_message(index: int, message: Message) -> dict[str, Any]:
     if message.thinking is not None:
         entry["reasoning_content"] = message.thinking
     return entry
-
-
-def history_call(index: int, call: dict[str, Any]) -> dict[str, Any]:
-    function = call.get("function")
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise ApiError(400, f"messages[{index}].tool_calls: a call needs function.name")
-    arguments = function.get("arguments") or {}
-    return {"id": call.get("id"), "type": "function", "function": {"name": function["name"], "arguments": arguments}}
 
 
 def context_cap(num_ctx: int | None, prompt_tokens: int, asked: int) -> int:
