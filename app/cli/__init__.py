@@ -8,6 +8,7 @@ A subcommand's module is imported only when that subcommand runs (all of them fo
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import signal
@@ -23,12 +24,31 @@ COMMANDS = ("generate", "serve", "profiles", "bench")  # each is the module app.
 
 
 def build_parser(commands: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mlxcel", description="Speculative decoding on MLX.")
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="mlxcel", description="Speculative decoding on MLX.")
     parser.add_argument("--version", action="version", version=f"mlxcel {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in commands:
         importlib.import_module(f"app.cli.{name}").add_parser(subparsers)
     return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """The arguments; one a subcommand does not know is refused by that subcommand, so the usage
+    printed is its own (`mlxcel serve ...`), with the nearest flag it has where one is close."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        sub = subcommand(parser, args.command)
+        known = [option for action in sub._actions for option in action.option_strings]
+        flag = next((word.split("=", 1)[0] for word in unknown if word.startswith("-")), "")
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75) if flag else []
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        sub.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+    return args
+
+
+def subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:  # help and usage errors list them all
         named = argv[:1] if argv[:1] and argv[0] in COMMANDS else COMMANDS
     try:
-        args = build_parser(named).parse_args(argv)
+        args = parse(build_parser(named), argv)
         return args.handler(args)
     except KeyboardInterrupt:  # Ctrl-C before the command handles it (serve does from its first line)
         return 128 + signal.SIGINT  # the shell's status for it, without a traceback

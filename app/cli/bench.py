@@ -14,7 +14,9 @@ SUITES = ("speculative", "server", "concurrency", "prompt_cache", "quantized")
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("bench", help="run ops/bench benchmarks (docs/benchmarks.md only with --write)")
+    p = commands.add_parser(
+        "bench", allow_abbrev=False, help="run ops/bench benchmarks (docs/benchmarks.md only with --write)"
+    )
     p.add_argument("suite", nargs="?", choices=[*SUITES, "all"], default="all", help="which benchmark (default: all)")
     p.add_argument("--write", action="store_true", help="write each suite's section of docs/benchmarks.md")
     p.add_argument("options", nargs=argparse.REMAINDER, help="passed to the suite (e.g. --tokens 64 --repeats 1)")

@@ -43,7 +43,9 @@ PROFILE = "target-only"  # without --profile (or MLXCEL_PROFILE): the target alo
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("generate", help="generate text from one prompt, on a profile (default: target-only)")
+    p = commands.add_parser(
+        "generate", allow_abbrev=False, help="generate text from one prompt, on a profile (default: target-only)"
+    )
     p.add_argument("-p", "--prompt", required=True, help="the prompt (a user message unless --no-chat-template)")
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     p.add_argument("--max-kv-size", type=int, default=None, help="rotating KV cache of this many rows")

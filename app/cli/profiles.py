@@ -16,13 +16,15 @@ MASKED = "********"
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("profiles", help="list, show or check deployment profiles")
+    p = commands.add_parser("profiles", allow_abbrev=False, help="list, show or check deployment profiles")
     actions = p.add_subparsers(dest="action", required=True)
-    actions.add_parser("list", help="the shipped profiles").set_defaults(handler=list_profiles)
-    show = actions.add_parser("show", help="resolved settings and where each value came from")
+    actions.add_parser("list", allow_abbrev=False, help="the shipped profiles").set_defaults(handler=list_profiles)
+    show = actions.add_parser("show", allow_abbrev=False, help="resolved settings and where each value came from")
     show.add_argument("name", nargs="?", default=None, help="name or path (default: MLXCEL_PROFILE or default)")
     show.set_defaults(handler=show_profile)
-    check = actions.add_parser("check", help="validate without serving; exit 2 on the first problem")
+    check = actions.add_parser(
+        "check", allow_abbrev=False, help="validate without serving; exit 2 on the first problem"
+    )
     check.add_argument("names", nargs="*", help="names or paths (default: every shipped profile)")
     check.add_argument(
         "--strict",

@@ -26,7 +26,9 @@ from app.runtime.logging import configure_logging, log_stream
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("serve", help="run the HTTP server on a profile (default: profiles/default.toml)")
+    p = commands.add_parser(
+        "serve", allow_abbrev=False, help="run the HTTP server on a profile (default: profiles/default.toml)"
+    )
     add_profile_flags(p)
     p.set_defaults(handler=run)
 

@@ -27,6 +27,7 @@ from app.execution.model import LoadedModel, load_model
 from app.execution.prompt_cache import CacheCounters, PromptCache
 from app.execution.runner import reserve_rows
 from app.loading import chat_template
+from app.loading.builtin_templates import BUILTIN_TEMPLATES
 from app.profiles.schema import Settings
 
 
@@ -48,7 +49,8 @@ class ModelInfo:
         """What the builder's target is, with the profile's chat template; where the template
         renders tools, whether the model calls them (app/engine/tool_probe.py: a short greedy row)."""
         target, template_file = builder.target, settings.server.chat_template_file
-        template = chat_template.chosen(target.tokenizer, template_file)
+        named = settings.server.chat_template
+        template = chat_template.chosen(target.tokenizer, template_file, named)
         limits = chat_template.Limits(settings.server.template_timeout_s, settings.server.template_max_chars)
         variables = dict(getattr(target.tokenizer, "special_tokens_map", {}))
         caps = None if template is None else chat_template.capabilities(template, limits, variables)
@@ -62,7 +64,9 @@ class ModelInfo:
             vocab_size=target.vocab_size,
             tokenizer=target.tokenizer,
             batching=batching(target.model),
-            writes_thinking=chat_template.writes_thinking(chat_template.chosen_source(target.tokenizer, template_file)),
+            writes_thinking=chat_template.writes_thinking(
+                chat_template.chosen_source(target.tokenizer, template_file, named)
+            ),
             template_caps=caps,
             calls_tools=calls,
         )
@@ -130,7 +134,10 @@ class ModelHost:
         self.info = ModelInfo.of(self.builder, settings)
         if self.info.template_caps is not None and not self.info.template_caps.supports_tools:
             # the model never sees a request's tools, so `auto` answers text, never a call
-            template = server.chat_template_file or "the model's own"
+            named = server.chat_template
+            if named and named not in BUILTIN_TEMPLATES:
+                named = "server.chat_template (its text)"
+            template = server.chat_template_file or named or "the model's own"
             events.chat_template_ignores_tools(template=template)
         elif self.info.calls_tools is False:  # the tools reach the model, which answers in text all the same
             events.model_ignores_tools(probe=tool_probe.NAME)

@@ -25,6 +25,16 @@ from jinja2.compiler import CodeGenerator, Frame
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from app.loading.builtin_templates import builtin_source
+
+# Keys that steer apply_chat_template itself or name what the server passes to the template: neither a
+# request's chat_template_kwargs nor the profile's server.chat_template_kwargs may set them. Others
+# become template variables, as in llama-server (e.g. enable_thinking).
+RESERVED_TEMPLATE_KEYS = frozenset({
+    "chat_template", "tokenize", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+    "tokenizer_kwargs", "padding", "truncation", "max_length", "sanitize_control_tokens",
+    "add_generation_prompt", "continue_final_message", "conversation", "messages", "tools", "documents",
+})  # fmt: skip
 MAX_POWER_BITS = 4096  # an `a ** b` over this many bits is refused: big-int powers run in C, unchecked
 
 
@@ -199,20 +209,23 @@ def load_template_file(path: str) -> jinja2.Template:
     return compile_template(read_template_file(path))
 
 
-def chosen_source(tokenizer: Any, operator_file: str | None) -> str | None:
-    """The source of the template in use: the operator's when the profile names one, else the
-    model's own (None: it has none)."""
+def chosen_source(tokenizer: Any, operator_file: str | None, named: str | None = None) -> str | None:
+    """The source of the template in use: the operator's when the profile names one (a file,
+    or `named`: a built-in template's name or a template's text, builtin_templates.builtin_source),
+    else the model's own (None: it has none)."""
     if operator_file:
         return read_template_file(operator_file)
+    if named:
+        return builtin_source(named)
     source = getattr(tokenizer, "chat_template", None)
     if isinstance(source, dict):  # named templates; "default" is the chat one
         source = source.get("default")
     return source if isinstance(source, str) and source else None
 
 
-def chosen(tokenizer: Any, operator_file: str | None) -> jinja2.Template | None:
+def chosen(tokenizer: Any, operator_file: str | None, named: str | None = None) -> jinja2.Template | None:
     """The template in use, compiled (None: the model has none)."""
-    source = chosen_source(tokenizer, operator_file)
+    source = chosen_source(tokenizer, operator_file, named)
     return compile_template(source) if source else None
 
 

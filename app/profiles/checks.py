@@ -8,16 +8,27 @@ import jinja2
 
 from app.drafters.kinds import DETECTED, DrafterKind
 from app.loading import CheckpointKind, ModelLoadError, read_checkpoint
-from app.loading.chat_template import load_template_file
+from app.loading.builtin_templates import builtin_source
+from app.loading.chat_template import compile_template, load_template_file
 from app.loading.pairing import TokenizerFileError, pairing_problem, tokenizer_vocab
 from app.profiles.loader import ProfileError, origin
 from app.profiles.schema import LOSSLESS_BLOCK_RULE, Settings
 
 
-def check_chat_template(settings: Settings, where: str) -> None:
+def check_chat_template(settings: Settings, where: str, where_named: str = "server.chat_template") -> None:
     """The operator's chat template must read and compile (it is loaded once, here). `where`
-    names the key as it was set (file and key, environment variable or flag)."""
-    path = settings.server.chat_template_file
+    names the key as it was set (file and key, environment variable or flag); `where_named`
+    the built-in name's or template text's (server.chat_template)."""
+    path, named = settings.server.chat_template_file, settings.server.chat_template
+    if named is not None:
+        if path:
+            raise ProfileError(f"{where_named}: beside {where}: give one chat template, a file or a built-in one")
+        try:
+            compile_template(builtin_source(named))
+        except ValueError as exc:
+            raise ProfileError(f"{where_named}: {exc}") from exc
+        except jinja2.TemplateSyntaxError as exc:
+            raise ProfileError(f"{where_named}: the template's text, line {exc.lineno}: {exc.message}") from exc
     if not path:
         return
     try:
@@ -49,7 +60,7 @@ def check_models(settings: Settings, sources: dict[str, str] | None = None) -> N
     def at(key: str) -> str:
         return origin(key, sources or {}, Path(settings.source))
 
-    check_chat_template(settings, at("server.chat_template_file"))
+    check_chat_template(settings, at("server.chat_template_file"), at("server.chat_template"))
     try:
         target = read_checkpoint(settings.target.model)
     except ModelLoadError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import math
 import os
 import re
@@ -22,6 +23,8 @@ from typing import Any, Literal, get_args, get_origin
 
 import msgspec
 
+from app.loading.builtin_templates import BUILTIN_TEMPLATES
+from app.loading.chat_template import RESERVED_TEMPLATE_KEYS
 from app.loading.checkpoint import ModelLoadError
 from app.loading.hub import cached_model, is_repo_id
 from app.loading.paths import REPO_ROOT
@@ -29,6 +32,7 @@ from app.profiles.schema import (
     ENV_OVERRIDES,
     DrafterKindName,
     GovernorPolicyName,
+    LogLevelName,
     PoolingName,
     ReasoningFormatName,
     Settings,
@@ -75,6 +79,44 @@ def _samplers(letters: bool) -> Any:
     return read
 
 
+def _json_object(value: str) -> dict[str, Any]:
+    try:
+        found = json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(found, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"enable_thinking\": false}'")
+    return found
+
+
+SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def _mebibytes(value: str) -> int:
+    """A size as mlx_lm.server writes one (bytes, or 512MB, 2GB), in whole MiB (rounded up)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected bytes, or a size such as 512MB or 2GB")
+    return math.ceil(float(match.group(1)) * SIZE_UNITS[unit] / (1 << 20))
+
+
+def _log_level(value: str) -> str:
+    level = {"critical": "error"}.get(value.lower(), value.lower())
+    if level not in get_args(LogLevelName):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected one of debug, info, warning, error (any case)")
+    return level
+
+
+class Refused(argparse.Action):
+    """A flag asking for what this server does not do: an error naming what to do instead."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, _: argparse.Namespace, __: Any, option: str | None = None
+    ) -> None:
+        parser.error(f"{option}: not supported: {self.help.removeprefix('refused: ') if self.help else ''}")
+
+
 def _number(kind: type, metavar: str = "N") -> dict[str, Any]:
     return {"type": kind, "metavar": metavar}
 
@@ -118,7 +160,12 @@ SAMPLING_FLAGS = [  # llama-server's sampler defaults: the [sampling] key each s
         {"type": _samplers(letters=True), "metavar": "LETTERS"},
     ),
     Flag(("-s", "--seed"), "sampling.seed", "seed of requests that send none; -1: random", _number(int)),
-    Flag(("-n", "--n-predict", "--predict"), "sampling.n_predict", "default token limit; -1: none", _number(int)),
+    Flag(
+        ("-n", "--n-predict", "--predict", "--max-tokens"),
+        "sampling.n_predict",
+        "default token limit; -1: none (--max-tokens: mlx_lm.server's)",
+        _number(int),
+    ),
 ]
 SERVER_FLAGS = [
     Flag(
@@ -145,7 +192,12 @@ SERVER_FLAGS = [
     Flag(("--port",), "server.port", "listen port", _number(int)),
     Flag(("--api-key",), "server.api_key", "require `Authorization: Bearer KEY`", {}),
     Flag(("--api-key-file",), "server.api_key_file", "accept each key of FILE, one per line, each a tenant", {}),
-    Flag(("-np", "--parallel"), "server.max_rows", "rows decoded concurrently", _number(int)),
+    Flag(
+        ("-np", "--parallel", "--decode-concurrency"),
+        "server.max_rows",
+        "rows decoded concurrently (--decode-concurrency: mlx_lm.server's)",
+        _number(int),
+    ),
     Flag(("-a", "--alias"), "server.model_alias", "the model id clients see", {"metavar": "NAME"}),
     Flag(("--embeddings", "--embedding"), "server.embeddings", "serve /v1/embeddings and /embedding", _set(True)),
     Flag(
@@ -155,6 +207,38 @@ SERVER_FLAGS = [
         {"choices": get_args(PoolingName)},
     ),
     Flag(("--chat-template-file",), "server.chat_template_file", "a Jinja chat template to use", {"metavar": "FILE"}),
+    Flag(
+        ("--chat-template",),
+        "server.chat_template",
+        f"a built-in chat template by name ({', '.join(BUILTIN_TEMPLATES)}), or a template's text "
+        "(mlx_lm.server's); a template of your own from a file: --chat-template-file",
+        {"metavar": "NAME"},
+    ),
+    Flag(
+        ("--chat-template-kwargs", "--chat-template-args"),
+        "server.chat_template_kwargs",
+        "template variables as a JSON object, e.g. '{\"enable_thinking\": false}'; a request's own win "
+        "(--chat-template-args: mlx_lm.server's)",
+        {"type": _json_object, "metavar": "JSON"},
+    ),
+    Flag(
+        ("--prompt-cache-size",),
+        "server.prompt_cache_entries",
+        "prompt prefixes kept in the prompt cache (mlx_lm.server's)",
+        _number(int),
+    ),
+    Flag(
+        ("--prompt-cache-bytes",),
+        "server.prompt_cache_mb",
+        "the prompt cache's budget: bytes, or with a unit (512MB, 2GB), read in MiB (mlx_lm.server's)",
+        {"type": _mebibytes, "metavar": "SIZE"},
+    ),
+    Flag(
+        ("--allowed-origins",),
+        "server.cors_origins",
+        "origins a browser may call from, comma-separated; * for any (mlx_lm.server's)",
+        {"type": lambda value: [o.strip() for o in value.split(",") if o.strip()], "metavar": "LIST"},
+    ),
     Flag(("--no-webui",), "server.web_ui", "no chat page at /", _set(False)),
     Flag(
         ("--reasoning-format",),
@@ -170,6 +254,12 @@ SERVER_FLAGS = [
         _set(True),
     ),
     Flag(("-v", "--verbose", "--log-verbose"), "logging.level", "log at debug level", _set("debug")),
+    Flag(
+        ("--log-level",),
+        "logging.level",
+        "debug, info, warning or error (mlx_lm.server's; any case, CRITICAL read as error)",
+        {"type": _log_level, "metavar": "LEVEL"},
+    ),
     Flag(("--log-file",), "logging.destination", "append the log to FILE", {"metavar": "FILE"}),
 ]
 # llama-server's flags that have no setting here, accepted so its launch lines work unchanged:
@@ -223,6 +313,30 @@ NO_OP_FLAGS = {
     ("-lv", "--verbosity", "--log-verbosity"): ({"type": int, "metavar": "N"}, "logging.level (or -v) sets the level"),
     ("--prio",): ({"type": int, "metavar": "N"}, "the process keeps the priority it was started with"),
     ("--poll",): ({"type": int, "metavar": "N"}, "MLX waits on its device its own way"),
+    # mlx_lm.server's
+    ("--trust-remote-code",): (
+        {"action": "store_true"},
+        "no code shipped with a checkpoint is run: tokenizers load from their files, models from mlx-lm's own code",
+    ),
+    ("--prompt-concurrency",): ({"type": int, "metavar": "N"}, "every waiting row's prompt prefills, a chunk a tick"),
+    ("--prefill-step-size",): ({"type": int, "metavar": "N"}, "prefill goes in 128-token chunks (exactness)"),
+    ("--kv-bits",): ({"type": int, "metavar": "N"}, "the KV cache keeps the model's dtype"),
+    ("--kv-group-size",): ({"type": int, "metavar": "N"}, "the KV cache keeps the model's dtype"),
+    ("--quantized-kv-start",): ({"type": int, "metavar": "N"}, "the KV cache keeps the model's dtype"),
+    ("--pipeline",): ({"action": "store_true"}, "one process serves; target.parallel shards a target"),
+}
+# Flags of llama-server or mlx_lm.server asking for what is not served: each refused with its equivalent
+REFUSED_FLAGS = {
+    ("--adapter-path", "--lora", "--lora-scaled"): (
+        {"nargs": "+", "metavar": "PATH"},
+        "LoRA adapters are not applied at load: fuse one into its model offline (mlx_lm.fuse --model MODEL "
+        "--adapter-path ADAPTER --save-path FUSED) and serve the fused directory with -m FUSED",
+    ),
+    ("--use-default-chat-template",): (
+        {"nargs": 0},
+        "the model's own chat template is used when it has one; for transformers' default (ChatML), pass "
+        "--chat-template chatml",
+    ),
 }
 FLAG_SPECS = SAMPLING_FLAGS + SERVER_FLAGS
 FLAGS = {flag.dest: flag.key for flag in FLAG_SPECS} | {  # flag dest -> settings key (llama-server's spellings)
@@ -244,6 +358,14 @@ CORS_ORIGIN = re.compile(r"\*|https?://[^/\s?#]+")
 # A Host header's name without its port: a DNS name ("*." first for its subdomains) or "*" for
 # any. IP addresses need no entry: the Host check always serves them (app/server/hosts.py).
 ALLOWED_HOST = re.compile(r"\*|(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?", re.IGNORECASE)
+
+
+# Keys other servers' configurations use for ours (a did-you-mean difflib would not find)
+KEY_HINTS = {
+    "model": ' (did you mean \'target\'? the served model is `target = "DIR"`, or `model = "DIR"` under [target])',
+    "draft_model": " (did you mean 'drafter'? a draft model is `model = \"DIR\"` under [drafter])",
+    "draft": " (did you mean 'drafter'? a draft model is `model = \"DIR\"` under [drafter])",
+}
 
 
 class ProfileError(Exception):
@@ -279,7 +401,10 @@ def profile_path(name_or_path: str) -> Path:
         if is_path:  # a path was given: say where it was looked for, not how to name one
             raise ProfileError(f"{name_or_path}: no such profile file ({path.resolve()})")
         known = ", ".join(shipped_profiles()) or "none"
-        raise ProfileError(f"{path}: profile not found (shipped profiles: {known}); pass --profile NAME or a path")
+        hint = _hint(name_or_path, shipped_profiles())
+        raise ProfileError(
+            f"{path}: profile not found{hint} (shipped profiles: {known}); pass --profile NAME or a path"
+        )
     return path
 
 
@@ -378,7 +503,8 @@ def check_keys(data: dict[str, Any], where: str) -> None:
     top = [f for f in fields if f not in ("profile", "source")]
     for key, value in data.items():
         if key not in top:
-            raise ProfileError(f"{_label(where, key)}: unknown key{_hint(key, top)}")
+            hint = KEY_HINTS.get(key) or _hint(key, top)
+            raise ProfileError(f"{_label(where, key)}: unknown key{hint}")
         if key == "env":
             if not isinstance(value, dict):
                 raise ProfileError(f"{_label(where, key)}: expected a table ([env]), got {type(value).__name__}")
@@ -499,6 +625,12 @@ def check_values(settings: Settings, sources: dict[str, str], path: Path) -> Non
         '"*.example"), or "*" for any',
     )
     check_parallel(settings, sources, path)
+    reserved = sorted(set(settings.server.chat_template_kwargs) & RESERVED_TEMPLATE_KEYS)
+    if reserved:
+        raise ProfileError(
+            f"{origin('server.chat_template_kwargs', sources, path)}: {reserved[0]!r} is not a template variable "
+            "a profile may set: the server controls the rendering"
+        )
     problem = destination_problem(settings.logging.destination)
     if problem:
         raise ProfileError(f"{origin('logging.destination', sources, path)}: {problem}")
@@ -654,11 +786,15 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     sampling = parser.add_argument_group("llama-server's sampler defaults ([sampling]; a request's fields win)")
     for flag in SAMPLING_FLAGS:
         sampling.add_argument(*flag.names, dest=flag.dest, help=f"{flag.help} ({flag.key})", **flag.options)
-    no_ops = parser.add_argument_group("llama-server flags accepted without effect")
+    no_ops = parser.add_argument_group("llama-server and mlx_lm.server flags accepted without effect")
     for names, (options, why) in NO_OP_FLAGS.items():
         no_ops.add_argument(
             *names, **options, dest="no_op_" + names[-1].lstrip("-").replace("-", "_"), help=f"no effect: {why}"
         )
+    refused = parser.add_argument_group("llama-server and mlx_lm.server flags refused, each with its equivalent")
+    for names, (options, why) in REFUSED_FLAGS.items():
+        dest = "refused_" + names[0].lstrip("-").replace("-", "_")
+        refused.add_argument(*names, **options, action=Refused, dest=dest, help=f"refused: {why}")
 
 
 def flags_of(args: argparse.Namespace) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -167,6 +167,12 @@ class ServerSettings(Group):
     max_stop_strings: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 16  # more `stop` entries get 400
     max_stop_len: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 256  # longer stop strings get 400
     chat_template_file: str | None = None  # operator's Jinja chat template (sandboxed); default: the model's
+    # a built-in template's name (chatml, llama3, ...: app/loading/builtin_templates.py) or a template's
+    # text (mlx_lm.server's --chat-template); never beside chat_template_file (checks.py)
+    chat_template: str | None = None
+    # template variables every chat request gets (mlx_lm.server's --chat-template-args); a request's
+    # chat_template_kwargs win over them
+    chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
     template_timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=60.0)] = 2.0  # a render running longer: 400
     template_max_chars: Annotated[int, msgspec.Meta(ge=1024)] = 4 * 1024 * 1024  # a larger rendered prompt: 400
     # What one request may make the server build (docs/reliability.md, "Limits"): log-probability
@@ -248,8 +254,11 @@ class GrammarSettings(Group):
     max_grammar_size: Annotated[int, msgspec.Meta(ge=1)] = 200_000
 
 
+LogLevelName = Literal["debug", "info", "warning", "error"]
+
+
 class LoggingSettings(Group):
-    level: Literal["debug", "info", "warning", "error"] = "info"
+    level: LogLevelName = "info"
     format: Literal["json", "console"] = "json"
     destination: str = "stdout"  # stdout, stderr, or a file path (appended)
 

@@ -19,7 +19,7 @@ from app.server.core.grammars import Grammars
 from app.server.core.shaping import RULE_HEADER
 from app.server.embeddings.routes import EmbeddingsController
 from app.server.engine_view import Engine, EngineSwitch, Reloader, engine_lifespan, provide_engine
-from app.server.errors import HANDLERS
+from app.server.errors import HANDLERS, ErrorEnvelope
 from app.server.metrics import HttpMetrics
 from app.server.native.routes import (
     AdminController,
@@ -28,6 +28,7 @@ from app.server.native.routes import (
     TokensController,
     UnsupportedController,
 )
+from app.server.ollama.routes import OllamaController
 from app.server.openai.routes import ChatController, ModelsController, OpenAICompletionController
 from app.server.openapi import error_responses, openapi_config
 from app.server.responses.routes import ResponsesController
@@ -44,6 +45,7 @@ CONTROLLERS: list[type[Controller]] = [
     MessagesController,
     ResponsesController,
     EmbeddingsController,
+    OllamaController,
     UnsupportedController,
     AdminController,
     WebController,
@@ -81,7 +83,8 @@ def finish_handlers(controllers: list[type[Controller]]) -> None:
             if "GET" in handler.http_methods:
                 handler.http_methods.add("HEAD")
             guards = [*(vars(controller).get("guards") or ()), *(handler.guards or ())]
-            handler.responses = error_responses(handler, guards) | (handler.responses or {})
+            shape = vars(controller).get("error_body", ErrorEnvelope)  # Ollama's routes: {"error": "..."}
+            handler.responses = error_responses(handler, guards, shape) | (handler.responses or {})
 
 
 def grammar_lifespan(grammars: Grammars) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:

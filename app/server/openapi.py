@@ -3,6 +3,7 @@ schema from the request and response Structs."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Sequence
 
@@ -51,25 +52,28 @@ def streamed_or(body: type, stream: str) -> dict[int, ResponseSpec]:
     return {200: ResponseSpec(data_container=body, description=description, generate_examples=False)}
 
 
-def error(description: str) -> ResponseSpec:
-    return ResponseSpec(data_container=ErrorEnvelope, description=description, generate_examples=False)
+def error(description: str, shape: type = ErrorEnvelope) -> ResponseSpec:
+    return ResponseSpec(data_container=shape, description=description, generate_examples=False)
 
 
-def error_responses(handler: HTTPRouteHandler, guards: Sequence[object]) -> dict[int, ResponseSpec]:
+def error_responses(
+    handler: HTTPRouteHandler, guards: Sequence[object], shape: type = ErrorEnvelope
+) -> dict[int, ResponseSpec]:
     """The errors a route can answer, in the envelope, read off what the route is: refused (501),
     gated by the key (401), taking a body or path parameters (400, 413), needing the engine (503).
     Litestar would otherwise document its own validation-error shape, which this server never sends.
-    `guards` are the handler's and its controller's."""
+    `guards` are the handler's and its controller's; `shape` the error body (Ollama's routes have their own)."""
+    shaped = functools.partial(error, shape=shape)
     responses: dict[int, ResponseSpec] = {}
     takes_body = "data" in inspect.signature(handler.fn).parameters
     if takes_body or any("{" in path for path in handler.paths):
-        responses[400] = error("a malformed body, a bad field or parameter (the message names it)")
+        responses[400] = shaped("a malformed body, a bad field or parameter (the message names it)")
     if takes_body:
-        responses[413] = error("a body larger than server.max_body_bytes")
+        responses[413] = shaped("a body larger than server.max_body_bytes")
     if not handler.opt.get("public"):
-        responses[401] = error("with API keys set: no key, or none of them")
+        responses[401] = shaped("with API keys set: no key, or none of them")
     if require_ready in guards:
-        responses[503] = error("models still loading, the server draining or failed, or the queue full")
+        responses[503] = shaped("models still loading, the server draining or failed, or the queue full")
     if handler.status_code == 501:
-        responses[501] = error("not served here; the message says why")
+        responses[501] = shaped("not served here; the message says why")
     return responses

@@ -769,7 +769,9 @@ ATTACKS: dict[str, Callable[[Target, Sizes], dict[str, Any]]] = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--url", required=True)
     parser.add_argument("--pid", type=int, required=True)
     parser.add_argument("--key")

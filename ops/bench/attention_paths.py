@@ -250,7 +250,7 @@ def report(sink: list[dict], header_line: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the records to this file")
     parser.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
     parser.add_argument("--big", action="store_true", help="add a random-weight bf16 Qwen3, hidden 2048 x 24 layers")

@@ -133,7 +133,7 @@ def kernel_table(repeats: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--role", choices=["target", "drafter"], default="target")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--kernel", action="store_true", help="time the raw matrix products (see above)")

@@ -40,7 +40,9 @@ def measure(profile: str, warmup: str, flags: list[str], tokens: int, repeats: i
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--profiles", type=lambda text: text.split(","), default=["target-only", "default"])
     parser.add_argument("--warmup", type=lambda text: text.split(","), default=["on", "off"])
     parser.add_argument("--tokens", type=int, default=64)

@@ -78,7 +78,9 @@ def machine() -> str:
 def arguments(suite: str, description: str | None) -> argparse.ArgumentParser:
     """A suite's options, named as `mlxcel bench SUITE` runs it (its --help and usage errors)."""
     formatter = argparse.RawDescriptionHelpFormatter
-    return argparse.ArgumentParser(prog=f"mlxcel bench {suite}", description=description, formatter_class=formatter)
+    return argparse.ArgumentParser(
+        allow_abbrev=False, prog=f"mlxcel bench {suite}", description=description, formatter_class=formatter
+    )
 
 
 def progress(total: int, what: str) -> tqdm:

@@ -92,7 +92,7 @@ def xgrammar_arm(hf_tokenizer: object, vocab: int, path: list[int]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     hf_tokenizer = AutoTokenizer.from_pretrained(TARGET)

@@ -27,7 +27,9 @@ def panels(run: dict) -> list[tuple[str, dict]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("runs", nargs="+", type=Path, help="files of ops.bench.concurrency --json")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--titles", type=lambda text: text.split(","), help="one per run (default: its machine)")

@@ -81,7 +81,9 @@ def render(cells: dict[tuple[str, int], Cell], profiles: dict[str, str], missing
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--profile", default="default", help="the replicas' profile")
     parser.add_argument("--tensor-profile", default=None, help="default: the shipped tensor-parallel profile")
     parser.add_argument("--clients", type=int, default=8)

@@ -384,7 +384,7 @@ def run_soak(url: str, pid: int, seconds: float, clients: int, seed: int = 0) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--profile", default="target-only")

@@ -175,7 +175,7 @@ def parts_row(name: str, rows: int, width: int, lost: float, parts: dict[str, fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument(
         "--target", default=str(EMBEDDED_TARGET), help=f"a model directory, {RANDOM_1_2B} or {GROWN_1_2B}"
     )

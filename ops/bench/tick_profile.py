@@ -82,7 +82,9 @@ def builder_for(loop: str) -> LoopBuilder:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--loop", choices=LOOPS, default="draft-model")
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--ticks", type=int, default=24)

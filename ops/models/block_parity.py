@@ -51,7 +51,7 @@ def save(module: torch.nn.Module, config: dict, out: Path) -> Path:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__)
     p.add_argument("--target", type=Path, default=Path(__file__).resolve().parents[2] / "models" / "target")
     args = p.parse_args()
     torch_target = Qwen3ForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()

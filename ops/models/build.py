@@ -14,10 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("pair", help="train the embedded pair (arguments: see train_default_pair.py)")
-    tiny = commands.add_parser("tiny", help="random-weight model sharing the embedded tokenizer")
+    commands.add_parser("pair", allow_abbrev=False, help="train the embedded pair (arguments: see train_default_pair.py)")
+    tiny = commands.add_parser("tiny", allow_abbrev=False, help="random-weight model sharing the embedded tokenizer")
     tiny.add_argument("--out", type=Path, required=True)
     tiny.add_argument("--model-type", default="qwen3", choices=["qwen3", "llama", "mamba"])
     tiny.add_argument("--layers", type=int, default=2)

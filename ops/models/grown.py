@@ -322,7 +322,7 @@ def build_grown_1_2b(out: Path, **options: object) -> Grown:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     for key, value in SIZE_1_2B.items():
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=value)

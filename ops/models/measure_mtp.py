@@ -48,7 +48,7 @@ def run(builder: LoopBuilder, prompt: list[int], tokens: int) -> tuple[list[int]
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--drafter", type=Path, default=REPO_ROOT / "models" / "mtp")
     p.add_argument("--tokens", type=int, default=256)
     args = p.parse_args()

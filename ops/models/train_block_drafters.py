@@ -273,7 +273,7 @@ def config_for(name: str, kind: str, layers: int, block: int, extra: dict, vocab
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--sequences", type=int, default=6144)

@@ -52,7 +52,7 @@ SMOKE_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2)
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--roots", nargs="*", type=Path, help="corpus roots (default: stdlib + site-packages)")
     p.add_argument("--corpus-mb", type=int, default=256)

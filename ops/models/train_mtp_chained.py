@@ -177,7 +177,7 @@ def accuracies(head, lm_head, embed, hidden: mx.array, tokens: mx.array, depth: 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--drafter", type=Path, required=True, help="the depth-1 head to start from")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--sequences", type=int, default=384)

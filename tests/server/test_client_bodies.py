@@ -106,3 +106,35 @@ def test_the_infill_stage_answers_400(default_server) -> None:
     response = default_server.client().post("/completion", json=body)
     assert response.status_code == 400
     assert response.json()["error"]["message"].startswith("samplers: not supported: infill")
+
+
+def test_an_empty_json_schema_beside_a_grammar_is_no_schema(default_server) -> None:
+    """SillyTavern 2024 sends `json_schema: {}` beside `grammar: ""`: llama-server reads json_schema
+    only without a grammar field, so the reply is the unconstrained text, not JSON."""
+    body = {"prompt": "def f():", "n_predict": 8, "temperature": 0}
+    with default_server.client() as http:
+        plain = http.post("/completion", json=body).json()["content"]
+        both = http.post("/completion", json=body | {"grammar": "", "json_schema": {}}).json()["content"]
+        alone = http.post("/completion", json=body | {"json_schema": {}}).json()["content"]
+    assert both == plain and not plain.lstrip().startswith(("{", "[", '"'))
+    assert alone != plain  # alone, an empty schema still asks for JSON, as llama-server reads it
+
+
+def test_a_new_turn_and_a_continued_one_together_are_a_400(default_server) -> None:
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]
+    body = {"messages": messages, "max_tokens": 2, "continue_final_message": True}
+    with default_server.client() as http:
+        refused = http.post("/v1/chat/completions", json=body | {"add_generation_prompt": True})
+        continued = http.post("/v1/chat/completions", json=body)  # left out: a continued turn, served
+        explicit = http.post("/v1/chat/completions", json=body | {"add_generation_prompt": False})
+    assert refused.status_code == 400 and "add_generation_prompt" in refused.json()["error"]["message"]
+    assert continued.status_code == 200 and explicit.status_code == 200
+
+
+def test_a_schema_with_items_and_no_type_is_an_array(default_server) -> None:
+    """llama.cpp's converter reads `items` without `type` as an array's schema."""
+    schema = {"items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 2, "maxItems": 3}
+    body = {"prompt": "Numbers: ", "n_predict": 16, "temperature": 0, "json_schema": schema}
+    answer = default_server.client().post("/completion", json=body).json()["content"]
+    found = msgspec.json.decode(answer)
+    assert isinstance(found, list) and 2 <= len(found) <= 3 and all(0 <= n <= 9 for n in found)

@@ -14,7 +14,7 @@ from app.engine.engine import Engine
 from app.profiles import resolve
 from app.server.app import create_app
 from tests.support import ROOT
-from tests.support.compat import MANIFEST, RouteEntry, Speculative, claimed, concrete, load, routes
+from tests.support.compat import MANIFEST, OLLAMA, RouteEntry, Speculative, claimed, concrete, load, routes
 from tests.support.server import API_KEY, serve
 
 
@@ -45,8 +45,24 @@ def test_manifest_files_are_valid_and_canonical() -> None:
     assert len(timings["base_keys"]) == 9
 
 
+def test_the_ollama_manifest_is_valid_and_canonical() -> None:
+    pin = load("pin.json", OLLAMA)
+    for name in ["pin.json", *pin["files"]]:
+        text = (OLLAMA / name).read_text()
+        assert text == json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False) + "\n", name
+    entries = routes(OLLAMA)
+    assert [e.id for e in entries] == sorted(e.id for e in entries) and all(e.path.startswith(("/api/", "/v1/", "/"))
+                                                                           for e in entries)  # fmt: skip
+    states: dict[str, int] = {}
+    for entry in entries:
+        states[entry.state] = states.get(entry.state, 0) + 1
+        assert (entry.served_as is not None) == (entry.state == "aliased"), entry.id
+        assert entry.state != "not_applicable" or entry.error is not None, entry.id
+    assert pin["counted"]["routes"] == len(entries) and pin["counted"]["routes_by_state"] == states
+
+
 def all_tests() -> list[str]:
-    refs = [e.test for e in routes() if e.test]
+    refs = [e.test for e in routes() if e.test] + [e.test for e in routes(OLLAMA) if e.test]
     refs += [e["test"] for e in load("speculative.json")["entries"] if e.get("test")]
     refs += [d["test"] for d in load("timings.json")["divergences"]]
     return refs
@@ -62,7 +78,7 @@ def test_every_named_test_exists(ref: str) -> None:
 
 def test_every_route_the_app_serves_is_claimed() -> None:
     app = create_app(Engine(resolve("default").settings))
-    ids = {e.id for e in routes() if e.state != "deferred"}
+    ids = {e.id for e in [*routes(), *routes(OLLAMA)] if e.state != "deferred"}
     served = set()
     for route in app.routes:
         path = re.sub(r"\{(\w+):\w+\}", r":\1", route.path)
@@ -70,6 +86,8 @@ def test_every_route_the_app_serves_is_claimed() -> None:
             served.add(f"{method} {path}")
     assert served - ids == set(), "served but not claimed"
     assert {e.id for e in claimed({"supported", "aliased"})} <= served
+    ollama = routes(OLLAMA)
+    assert {e.id for e in ollama if e.state == "supported"} | {e.served_as for e in ollama if e.served_as} <= served
 
 
 def request_for(entry: RouteEntry) -> dict:
@@ -113,6 +131,33 @@ def test_routes_a_profile_key_turns_on_resolve_with_it(tmp_path: Path) -> None:
             for entry in (e for e in needing if tuple(sorted(e.requires.items())) == requires):
                 response = http.request(entry.method, concrete(entry.path), **request_for(entry))
                 assert response.status_code < 400, (entry.id, response.text)
+
+
+OLLAMA_BODIES = {
+    "/api/chat": {"model": "target", "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": 2}},
+    "/api/generate": {"model": "target", "prompt": "hi", "options": {"num_predict": 2}},
+    "/api/show": {"model": "target"},
+}
+
+
+@pytest.mark.parametrize(
+    "entry", [e for e in routes(OLLAMA) if e.state == "supported" and e.requires is None], ids=lambda e: e.id
+)
+def test_ollama_supported_routes_resolve(default_server, entry: RouteEntry) -> None:
+    body = {"json": OLLAMA_BODIES[entry.path]} if entry.method == "POST" else {}
+    with default_server.client() as http:
+        response = http.request(entry.method, concrete(entry.path), **body)
+    assert response.status_code < 400, response.text
+
+
+@pytest.mark.parametrize("entry", [e for e in routes(OLLAMA) if e.error], ids=lambda e: e.id)
+def test_ollama_documented_errors(default_server, entry: RouteEntry) -> None:
+    """Ollama's routes answer their errors in Ollama's shape, `{"error": "..."}`."""
+    with default_server.client() as http:
+        response = http.request(entry.method, concrete(entry.path), json={} if entry.method != "HEAD" else None)
+    assert response.status_code == entry.error.status
+    if entry.method != "HEAD":
+        assert list(response.json()) == ["error"] and isinstance(response.json()["error"], str)
 
 
 @pytest.mark.parametrize("entry", [e for e in routes() if e.error], ids=lambda e: e.id)

@@ -195,3 +195,21 @@ def test_embeddings_between_ticks_change_no_decoding_row(embedding_server) -> No
                         vectors.append(answer.json()["data"][0]["embedding"])
     assert "".join(pieces) == alone
     assert all(vector == alone_vector for vector in vectors)
+
+
+@pytest.mark.slow
+def test_ollamas_embed_routes(embedding_server) -> None:
+    """Ollama's /api/embed (a string or a list) and its older /api/embeddings: the vectors
+    /v1/embeddings answers, in Ollama's shape, through Ollama's own client."""
+    import ollama
+
+    client = ollama.Client(host=embedding_server.url)
+    openai_vectors = [e.embedding for e in sdk(embedding_server).embeddings.create(model="m", input=["hi", "def"]).data]
+    embedded = client.embed(model="m", input=["hi", "def"])
+    assert [list(v) for v in embedded.embeddings] == openai_vectors and embedded.model == "target"
+    assert embedded.prompt_eval_count >= 2 and embedded.total_duration > 0
+    assert [list(v) for v in client.embed(model="m", input="hi").embeddings] == openai_vectors[:1]
+    assert list(client.embeddings(model="m", prompt="hi").embedding) == openai_vectors[0]
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.embed(model="m", input="hi", dimensions=8)
+    assert refused.value.status_code == 400 and "dimensions" in refused.value.error

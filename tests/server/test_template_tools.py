@@ -108,10 +108,12 @@ def test_a_template_that_drops_tools_is_named_in_props_and_at_startup(tmp_path: 
     (tmp_path / "plain.jinja").write_text(PLAIN_CHATML)
     args = ("-m", str(EMBEDDED_TARGET), "--chat-template-file", str(tmp_path / "plain.jinja"))
     with serve(tmp_path, *args) as server, server.client() as http:
-        caps = http.get("/props").json()["chat_template_caps"]
+        props = http.get("/props").json()
+        caps = props["chat_template_caps"]
         bare = http.post("/v1/messages/count_tokens", json={"messages": ASK}).json()["input_tokens"]
         tooled = http.post("/v1/messages/count_tokens", json={"messages": ASK, "tools": [WEATHER]}).json()
     assert caps["supports_tools"] is False and caps["supports_tool_calls"] is False
+    assert props["chat_template"] == PLAIN_CHATML  # the template in use, not the model's own
     assert tooled["input_tokens"] == bare  # the template drops them: what the model sees is counted
     (started,) = server.events("acceptance_rule_active")
     assert started["template_renders_tools"] is False

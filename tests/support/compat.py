@@ -1,9 +1,11 @@
-"""The compat/llama-server manifest, typed: which routes and fields we claim, and how."""
+"""The compat/ manifests, typed: which routes and fields we claim, and how (llama-server's, and
+Ollama's routes in compat/ollama/)."""
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Literal
 
 import msgspec
@@ -11,18 +13,19 @@ import msgspec
 from tests.support import ROOT
 
 MANIFEST = ROOT / "compat" / "llama-server" / "b10621"
+OLLAMA = ROOT / "compat" / "ollama" / "v0.13.0"
 State = Literal["supported", "aliased", "not_applicable", "deferred", "by_design"]
 
 
 class ErrorShape(msgspec.Struct, forbid_unknown_fields=True):
     status: int
-    type: str
+    type: str | None = None  # the envelope's type; Ollama's errors have none ({"error": "..."})
 
 
 class RouteEntry(msgspec.Struct, forbid_unknown_fields=True):
     kind: Literal["route"]
     id: str
-    method: Literal["GET", "POST", "PUT", "DELETE", "PATCH"]
+    method: Literal["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH"]
     path: str
     state: State
     notes: str
@@ -53,12 +56,12 @@ class Speculative(msgspec.Struct, forbid_unknown_fields=True):
     entries: list[SpeculativeEntry]
 
 
-def load(name: str) -> object:
-    return json.loads((MANIFEST / name).read_text())
+def load(name: str, root: Path = MANIFEST) -> object:
+    return json.loads((root / name).read_text())
 
 
-def routes() -> list[RouteEntry]:
-    return msgspec.convert(load("routes.json"), Routes).entries
+def routes(root: Path = MANIFEST) -> list[RouteEntry]:
+    return msgspec.convert(load("routes.json", root), Routes).entries
 
 
 def claimed(states: set[str]) -> list[RouteEntry]:

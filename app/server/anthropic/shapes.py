@@ -8,7 +8,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from app.server.chat.tools import ToolPlan, tool_calls
+from app.server.chat.tools import ToolPlan, arguments_object, tool_calls, uncalled_text
 from app.server.core.shaping import speculative_biased
 from app.server.engine_view import Finished, Timings
 
@@ -56,16 +56,16 @@ def message_id(request_id: str) -> str:
 def content(result: Finished, plan: ToolPlan | None) -> list[TextBlock | ToolUseBlock]:
     """The answer's blocks: the tool uses its whole output is (one unless several are allowed),
     or one block of its text."""
-    calls = tool_calls(plan, result.text) if plan is not None else None
-    if calls:
+    calls = tool_calls(plan, result.text, result.stop_type == "limit") if plan is not None else None
+    if calls:  # a use the token limit cut: its input as far as it got
         return [ToolUseBlock(id=call.id.replace("call_", "toolu_", 1), name=call.function.name,
-                             input=json.loads(call.function.arguments)) for call in calls]  # fmt: skip
-    return [TextBlock(text=result.text)]
+                             input=arguments_object(call)) for call in calls]  # fmt: skip
+    return [TextBlock(text=uncalled_text(plan, result.text))]
 
 
 def stop_reason(result: Finished, blocks: list[TextBlock | ToolUseBlock]) -> tuple[str, str | None]:
-    """Anthropic's stop_reason and stop_sequence."""
-    if isinstance(blocks[0], ToolUseBlock):
+    """Anthropic's stop_reason and stop_sequence (a tool use the limit cut: max_tokens)."""
+    if isinstance(blocks[0], ToolUseBlock) and result.stop_type != "limit":
         return "tool_use", None
     if result.stop_type == "word":
         return "stop_sequence", result.stopping_word

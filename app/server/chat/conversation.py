@@ -60,6 +60,8 @@ async def prompt_tokens(
     `allow_empty`: no messages is a conversation too (Anthropic's Messages, as llama-server serves
     them)."""
     tools.check_count(data, engine.settings.grammar.max_tools)
+    if data.add_generation_prompt and data.continue_final_message:  # a new turn and the last one continued
+        raise ApiError(400, "Cannot set both add_generation_prompt and continue_final_message to true.")
     plan = tools.tool_plan(data)
     template_tools = plan.template_tools() if plan else None
 
@@ -71,7 +73,7 @@ async def prompt_tokens(
             engine.settings,
             tools=template_tools,
             prefill=template.continues_final_message(data.messages, data.continue_final_message),
-            generation_prompt=data.add_generation_prompt,
+            generation_prompt=data.add_generation_prompt is not False,
             allow_empty=allow_empty,
         )
         requests.check_token_ids(tokens, engine.vocab_size)

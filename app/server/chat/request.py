@@ -42,8 +42,9 @@ class ChatRequest(with_unhonoured("ChatFields", field_policy.CHAT, SamplingField
     top_logprobs: int | None = None  # OpenAI: 0..20, with logprobs
     stream_options: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    # false: the template ends after the last message, with no assistant turn opened (llama-server's)
-    add_generation_prompt: bool = True
+    # false: the template ends after the last message, with no assistant turn opened (llama-server's);
+    # left out: true (explicitly true beside continue_final_message: true is a 400, conversation.prompt_tokens)
+    add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None  # template.continues_final_message (assistant prefill)
     reasoning_effort: str | None = None  # OpenAI's: a chat-template variable (template.template_kwargs)
     reasoning_format: str | None = None  # llama-server's: thinking parsed into reasoning_content (reasoning.py)

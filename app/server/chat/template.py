@@ -9,19 +9,10 @@ from typing import Any
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from app.loading import chat_template
-from app.loading.chat_template import Limits, TemplateLimitError
+from app.loading.chat_template import RESERVED_TEMPLATE_KEYS, Limits, TemplateLimitError
 from app.profiles.schema import Settings
 from app.server.chat.request import ChatMessage, ChatRequest
 from app.server.errors import ApiError
-
-# Keys that steer apply_chat_template itself or name what the server passes to the template: a
-# request may not set them. Other chat_template_kwargs become template variables, as in
-# llama-server (e.g. enable_thinking).
-RESERVED_TEMPLATE_KEYS = frozenset({
-    "chat_template", "tokenize", "return_tensors", "return_dict", "return_assistant_tokens_mask",
-    "tokenizer_kwargs", "padding", "truncation", "max_length", "sanitize_control_tokens",
-    "add_generation_prompt", "continue_final_message", "conversation", "messages", "tools", "documents",
-})  # fmt: skip
 
 
 def template_kwargs(request: ChatRequest) -> dict[str, Any] | None:
@@ -116,7 +107,9 @@ def chat_prompt(
     the event loop.
     """
     plain = chat_messages(messages, allow_empty)
-    variables = template_variables(extra, tokenizer)
+    server = settings.server
+    # the profile's kwargs (mlx_lm.server's --chat-template-args), the request's winning over them
+    variables = template_variables({**server.chat_template_kwargs, **(extra or {})}, tokenizer)
     prefix = ""
     if prefill:
         prefix = plain.pop()["content"]
@@ -129,10 +122,9 @@ def chat_prompt(
         "tools": tools,  # None as transformers passes it: templates test `tools is not none`
         "documents": None,
     }
-    server = settings.server
     limits = Limits(server.template_timeout_s, server.template_max_chars)
     try:
-        template = chat_template.chosen(tokenizer, server.chat_template_file)
+        template = chat_template.chosen(tokenizer, server.chat_template_file, server.chat_template)
         text = None if template is None else chat_template.render(template, limits, variables)
     except TemplateLimitError as exc:
         raise ApiError(400, str(exc)) from exc

@@ -14,7 +14,9 @@ default is false; OpenAI's clients send nothing and expect OpenAI's.) A forced a
 call object unless the request says true, so a small model is never steered into an array.
 
 Streamed, a choice's text is held back while it may still become calls (CallStream), so a
-client never sees a call's JSON as content.
+client never sees a call's JSON as content. An output the token limit cut while it was a call
+(forced, or `auto`'s once the call's name began) is answered as that call, its arguments as far as
+they got, with the API's length finish ("length", "max_tokens", "incomplete"): never as content.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from app.loading.tool_calls import call_objects, is_call, may_become_calls
+from app.loading.tool_calls import begun_calls, call_objects, is_call, may_become_calls, partial_json
 from app.sampling.logprobs import TokenLogprob
 from app.server.chat.request import ChatRequest, Tool
 from app.server.errors import ApiError
@@ -132,21 +134,45 @@ def type_name(value: object) -> str:
     return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
-def tool_calls(plan: ToolPlan, text: str) -> list[ToolCall] | None:
+def tool_calls(plan: ToolPlan, text: str, cut: bool = False) -> list[ToolCall] | None:
     """The output as OpenAI tool_calls (the first only where the plan allows one), or None when it
-    is not wholly calls of callable tools."""
+    is not wholly calls of callable tools.
+
+    `cut`: the token limit stopped the output. A call it had begun (a forced one always has; `auto`'s
+    once its name began) is still a call, with the arguments written so far as their text is, cut
+    (OpenAI's `arguments` at finish_reason "length"); `arguments_object` reads them as an object."""
     objects = call_objects(text)
-    if not objects or not all(is_call(call, plan.callable) for call in objects):
+    if objects and all(is_call(call, plan.callable) for call in objects):
+        found = [(call["name"], json.dumps(call["arguments"], ensure_ascii=False)) for call in objects]
+    elif cut and plan.callable:
+        begun = begun_calls(text, plan.callable, known_name=plan.forced)
+        if begun is None:
+            return None
+        found = [(call.name, call.text) for call in begun]
+    else:
         return None
     if plan.single:
-        objects = objects[:1]
+        found = found[:1]
     return [
-        ToolCall(
-            id=f"call_{uuid.uuid4().hex[:24]}",
-            function=FunctionCall(name=call["name"], arguments=json.dumps(call["arguments"], ensure_ascii=False)),
-        )
-        for call in objects
+        ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=FunctionCall(name=name, arguments=arguments))
+        for name, arguments in found
     ]
+
+
+def uncalled_text(plan: ToolPlan | None, text: str) -> str:
+    """An answer's text where it is no call: none under a forced plan, whose output is only ever a
+    call (one cut before its tool could be told apart is no call, and still not content)."""
+    return "" if plan is not None and plan.forced else text
+
+
+def arguments_object(call: ToolCall) -> dict[str, Any]:
+    """A call's arguments as an object, for the APIs that send them so (Anthropic's `input`,
+    Ollama's `arguments`): a cut call's as far as they got (app/loading/tool_calls.py `partial_json`)."""
+    try:
+        value = json.loads(call.function.arguments)
+    except ValueError:
+        value = partial_json(call.function.arguments)
+    return value if isinstance(value, dict) else {}
 
 
 class CallStream:
@@ -174,14 +200,15 @@ class CallStream:
         return self.release()
 
     def release(self) -> tuple[str, list[TokenLogprob]]:
-        """The held text and log-probabilities, no longer held."""
-        held = self._text, self._logprobs
+        """The held text and log-probabilities, no longer held (a forced plan's text is never content)."""
+        held = uncalled_text(self._plan, self._text), self._logprobs
         self._text, self._logprobs = "", []
         return held
 
-    def calls(self) -> list[ToolCall] | None:
-        """At the end: the held text as calls, or None (it is content: `release` it)."""
-        return None if self._passing else tool_calls(self._plan, self._text)
+    def calls(self, cut: bool = False) -> list[ToolCall] | None:
+        """At the end: the held text as calls (`cut`: by the token limit, begun ones too: `tool_calls`),
+        or None (it is content: `release` it)."""
+        return None if self._passing else tool_calls(self._plan, self._text, cut)
 
 
 def _function(tool: Tool) -> dict[str, Any]:

@@ -164,16 +164,44 @@ def requested_grammar(request: SamplingFields, forced_call: dict[str, Any] | Non
     """("grammar", GBNF text) or ("json_schema", schema or None for any JSON object), or None.
     An empty grammar is none, as llama-server reads it (SillyTavern sends `"grammar": ""`)."""
     chosen = [("grammar", request.grammar)] if request.grammar else []
-    if request.json_schema is not None:
-        chosen.append(("json_schema", request.json_schema))
+    # llama-server reads json_schema only without a grammar field: an empty schema beside one (SillyTavern
+    # sends `"json_schema": {}` with `"grammar": ""`) asks for nothing
+    if request.json_schema is not None and not (request.json_schema == {} and request.grammar is not None):
+        chosen.append(("json_schema", llama_schema(request.json_schema)))
     response_format: ResponseFormat | None = getattr(request, "response_format", None)
     if response_format is not None and response_format.type != "text":
-        chosen.append(("json_schema", response_schema(response_format)))
+        chosen.append(("json_schema", llama_schema(response_schema(response_format))))
     if forced_call is not None:  # a required or named call: decoded against its schema
-        chosen.append(("json_schema", forced_call))
+        chosen.append(("json_schema", llama_schema(forced_call)))
     if len(chosen) > 1:
         raise ApiError(400, "give at most one of grammar, json_schema, response_format and a required tool call")
     return chosen[0] if chosen else None
+
+
+# Where a JSON schema holds schemas: a map of them, one, or a list of them
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SCHEMA_ONES = ("additionalProperties", "items", "contains", "not", "if", "then", "else", "propertyNames")
+SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+
+
+def llama_schema(schema: Any) -> Any:
+    """The schema as llama.cpp's converter reads it: a (sub)schema without `type` but with `items`
+    or `prefixItems` is an array's (llguidance would let any type through). Other schemas unchanged."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: llama_schema(sub) for name, sub in out[key].items()}
+    for key in SCHEMA_ONES:
+        if isinstance(out.get(key), dict):
+            out[key] = llama_schema(out[key])
+    for key in SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [llama_schema(sub) for sub in out[key]]
+    if "type" not in out and ("items" in out or "prefixItems" in out):
+        out["type"] = "array"
+    return out
 
 
 def response_schema(response_format: ResponseFormat) -> dict[str, Any] | None:

@@ -177,7 +177,12 @@ def props(engine: EngineView) -> Props:
         model_path=shown_path(settings, settings.target.model),
         model_alias=model_alias(settings),
         build_info=BUILD_INFO,
-        chat_template=getattr(engine.tokenizer, "chat_template", None) if ready else None,
+        # the template in use: the profile's (a file, or a built-in one) before the model's own
+        chat_template=chat_template.chosen_source(
+            engine.tokenizer, settings.server.chat_template_file, settings.server.chat_template
+        )
+        if ready
+        else None,
         chat_template_caps=template_caps(engine.model.template_caps) if ready else None,
         model_calls_tools=engine.model.calls_tools if ready else None,
         mlxcel=drafter_info(settings, engine.plan),

@@ -9,7 +9,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from app.server.chat.reasoning import Reasoning, split
-from app.server.chat.tools import ToolCall, ToolPlan, tool_calls
+from app.server.chat.tools import ToolCall, ToolPlan, tool_calls, uncalled_text
 from app.server.core.logprobs import ChatLogprobs, Logprobs
 from app.server.core.shaping import prompt_progress, speculative_biased
 from app.server.engine_view import Finished, Progress, Timings
@@ -162,11 +162,13 @@ def chat_choice(
     tool_calls) the calls its text is."""
     thought, text = split(reasoning, result.text) if reasoning is not None else (None, result.text)
     shown = UNSET if thought is None else thought
-    calls = tool_calls(plan, text) if plan is not None else None
-    if calls:
+    cut = result.stop_type == "limit"
+    calls = tool_calls(plan, text, cut) if plan is not None else None
+    if calls:  # a call the token limit cut is a call still, finish_reason "length" (OpenAI's)
         message = AssistantMessage(content=None, reasoning_content=shown, tool_calls=calls)
-        return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason="tool_calls")
-    message = AssistantMessage(content=text, reasoning_content=shown)
+        reason = "length" if cut else "tool_calls"
+        return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason=reason)
+    message = AssistantMessage(content=uncalled_text(plan, text), reasoning_content=shown)
     return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason=finish_reason(result))
 
 

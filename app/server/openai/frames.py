@@ -85,12 +85,13 @@ async def openai_frames(
                     rest, held = calls[index].feed(rest, [])  # held on, or released with what it held
                 if rest or held:
                     yield frame(chunk(head, ChoiceUpdate(index, rest, logprobs=_shaped(shape, held)), UNSET, UNSET))
-            found = calls[index].calls() if calls else None
+            cut = event.stop_type == "limit"
+            found = calls[index].calls(cut) if calls else None
             if calls:
                 text, entries = calls[index].release()
                 shaped = _shaped(shape, entries)
                 if found:
-                    reason = "tool_calls"
+                    reason = "length" if cut else "tool_calls"
                     for piece in chat_shapes.tool_call_chunks(head, index, found, shaped):
                         yield frame(piece)
                 elif text or shaped:

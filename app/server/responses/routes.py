@@ -113,7 +113,8 @@ async def response_events(answer: Answer) -> AsyncIterator[bytes]:
         elif isinstance(event, Finished):
             items = answer.finish(event)
             if answer.chat.may_call and isinstance(items[0], MessageItem):  # held back, and no call after all
-                for frame in [*events.text_start(answer.item_id), events.text_delta(answer.item_id, event.text)]:
+                text = items[0].content[0].text  # the item's text (none for a forced call's cut output)
+                for frame in [*events.text_start(answer.item_id), events.text_delta(answer.item_id, text)]:
                     yield frame
             for index, item in enumerate(items):
                 for frame in events.item_done(item, index):

@@ -10,7 +10,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from app.sampling import SamplingParams
-from app.server.chat.tools import ToolPlan, tool_calls
+from app.server.chat.tools import ToolPlan, tool_calls, uncalled_text
 from app.server.core.shaping import speculative_biased
 from app.server.engine_view import Finished, Timings
 from app.server.responses.requests import ResponsesRequest
@@ -91,12 +91,18 @@ def response_id() -> str:
 def output(result: Finished, plan: ToolPlan | None, item_id: str) -> list[OutputItem]:
     """The answer's items: the function calls its whole output is (several where
     parallel_tool_calls allows), or one message of its text."""
-    calls = tool_calls(plan, result.text) if plan is not None else None
-    if calls:
+    cut = result.stop_type == "limit"
+    calls = tool_calls(plan, result.text, cut) if plan is not None else None
+    if calls:  # a call the token limit cut: its arguments as far as they got, the item incomplete
+        done = "incomplete" if cut else "completed"
         return [FunctionCallItem(id=f"fc_{item_id}" + (f"_{i}" if i else ""), call_id=call.id,
-                                 name=call.function.name, arguments=call.function.arguments, status="completed")
+                                 name=call.function.name, arguments=call.function.arguments, status=done)
                 for i, call in enumerate(calls)]  # fmt: skip
-    return [MessageItem(id=f"msg_{item_id}", status=status(result), content=[OutputText(text=result.text)])]
+    return [
+        MessageItem(
+            id=f"msg_{item_id}", status=status(result), content=[OutputText(text=uncalled_text(plan, result.text))]
+        )
+    ]
 
 
 def status(result: Finished | None) -> str:
