@@ -99,10 +99,3 @@ def test_an_empty_grammar_is_no_grammar(default_server) -> None:
         empty = http.post("/completion", json=body | {"grammar": ""})
     assert empty.status_code == 200, empty.text
     assert empty.json()["content"] == plain
-
-
-def test_the_infill_stage_answers_400(default_server) -> None:
-    body = {"prompt": "def f():", "n_predict": 1, "samplers": ["top_k", "infill"]}
-    response = default_server.client().post("/completion", json=body)
-    assert response.status_code == 400
-    assert response.json()["error"]["message"].startswith("samplers: not supported: infill")
