@@ -12,13 +12,12 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 import mlx_lm
-from mlx.utils import tree_flatten
 
 from app.loading import EMBEDDED_TARGET
 from app.server.core.infill import infill_prompt
 from ops.models.tiny import TOKENIZER_FILES, build_tiny_model
+from tests.support.training import fit_and_save
 
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
 END = "<|endoftext|>"  # ends a middle, as Qwen2.5-coder ends one (an EOS of the embedded pair's config)
@@ -91,13 +90,4 @@ def build_fim_model(out: Path) -> Path:
         losses = nn.losses.cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
         return (losses * targets).sum() / targets.sum()
 
-    optimizer = optim.Adam(learning_rate=3e-2)
-    step = nn.value_and_grad(model, loss)
-    mx.random.seed(11)
-    for _ in range(STEPS):
-        value, grads = step(model)
-        optimizer.update(model, grads)
-        mx.eval(model.parameters(), optimizer.state, value)
-    weights = dict(tree_flatten(model.parameters()))
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
-    return out
+    return fit_and_save(model, loss, out, STEPS, seed=11)

@@ -27,7 +27,7 @@ from msgspec import UNSET
 
 from app.loading import fim
 from app.loading.fim import FimTokens
-from app.server.core.prompts import Prompt, is_many
+from app.server.core.prompts import NO_MULTIMODAL, Prompt, is_many
 from app.server.core.requests import check_token_ids
 from app.server.core.schemas import PromptInput, PromptObject
 from app.server.errors import ApiError
@@ -171,6 +171,8 @@ def suffix_prompts(
     suffix_tokens = plain_tokens(tokenizer, suffix)
     filled = []
     for part in prompt if is_many(prompt) else [prompt]:
+        if isinstance(part, PromptObject) and part.multimodal_data is not UNSET:
+            raise ApiError(400, NO_MULTIMODAL)
         given = part.prompt_string if isinstance(part, PromptObject) else part
         prefix = text_or_tokens(given, "prompt", tokenizer, vocab)
         gap = Gap(prefix=prefix, suffix=suffix_tokens, extra=extra_context(tokenizer, tokens, []), prompt=[])
