@@ -169,6 +169,7 @@ def test_system_prompt_copy_new_chat_and_the_settings_checks(default_server, bro
     url = default_server.url
     browser.goto(f"{url}/")
     browser.send("Browser.grantPermissions", permissions=["clipboardReadWrite", "clipboardSanitizedWrite"], origin=url)
+    browser.send("Emulation.setFocusEmulationEnabled", session=True, enabled=True)  # the clipboard needs a focused page
     browser.evaluate("""window.sent = []; const f = window.fetch;
         window.fetch = (u, o) => {
             if (o && o.body && u === '/v1/chat/completions') window.sent.push(JSON.parse(o.body));
@@ -184,7 +185,7 @@ def test_system_prompt_copy_new_chat_and_the_settings_checks(default_server, bro
     assert browser.evaluate(nothing_sent) == [0, QUESTION]
     browser.evaluate("document.getElementById('max-tokens').value = '16'")
     browser.evaluate("document.getElementById('send').click()")
-    browser.wait_for("document.querySelector('.answer[data-done]')")
+    browser.wait_for("document.querySelector('.answer[data-measured]') && !document.getElementById('send').disabled")
     shown = browser.evaluate("""(() => {
         const answer = document.querySelector('.answer');
         return {error: document.getElementById('settings-error').textContent,
@@ -198,7 +199,8 @@ def test_system_prompt_copy_new_chat_and_the_settings_checks(default_server, bro
     words = shown["raw"].replace("`", "").replace("*", "").replace("#", "").split()
     assert all(word in shown["rendered"] for word in words)  # the rendering keeps the answer's words
     browser.evaluate("document.querySelector('.answer .tools button.copy').click()")
-    browser.wait_for("document.querySelector('.answer .tools button.copy').dataset.copied === 'true'")
+    browser.wait_for("document.querySelector('.answer .tools button.copy').textContent !== 'Copy'")
+    assert browser.evaluate("document.querySelector('.answer .tools button.copy').textContent") == "Copied"
     assert browser.evaluate("navigator.clipboard.readText()") == shown["raw"]
     browser.evaluate("document.querySelector('.answer .tools button.raw').click()")
     views = "[document.querySelector('.answer .text').hidden, document.querySelector('.markdown').hidden]"
@@ -209,7 +211,8 @@ def test_system_prompt_copy_new_chat_and_the_settings_checks(default_server, bro
     send(browser, "hi")
     browser.wait_for("document.querySelector('.answer[data-done]')")
     refused = browser.evaluate("""(() => ({text: document.querySelector('.answer .text').textContent,
-        said: document.querySelector('.answer .server-said').textContent, sent: window.sent[1].messages}))()""")
+        said: document.querySelector('.answer .server-said').textContent,
+        sent: window.sent[window.sent.length - 1].messages}))()""")
     assert refused["sent"] == [{"role": "system", "content": "Answer in Python."}, {"role": "user", "content": "hi"}]
     assert refused["text"].startswith("The server did not accept this request") and "temperature" not in refused["text"]
     assert "temperature must be within" in refused["said"]
