@@ -214,7 +214,8 @@ def test_system_prompt_copy_new_chat_and_the_settings_checks(default_server, bro
         said: document.querySelector('.answer .server-said').textContent,
         sent: window.sent[window.sent.length - 1].messages}))()""")
     assert refused["sent"] == [{"role": "system", "content": "Answer in Python."}, {"role": "user", "content": "hi"}]
-    assert refused["text"].startswith("The server did not accept this request") and "temperature" not in refused["text"]
+    assert refused["text"].startswith("The server did not accept this request")
+    assert "must be within" not in refused["text"]  # the server's own words only under "the server said"
     assert "temperature must be within" in refused["said"]
 
 
