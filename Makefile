@@ -13,20 +13,27 @@ BACKEND ?= cpu
 
 install: $(STAMP) $(SHIM)
 
+# A fresh machine's first `make run` spends minutes here (MLX, mlx-lm and transformers are a few
+# hundred MB to fetch and unpack), so each step says what it does and pip prints what it fetches.
 $(STAMP): pyproject.toml
-	@echo "installing mlxcel and its dependencies into $(VENV) (about a minute on a fresh machine)"
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev,$(BACKEND)]"
-	touch $(STAMP)
+	@echo "make: setting up $(VENV) for mlxcel: 1 to 7 minutes on a fresh machine (pip fetches a few hundred MB)"
+	@test -x $(BIN)/python || { echo "make: [1/3] creating the virtual environment $(VENV) (seconds)"; $(PYTHON) -m venv $(VENV); }
+	@echo "make: [2/3] installing mlxcel and its dependencies with pip (MLX, mlx-lm, transformers, Litestar, ...): the long step"
+	@started=$$(date +%s); \
+	$(BIN)/python -m pip install --disable-pip-version-check --progress-bar off -e ".[dev,$(BACKEND)]" && \
+	echo "make: dependencies installed in $$(( $$(date +%s) - started )) s"
+	@touch $(STAMP)
 
 # OpenBLAS for MLX's CPU matrix products (app/runtime/blas.py explains why).
 $(SHIM): app/runtime/sgemm_rows.c $(STAMP)
+	@echo "make: [3/3] building the OpenBLAS shim for MLX's CPU products (seconds)"
 	MLXCEL_BLAS=reference $(BIN)/python -c "from app.runtime.blas import build; build()"
 
 # `make run PORT=9000 HOST=0.0.0.0 PROFILE=target-only`: any of them, each as its flag; unset ones
 # leave the profile's value. `exec`: the server is make's child itself, so a signal to make's
 # process group reaches it as one stop (app/cli/serving.py), and it drains.
 run: install
+	@echo "make: starting mlxcel serve; it answers /health once its models are loaded (seconds)"
 	exec $(BIN)/mlxcel serve $(if $(PROFILE),--profile $(PROFILE)) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
 # The replica test runs real nginx and the web page's test headless Chromium: .ci/ensure-nginx and

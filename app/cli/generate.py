@@ -37,6 +37,7 @@ from app.profiles.tenants import ANONYMOUS
 from app.runtime.logging import configure_logging
 from app.sampling import SamplingParams
 from app.sampling.dry import dry_breakers
+from app.sampling.infill import with_infill
 from app.sampling.rng import resolve_seed
 
 PROFILE = "target-only"  # without --profile (or MLXCEL_PROFILE): the target alone, unless a flag names a drafter
@@ -120,7 +121,7 @@ def sampling(settings: Settings, tokenizer: TokenizerWrapper) -> SamplingParams:
     problems = params.problems()
     if problems:
         raise ProfileError(f"{settings.source}: [sampling]: {'; '.join(problems)}")
-    return params
+    return with_infill(params, tokenizer)
 
 
 def encode_prompt(tokenizer: TokenizerWrapper, prompt: str, use_template: bool) -> list[int]:

@@ -44,6 +44,8 @@ class RowRequest:
     seed: int = field(default_factory=random_seed)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    n_indent: int = 0  # llama-server's: a new line indented less than this ends the text (0: off)
+    t_max_predict_ms: float = 0.0  # llama-server's: past this after the first token, a new line ends the text
     n_max: int | None = None  # speculative.n_max: caps the plan's width (build resolves the row's cap); 0 opts out
     n_min: int = 0  # speculative.n_min: fewer proposals than this are retracted unverified
     p_min: float = 0.0  # speculative.p_min: the draft model stops below this probability
@@ -155,6 +157,8 @@ class LoopBuilder:
             context_limit=self.context_limit,
             stop=list(request.stop),
             ignore_eos=request.ignore_eos,
+            n_indent=request.n_indent,
+            t_max_predict_ms=request.t_max_predict_ms,
             speculation=speculation,
             widths=widths,
             n_max=n_max,

@@ -34,7 +34,11 @@ class Generation:
 
     `max_tokens` counts every decided token (an EOS included); -1 means until EOS or the context
     limit. Stop strings are matched on the text; text that could still become a stop string is
-    held back from the stream until it cannot.
+    held back from the stream until it cannot. Two of llama-server's code-completion limits end
+    the text as well (both `limit`): `n_indent`, a line after the first new line whose first
+    character is indented by fewer columns (the text ends before that character), and
+    `t_max_predict_ms`, a step that brings a new line once that long has passed since the first
+    token.
 
     Iterating it runs it: `for delta in generation:` yields each step's delta (the prefill's
     chunks first, empty until the first token) and stops once it has finished.
@@ -51,6 +55,8 @@ class Generation:
     context_limit: int
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    n_indent: int = 0
+    t_max_predict_ms: float = 0.0
     emitted: list[int] = field(default_factory=list)
     stop_type: StopType = StopType.NONE
     stopping_word: str = ""
@@ -73,6 +79,7 @@ class Generation:
         self.stop = [s for s in self.stop if s]
         self._longest_stop = max(map(len, self.stop), default=0)
         self._scanned = 0  # text[:_scanned] holds no stop string
+        self._lines_scanned = 0  # every line starting before here is indented enough (n_indent)
         self._eos = set(self.tokenizer.eos_token_ids)
         room = self.context_limit - self.prompt_n
         self._limit = room if self.max_tokens < 0 else min(self.max_tokens, room)
@@ -208,6 +215,7 @@ class Generation:
     def _accept(self, tokens: list[int]) -> Delta:
         kept: list[int] = []
         ends: list[int] = []  # the detokenized text's length after each kept token
+        before = len(self._detokenizer.text)
         for token in tokens:
             kept.append(token)
             if token in self._eos and not self.ignore_eos:
@@ -218,13 +226,17 @@ class Generation:
             if len(self.emitted) + len(kept) >= self._limit:
                 self.stop_type = StopType.LIMIT
                 break
+        if not self.finished and self._out_of_time("\n" in self._detokenizer.text[before:]):
+            self.stop_type = StopType.LIMIT
         if self.finished:
             self._detokenizer.finalize()
         self._text = self._detokenizer.text
         stop_end = self._match_stop_strings()
-        if stop_end is not None:  # a round's tokens after the one that completed the stop string are not emitted
+        indent_end = self._match_indent()
+        cut_end = stop_end if indent_end is None else indent_end  # the indent's cut is the earlier one
+        if cut_end is not None:  # a round's tokens after the one that ended the text are not emitted
             ends.append(len(self._detokenizer.text))  # the EOS or limit token, if one ended the loop above
-            kept = kept[: next((i + 1 for i, end in enumerate(ends[: len(kept)]) if end >= stop_end), len(kept))]
+            kept = kept[: next((i + 1 for i, end in enumerate(ends[: len(kept)]) if end >= cut_end), len(kept))]
         logprobs = self.state.reported[len(self.emitted) : len(self.emitted) + len(kept)]
         self.emitted.extend(kept)
         start = self._streamed
@@ -247,6 +259,35 @@ class Generation:
             self.stop_type, self.stopping_word = StopType.WORD, word
         self._scanned = len(self._text)
         return found
+
+    def _out_of_time(self, new_line: bool) -> bool:
+        """llama-server's `t_max_predict_ms`: a step that brings a new line after that long since the first token."""
+        if self.t_max_predict_ms <= 0 or not new_line:
+            return False
+        return (time.perf_counter() - self.prefill_finished) * 1000.0 > self.t_max_predict_ms
+
+    def _match_indent(self) -> int | None:
+        """llama-server's `n_indent`: the first line after a new line whose first character (other
+        than spaces and tabs) sits fewer than `n_indent` columns in ends the text before that
+        character. Where it does, the offset just past that character (its token is the last)."""
+        if self.n_indent <= 0:
+            return None
+        text = self._text
+        at = text.find("\n", self._lines_scanned)
+        while at >= 0:
+            start = pos = at + 1
+            while pos < len(text) and text[pos] in " \t":
+                pos += 1
+            if pos == len(text):  # the line holds nothing but its indentation yet
+                self._lines_scanned = at
+                return None
+            if pos - start < self.n_indent:
+                self._text = text[:pos]
+                self.stop_type, self.stopping_word = StopType.LIMIT, ""
+                return pos + 1
+            at = text.find("\n", start)
+        self._lines_scanned = len(text)
+        return None
 
     def _release(self) -> str:
         """Text not streamed yet, minus any tail that may be the start of a stop string."""

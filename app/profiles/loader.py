@@ -23,6 +23,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import msgspec
 
+from app.loading import gguf
 from app.loading.builtin_templates import BUILTIN_TEMPLATES
 from app.loading.chat_template import RESERVED_TEMPLATE_KEYS
 from app.loading.checkpoint import ModelLoadError
@@ -699,30 +700,53 @@ def anchor_paths(data: dict[str, Any], profile: Path) -> None:
         value = get_key(data, key)
         if not isinstance(value, str) or value in ("stdout", "stderr") or Path(value).expanduser().is_absolute():
             continue
-        if key in MODEL_KEYS and is_repo_id(value, profile.parent):
+        if key in MODEL_KEYS and (is_repo_id(value, profile.parent) or gguf.is_repo_tag(value)):
             continue
         set_key(data, key, str((profile.parent / value).resolve()))
 
 
 def hub_models(settings: Settings, sources: dict[str, str], path: Path) -> Settings:
     """Target and drafter named as `org/name` repository ids, resolved to their snapshots in the
-    Hugging Face cache (app/loading/hub.py); the target's id is the model's alias unless one is set."""
+    Hugging Face cache (app/loading/hub.py); the target's id is the model's alias unless one is set.
+    A GGUF file, named by its path or as `org/name:QUANT` (a file of a cached repository, as
+    llama-server's `-hf` names one), or a repository holding GGUF files only, is converted once
+    into a model directory (app/loading/gguf.py), which the key then names."""
     allow = settings.server.allow_model_download
     target, drafter, server = settings.target, settings.drafter, settings.server
     try:
-        if is_repo_id(target.model):
-            key, value = "target.model", target.model
+        key, value = "target.model", target.model
+        if is_repo_id(target.model) or gguf.is_repo_tag(target.model):
             server = msgspec.structs.replace(server, model_alias=server.model_alias or target.model)
-            target = msgspec.structs.replace(target, model=str(cached_model(target.model, allow_download=allow)))
-        if drafter.model is not None and is_repo_id(drafter.model):
+        target = msgspec.structs.replace(target, model=local_model(target.model, allow))
+        if drafter.model is not None:
             key, value = "drafter.model", drafter.model
-            drafter = msgspec.structs.replace(drafter, model=str(cached_model(drafter.model, allow_download=allow)))
+            drafter = msgspec.structs.replace(drafter, model=local_model(drafter.model, allow))
+    except gguf.GgufModelError as exc:
+        raise ProfileError(f"{origin(key, sources, path)}: {exc}") from exc
     except ModelLoadError as exc:
         # both places a relative `org/name` is looked for: a directory, then the cache
         anchor, place = (path.parent, "next to the profile") if sources[key] == "file" else (Path.cwd(), "here")
         directory = f"no directory {(anchor / value).resolve()} {place}, and "
         raise ProfileError(f"{origin(key, sources, path)}: {directory}{exc}") from exc
     return msgspec.structs.replace(settings, target=target, drafter=drafter, server=server)
+
+
+def local_model(value: str, allow_download: bool) -> str:
+    """The directory a model value names: itself, a cached repository's snapshot, or the directory
+    a GGUF file (by path, as `org/name:QUANT`, or a repository of GGUF files) was converted into."""
+    if gguf.is_repo_tag(value):
+        match = gguf.REPO_TAG.fullmatch(value)
+        assert match is not None
+        snapshot = cached_model(match["repo"], allow_download=allow_download)
+        return str(gguf.served_directory(gguf.tagged_file(snapshot, match["repo"], match["tag"])))
+    if is_repo_id(value):
+        snapshot = cached_model(value, allow_download=allow_download)
+        if not (snapshot / "config.json").exists() and any(snapshot.rglob("*.gguf")):
+            return str(gguf.served_directory(gguf.tagged_file(snapshot, value, None)))
+        return str(snapshot)
+    if gguf.is_gguf_path(value):
+        return str(gguf.served_directory(Path(value)))
+    return value
 
 
 def resolve(
@@ -764,7 +788,8 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
         "-hf",
         "--hf-repo",
         dest="model",
-        help="target model directory or Hugging Face repository id org/name, found in the local hub cache "
+        help="target model directory, GGUF file (converted once: docs/bring-your-own-model.md), or Hugging Face "
+        "repository id org/name (org/name:QUANT: that GGUF file of the repository), found in the local hub cache "
         "(target; -hf/--hf-repo as llama-server's); with a named profile (--profile, MLXCEL_PROFILE) served with "
         "its drafter, else with none unless a drafter flag names one",
     )

@@ -19,9 +19,12 @@ DEFAULT = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p"
 # disables it in llama-server too).
 NEUTRAL = frozenset({"adaptive_p"})
 # Stages llama-server knows that this server cannot run, and why: naming one answers 400, since
-# leaving it out would change the distribution the request asked for.
-UNSUPPORTED = {"infill": "the infill stage needs a model trained for fill-in-the-middle"}
-NAMES = frozenset(DEFAULT) | NEUTRAL | frozenset(UNSUPPORTED)
+# leaving it out would change the distribution the request asked for. (None now: `infill` runs,
+# app/sampling/infill.py.)
+UNSUPPORTED: dict[str, str] = {}
+# Stages that run only where a chain names them (llama-server's default chain leaves them out)
+OPTIONAL = frozenset({"infill"})
+NAMES = frozenset(DEFAULT) | NEUTRAL | OPTIONAL | frozenset(UNSUPPORTED)
 LETTERS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p"}
 LETTERS |= {"m": "min_p", "x": "xtc", "t": "temperature", "i": "infill", "a": "adaptive_p"}
 # The other spellings llama-server's command line (`--samplers`, not a request's list) reads

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgspec
 
@@ -86,15 +87,23 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     mirostat_eta: float = 0.1
     logit_bias: dict[int, float] = {}
     samplers: tuple[str, ...] = chain.DEFAULT  # the stages that run, in order (app/sampling/chain.py)
+    infill: Any = None  # the infill stage's tables (app/sampling/infill.py InfillVocabulary), set where it runs
 
     @property
     def is_greedy(self) -> bool:
-        """Temperature 0 (or below) or top_k 1, that stage in the chain: the sampler is argmax and
-        draws nothing. Under mirostat, whose chain is temperature then mirostat, temperature 0 only."""
+        """Temperature 0 (or below) or top_k 1, that stage in the chain (before any infill stage):
+        the sampler is argmax and draws nothing. Under mirostat, whose chain is temperature then
+        mirostat, temperature 0 only."""
         if self.mirostat:
             return self.temperature <= 0
-        cold = self.temperature <= 0 and "temperature" in self.samplers
-        return cold or (self.top_k == 1 and "top_k" in self.samplers)
+        deciding = [
+            at
+            for at, stage in enumerate(self.samplers)
+            if (stage == "temperature" and self.temperature <= 0) or (stage == "top_k" and self.top_k == 1)
+        ]
+        # the infill stage may move the mass (to an end token, to a merged prefix): argmax is the
+        # sampler only where a greedy stage ran before it
+        return bool(deciding) and ("infill" not in self.samplers or deciding[0] < self.samplers.index("infill"))
 
     @property
     def has_penalties(self) -> bool:

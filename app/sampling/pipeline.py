@@ -19,10 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import mlx.core as mx
+import numpy as np
 
 from app.sampling import stages
 from app.sampling.distribution import Distribution
 from app.sampling.dry import dry_penalties
+from app.sampling.infill import infill_rows
 from app.sampling.mirostat import MirostatState
 from app.sampling.params import SamplingParams
 from app.sampling.rng import RowRng
@@ -30,7 +32,7 @@ from app.sampling.streams import position_keys
 
 # Stages that read the candidates in descending order (top-p's and XTC's prefixes, and ties
 # broken the same way wherever the chain puts them); the others act on any order.
-ORDERED = frozenset({"typ_p", "top_p", "min_p", "xtc", "temperature"})
+ORDERED = frozenset({"typ_p", "top_p", "min_p", "xtc", "temperature", "infill"})
 # The stages that read no history, and the SamplerPipeline method that runs each
 STAGE_METHODS = {
     "top_n_sigma": "_top_n_sigma",
@@ -40,6 +42,7 @@ STAGE_METHODS = {
     "min_p": "_min_p",
     "xtc": "_xtc",
     "temperature": "_temperature",
+    "infill": "_infill",
 }
 
 
@@ -88,6 +91,11 @@ class Candidates:
             probs = kept / mx.sum(kept, axis=-1, keepdims=True)
         self.basis = probs
         return probs
+
+    def replace(self, ids: mx.array, values: mx.array) -> None:
+        """New candidates `[R, C]` (their logits `values`; -inf: dropped), every one kept."""
+        self.ids, self.values, self.keep = ids, values, None
+        self._probs, self.basis = None, None
 
     def take(self, columns: mx.array) -> None:
         """Keep only `columns` `[R, C']` of each row, in that order."""
@@ -279,6 +287,18 @@ class SamplerPipeline:
             rows.set_values(rows.values / mx.maximum(t, 1e-6), keeps_order=True)
         else:
             rows.set_values(rows.values / max(p.temperature, 1e-6), keeps_order=True)
+
+    def _infill(self, rows: Candidates, coins: mx.array | None) -> None:
+        """llama-server's infill stage (app/sampling/infill.py), on the host over the ordered
+        survivors; its probabilities become the candidates' logits (log p, -inf for the dropped)."""
+        assert self.params.infill is not None, "the infill stage needs its tables (app/sampling/infill.py with_infill)"
+        assert rows.ids is not None  # ordered before this stage
+        survivors = rows.survivors()
+        ids, probs = infill_rows(np.array(rows.ids), np.array(survivors), self.params.infill)
+        with np.errstate(divide="ignore"):
+            logits = np.log(probs).astype(np.float32)
+        rows.replace(mx.array(ids), mx.array(logits))
+        rows.ordered = False
 
     def sample(
         self, logits: mx.array, contexts: Sequence[Sequence[int]] | None, rng: RowRng, forced: bool = False

@@ -267,11 +267,6 @@ def test_samplers_are_read_as_llama_server_reads_them(value, chain_named) -> Non
     assert chain.parse(value) == chain_named
 
 
-def test_the_infill_stage_is_refused() -> None:
-    with pytest.raises(chain.ChainError, match="infill"):
-        chain.parse(["top_k", "infill"])
-
-
 @pytest.mark.parametrize(
     "params", [{"top_p": 0.0}, {"top_p": 1e-300}, {"xtc_threshold": 0.0, "xtc_probability": 1.0, "min_p": 0.3}]
 )

@@ -101,13 +101,6 @@ def test_an_empty_grammar_is_no_grammar(default_server) -> None:
     assert empty.json()["content"] == plain
 
 
-def test_the_infill_stage_answers_400(default_server) -> None:
-    body = {"prompt": "def f():", "n_predict": 1, "samplers": ["top_k", "infill"]}
-    response = default_server.client().post("/completion", json=body)
-    assert response.status_code == 400
-    assert response.json()["error"]["message"].startswith("samplers: not supported: infill")
-
-
 def test_an_empty_json_schema_beside_a_grammar_is_no_schema(default_server) -> None:
     """SillyTavern 2024 sends `json_schema: {}` beside `grammar: ""`: llama-server reads json_schema
     only without a grammar field, so the reply is the unconstrained text, not JSON."""

@@ -32,6 +32,7 @@ def test_manifest_files_are_valid_and_canonical() -> None:
         assert (entry.served_as is not None) == (entry.state == "aliased"), entry.id
         assert entry.state != "not_applicable" or entry.error is not None, entry.id
         assert entry.requires is None or (entry.state == "supported" and entry.error is not None), entry.id
+        assert entry.requires_model is None or (entry.state == "supported" and entry.error is not None), entry.id
     spec = msgspec.convert(load("speculative.json"), Speculative).entries
     assert [(e.kind, e.id) for e in spec] == sorted((e.kind, e.id) for e in spec)
     counted = pin["counted"]
@@ -113,7 +114,9 @@ def request_for(entry: RouteEntry) -> dict:
 
 
 @pytest.mark.parametrize(
-    "entry", [e for e in claimed({"supported", "aliased"}) if e.requires is None], ids=lambda e: e.id
+    "entry",
+    [e for e in claimed({"supported", "aliased"}) if e.requires is None and e.requires_model is None],
+    ids=lambda e: e.id,
 )
 def test_supported_and_aliased_routes_resolve(default_server, entry: RouteEntry) -> None:
     with default_server.client() as http:

@@ -28,10 +28,8 @@ CASES = {
     "min_keep": (5, 0),
     "n_keep": (16, 0),
     "n_discard": (8, 0),
-    "n_indent": (4, 0),
     "n_cmpl": (2, 1),
     "n_cache_reuse": (256, 0),
-    "t_max_predict_ms": (500, 0),
     "image_data": ([{"data": "aGk=", "id": 1}], []),
     "lora": ([{"id": 0, "scale": 1.0}], []),
     "reasoning_budget_tokens": (64, -1),
@@ -52,7 +50,6 @@ CASES = {
     "verbosity": ("low", None),
     "service_tier": ("flex", "auto"),
     "store": (True, False),
-    "suffix": ("\n", ""),
     "best_of": (3, 1),
 }
 

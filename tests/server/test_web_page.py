@@ -1,7 +1,9 @@
 """The chat page at `/` in a real browser (headless Chromium over its DevTools pipe): Enter sends,
 it streams an answer from /v1/chat/completions and shows what speculation did (the accepted drafts
 tinted in the text, the speed-up against the target alone, what "biased" means), Stop ends an
-answer, and the page has its icon. MLXCEL_WRITE_SCREENSHOT=1 writes the screenshot to
+answer, and the page has its icon; answers render as Markdown (never as HTML), copy, a system
+prompt goes first, New chat forgets the conversation, max tokens takes whole numbers only and a
+refused request is said in the page's words. MLXCEL_WRITE_SCREENSHOT=1 writes the screenshot to
 docs/web-page.png (committed) instead of the test's folder."""
 
 from __future__ import annotations
@@ -122,6 +124,99 @@ def test_behind_a_key_the_page_asks_for_it(keyed_server, browser: Browser) -> No
     send(browser, "hi")
     browser.wait_for("document.querySelectorAll('.answer[data-done=\"true\"]').length === 1")
     assert browser.evaluate("document.querySelector('.answer[data-done=\"true\"] .rule b').textContent") == "none"
+
+
+MARKDOWN = (
+    "# Title\n\nSome **bold** and `code` <img src=x onerror=\"document.title='owned'\">\n\n"
+    "```python\nprint('<b>hi</b>')\n```\n- one\n- two\n\n1. first\n\n> quoted"
+)
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_markdown_renders_as_text_nodes_with_the_drafts_tinted(default_server, browser: Browser) -> None:
+    """The page's renderer on a hostile answer: blocks and inline styles become elements, the
+    answer's HTML stays text (no element made, nothing run), and the characters of accepted
+    drafts (here `bold`) are tinted inside the rendering."""
+    browser.goto(f"{default_server.url}/")
+    source = MARKDOWN
+    start = source.index("bold")
+    shown = browser.evaluate(f"""(() => {{
+        const source = {source!r};
+        const drafted = [...source].map((_, i) => i >= {start} && i < {start + 4});
+        const root = renderMarkdown(source, drafted);
+        document.body.appendChild(root);
+        return {{heading: root.querySelector('h3').textContent, strong: root.querySelector('p strong').textContent,
+                 code: root.querySelector('p code').textContent, images: root.querySelectorAll('img').length,
+                 block: root.querySelector('pre code').textContent,
+                 language: root.querySelector('pre code').dataset.language,
+                 items: [...root.querySelectorAll('ul li')].map(li => li.textContent),
+                 ordered: root.querySelectorAll('ol li').length, quote: root.querySelector('blockquote').textContent,
+                 tinted: [...root.querySelectorAll('.drafted')].map(s => s.textContent),
+                 html: root.querySelector('p').textContent, copies: root.querySelectorAll('.code button.copy').length,
+                 title: document.title}};
+    }})()""")
+    assert shown["heading"] == "Title" and shown["strong"] == "bold" and shown["code"] == "code"
+    assert shown["images"] == 0 and "<img src=x" in shown["html"] and shown["title"] == "mlxcel"
+    assert shown["block"] == "print('<b>hi</b>')" and shown["language"] == "python" and shown["copies"] == 1
+    assert shown["items"] == ["one", "two"] and shown["ordered"] == 1 and shown["quote"] == "quoted"
+    assert shown["tinted"] == ["bold"]
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_system_prompt_copy_new_chat_and_the_settings_checks(default_server, browser: Browser) -> None:
+    url = default_server.url
+    browser.goto(f"{url}/")
+    browser.send("Browser.grantPermissions", permissions=["clipboardReadWrite", "clipboardSanitizedWrite"], origin=url)
+    browser.send("Emulation.setFocusEmulationEnabled", session=True, enabled=True)  # the clipboard needs a focused page
+    browser.evaluate("""window.sent = []; const f = window.fetch;
+        window.fetch = (u, o) => {
+            if (o && o.body && u === '/v1/chat/completions') window.sent.push(JSON.parse(o.body));
+            return f(u, o);
+        }""")
+    browser.evaluate("document.getElementById('system').value = 'Answer in Python.'")
+    browser.evaluate("document.getElementById('max-tokens').value = '2.5'")
+    send(browser, QUESTION)  # a decimal is refused by the page, in its words, and nothing is sent
+    assert browser.evaluate("document.getElementById('settings-error').textContent") == (
+        "max tokens must be a whole number, 1 or more"
+    )
+    nothing_sent = "[document.querySelectorAll('.turn').length, document.getElementById('prompt').value]"
+    assert browser.evaluate(nothing_sent) == [0, QUESTION]
+    browser.evaluate("document.getElementById('max-tokens').value = '16'")
+    browser.evaluate("document.getElementById('send').click()")
+    browser.wait_for("document.querySelector('.answer[data-measured]') && !document.getElementById('send').disabled")
+    shown = browser.evaluate("""(() => {
+        const answer = document.querySelector('.answer');
+        return {error: document.getElementById('settings-error').textContent,
+                raw: answer.querySelector('.text').textContent, rawHidden: answer.querySelector('.text').hidden,
+                rendered: answer.querySelector('.markdown').textContent,
+                first: window.sent[0].messages, max: window.sent[0].max_tokens};
+    })()""")
+    assert shown["error"] == "" and shown["max"] == 16
+    assert shown["first"] == [{"role": "system", "content": "Answer in Python."}, {"role": "user", "content": QUESTION}]
+    assert shown["rawHidden"] is True and shown["raw"].strip()
+    words = shown["raw"].replace("`", "").replace("*", "").replace("#", "").split()
+    assert all(word in shown["rendered"] for word in words)  # the rendering keeps the answer's words
+    browser.evaluate("document.querySelector('.answer .tools button.copy').click()")
+    browser.wait_for("document.querySelector('.answer .tools button.copy').textContent !== 'Copy'")
+    assert browser.evaluate("document.querySelector('.answer .tools button.copy').textContent") == "Copied"
+    assert browser.evaluate("navigator.clipboard.readText()") == shown["raw"]
+    browser.evaluate("document.querySelector('.answer .tools button.raw').click()")
+    views = "[document.querySelector('.answer .text').hidden, document.querySelector('.markdown').hidden]"
+    assert browser.evaluate(views) == [False, True]  # Raw shows the tinted text instead
+    browser.evaluate("document.getElementById('new-chat').click()")
+    assert browser.evaluate("document.querySelectorAll('.turn').length") == 0
+    browser.evaluate("document.getElementById('temperature').value = '1e39'")  # finite here, not in float32
+    send(browser, "hi")
+    browser.wait_for("document.querySelector('.answer[data-done]')")
+    refused = browser.evaluate("""(() => ({text: document.querySelector('.answer .text').textContent,
+        said: document.querySelector('.answer .server-said').textContent,
+        sent: window.sent[window.sent.length - 1].messages}))()""")
+    assert refused["sent"] == [{"role": "system", "content": "Answer in Python."}, {"role": "user", "content": "hi"}]
+    assert refused["text"].startswith("The server did not accept this request")
+    assert "must be within" not in refused["text"]  # the server's own words only under "the server said"
+    assert "temperature must be within" in refused["said"]
 
 
 @pytest.mark.parametrize("on", [True, False])

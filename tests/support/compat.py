@@ -35,6 +35,9 @@ class RouteEntry(msgspec.Struct, forbid_unknown_fields=True):
     # the environment (profile keys) under which a route is served, as llama-server's --embeddings;
     # without it the default server answers `error`
     requires: dict[str, str] | None = None
+    # what the served model must have for a route to answer (/infill: FIM tokens); without it the
+    # default server answers `error`, and `test` shows the route served with such a model
+    requires_model: str | None = None
 
 
 class SpeculativeEntry(msgspec.Struct, forbid_unknown_fields=True):

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 import mlx_lm
-from mlx.utils import tree_flatten
 
 from app.engine import tool_probe
 from app.loading.chat_template import ENVIRONMENT, Limits, render
 from ops.models.tiny import build_tiny_model
+from tests.support.training import fit_and_save
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 STEPS = 100
@@ -35,13 +34,4 @@ def build_tool_caller(out: Path) -> Path:
         logits = model(tokens[:, :-1])[:, start:]
         return nn.losses.cross_entropy(logits, tokens[:, start + 1 :]).mean()
 
-    optimizer = optim.Adam(learning_rate=3e-2)
-    step = nn.value_and_grad(model, loss)
-    mx.random.seed(7)
-    for _ in range(STEPS):
-        value, grads = step(model)
-        optimizer.update(model, grads)
-        mx.eval(model.parameters(), optimizer.state, value)
-    weights = dict(tree_flatten(model.parameters()))
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
-    return out
+    return fit_and_save(model, loss, out, STEPS, seed=7)

@@ -72,12 +72,10 @@ LLAMA_SERVER: dict[str, Unhonoured] = {
     "min_keep": Unhonoured(at_most(1), "the filters here keep at least one candidate, never more; send 0"),
     "n_keep": Unhonoured(equal(0, -1), f"{NO_CONTEXT_SHIFT}; send 0"),
     "n_discard": Unhonoured(equal(0), f"{NO_CONTEXT_SHIFT}; send 0"),
-    "n_indent": Unhonoured(at_most(0), "indentation-based stopping (infill) is not implemented; send 0"),
     "n_cmpl": Unhonoured(equal(1), "several completions per prompt: send n on /v1/completions or chat"),
     "n_cache_reuse": Unhonoured(
         equal(0), "the prompt cache reuses whole prompt prefixes only, never chunks moved by KV shifting; send 0"
     ),
-    "t_max_predict_ms": Unhonoured(at_most(0), "generation has no time limit here; bound it with n_predict"),
     "image_data": Unhonoured(empty, f"older llama-server builds' image input: {TEXT_ONLY}"),
     "lora": Unhonoured(empty, "adapters are fused offline and chosen by profile, not switched per request"),
     "reasoning_budget_tokens": Unhonoured(at_most(-1), f"{TEMPLATE_ONLY}, so it has no budget; send -1"),
@@ -109,7 +107,6 @@ CHAT: dict[str, Unhonoured] = {
 }
 # OpenAI legacy completion fields
 OPENAI_COMPLETION: dict[str, Unhonoured] = {
-    "suffix": Unhonoured(empty, "no fill-in-the-middle: it needs a model trained with FIM tokens"),
     "best_of": Unhonoured(
         equal(1), "choices are not ranked server-side; send n for several choices (best_of must be 1 or n)"
     ),

@@ -13,6 +13,7 @@ from app.profiles.schema import Settings
 from app.sampling import SamplingParams, chain
 from app.sampling.dry import MAX_BREAKERS, dry_breakers
 from app.sampling.grammar import Grammar
+from app.sampling.infill import with_infill
 from app.sampling.logprobs import ProbsRequest
 from app.sampling.rng import resolve_seed
 from app.server.core.schemas import (
@@ -112,7 +113,7 @@ def sampling(
     problems = params.problems(vocab)
     if problems:
         raise ApiError(400, "; ".join(problems))
-    return params
+    return with_infill(params, tokenizer)
 
 
 def sampler_chain(value: Any, settings: Settings) -> tuple[str, ...]:
@@ -303,6 +304,8 @@ def row_request(
         seed=resolve_seed(settings.sampling.seed if request.seed is None else request.seed, choice),
         stop=stop_strings(request.stop, settings),
         ignore_eos=request.ignore_eos,
+        n_indent=request.n_indent,
+        t_max_predict_ms=request.t_max_predict_ms,
         n_max=n_max,  # the request's cap: the builder resolves the row's from the plan's (Finished.n_max)
         n_min=max(
             0, settings.drafter.min_draft_tokens if request.speculative_n_min is None else request.speculative_n_min

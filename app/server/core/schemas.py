@@ -112,6 +112,8 @@ class SamplingFields(with_unhonoured("LlamaServerFields", field_policy.LLAMA_SER
     mirostat_eta: float | None = None
     seed: int | None = None
     ignore_eos: bool = False
+    n_indent: int = 0  # llama-server's: a new line indented by fewer columns ends the text (app/decoding/generation.py)
+    t_max_predict_ms: float = 0.0  # llama-server's: after this long, the next new line ends the text
     logit_bias: LogitBias | None = None
     # llama-server's sampler chain: stage names or letters (app/sampling/chain.py); any other value
     # keeps the default chain, as llama-server keeps it

@@ -1,6 +1,10 @@
-"""llama-server's native requests: /completion, /tokenize, /detokenize and /apply-template."""
+"""llama-server's native requests: /completion, /infill, /tokenize, /detokenize and /apply-template."""
 
 from __future__ import annotations
+
+from typing import Any
+
+from msgspec import UNSET
 
 from app.server.chat.request import ChatMessage
 from app.server.core import field_policy
@@ -11,6 +15,19 @@ class CompletionRequest(with_unhonoured("NativeFields", field_policy.NATIVE, Sam
     """POST /completion and /completions (native)."""
 
     prompt: PromptInput
+    response_fields: list[str] | None = None
+
+
+class InfillRequest(with_unhonoured("InfillFields", field_policy.NATIVE, SamplingFields), kw_only=True):
+    """POST /infill: the text before and after the gap, other files' text, and the middle's start.
+
+    Typed loosely, so each shape llama-server refuses gets its words (app/server/core/infill.py).
+    """
+
+    input_prefix: Any = UNSET
+    input_suffix: Any = UNSET
+    input_extra: Any = UNSET  # [{"filename": str, "text": str}]
+    prompt: Any = ""
     response_fields: list[str] | None = None
 
 

@@ -1,4 +1,4 @@
-"""llama-server's native routes: /completion, /health, /props, /slots, /metrics, /tokenize,
+"""llama-server's native routes: /completion, /infill, /health, /props, /slots, /metrics, /tokenize,
 /detokenize and /apply-template; mlxcel's POST /admin/reload; and the llama-server routes answered
 with a clear 501 (compat/ records why)."""
 
@@ -18,8 +18,8 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from app.server import offload
 from app.server.auth import require_server_key, tenant_of
 from app.server.chat import template
+from app.server.core import infill, requests
 from app.server.core import prompts as prompt_shapes
-from app.server.core import requests
 from app.server.core.bodies import encoded, json_response, too_large
 from app.server.core.logprobs import logprobs_for
 from app.server.core.service import start_rows
@@ -30,7 +30,13 @@ from app.server.errors import ApiError
 from app.server.metrics import CONTENT_TYPE, exposition
 from app.server.native import props
 from app.server.native.props import Health, Props, Reloaded, Slot
-from app.server.native.requests import ApplyTemplateRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from app.server.native.requests import (
+    ApplyTemplateRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    InfillRequest,
+    TokenizeRequest,
+)
 from app.server.native.settings import generation_settings
 from app.server.native.shapes import (
     Detokenized,
@@ -68,33 +74,70 @@ class NativeCompletionController(Controller):
         order, each with its `index`; its stream interleaves the prompts' frames.
         """
         prompts = await offload.run(request, prompt_shapes.prompts, data.prompt, engine.tokenizer, engine.vocab_size)
-        rows = await start_rows(request, engine, data, [p.tokens for p in prompts], 1, "/completion")
-        texts = [p.text for p in prompts]
-        logprobs = logprobs_for(engine.tokenizer, rows.row_requests)
-        shape = {"return_tokens": data.return_tokens, "response_fields": data.response_fields}
-        if data.stream:
-            return await sse(rows, native_frames(rows, texts, logprobs=logprobs, **shape))
-        results = await rows.results()
+        return await completed(request, engine, data, prompts, "/completion")
 
-        def body() -> Any:
-            shaped = [
-                native_body(
-                    result,
-                    generation_settings(row, rows.model, result.n_max),
-                    text,
-                    streamed=False,
-                    index=index,
-                    logprobs=shaper,
-                    **shape,
-                )
-                for index, (result, row, text, shaper) in enumerate(
-                    zip(results, rows.row_requests, texts, logprobs, strict=True)
-                )
-            ]
-            return shaped[0] if len(shaped) == 1 else shaped
+    @post(
+        "/infill",
+        status_code=200,
+        name="infill",
+        responses=streamed_or(NativeCompletion, "NativeChunk ones, then this object"),
+    )
+    async def infill(
+        self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[InfillRequest]
+    ) -> Response | Stream:
+        """llama-server's fill-in-the-middle, answered as /completion answers (app/server/core/infill.py):
+        400 naming the missing tokens where the model's tokenizer has no FIM tokens."""
+        prompt = await offload.run(
+            request,
+            infill.infill_prompt,
+            data.input_prefix,
+            data.input_suffix,
+            data.input_extra,
+            data.prompt,
+            engine.tokenizer,
+            engine.vocab_size,
+            engine.context_limit,
+            engine.settings.sampling.n_predict,
+        )
+        return await completed(request, engine, data, [prompt], "/infill")
 
-        headers = rule_header([result.rule for result in results])
-        return await json_response(body, results, texts, engine.settings.server.max_response_bytes, headers)
+
+async def completed(
+    request: Request,
+    engine: EngineView,
+    data: CompletionRequest | InfillRequest,
+    prompts: list[prompt_shapes.Prompt],
+    route: str,
+) -> Response | Stream:
+    """The native answer to these prompts: SSE frames ending with the full object, or the body
+    (a list of them for several prompts)."""
+    rows = await start_rows(request, engine, data, [p.tokens for p in prompts], 1, route)
+    texts = [p.text for p in prompts]
+    logprobs = logprobs_for(engine.tokenizer, rows.row_requests)
+    shape = {"return_tokens": data.return_tokens, "response_fields": data.response_fields}
+    if data.stream:
+        return await sse(rows, native_frames(rows, texts, logprobs=logprobs, **shape))
+    results = await rows.results()
+
+    def body() -> Any:
+        shaped = [
+            native_body(
+                result,
+                generation_settings(row, rows.model, result.n_max),
+                text,
+                streamed=False,
+                index=index,
+                logprobs=shaper,
+                **shape,
+            )
+            for index, (result, row, text, shaper) in enumerate(
+                zip(results, rows.row_requests, texts, logprobs, strict=True)
+            )
+        ]
+        return shaped[0] if len(shaped) == 1 else shaped
+
+    headers = rule_header([result.rule for result in results])
+    return await json_response(body, results, texts, engine.settings.server.max_response_bytes, headers)
 
 
 # --- what the server is and does: /health, /props, /slots and /metrics ------------------------
@@ -233,7 +276,6 @@ class AdminController(Controller):
 
 NO_RERANKER = "reranking needs a reranker checkpoint; not served"
 REASONS = {
-    "/infill": "fill-in-the-middle needs a model trained with FIM tokens; use /completion",
     "/rerank": NO_RERANKER,
     "/reranking": NO_RERANKER,
     "/v1/rerank": NO_RERANKER,

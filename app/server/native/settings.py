@@ -11,7 +11,7 @@ import msgspec
 from app.decoding.builder import RowRequest
 from app.sampling import SamplingParams
 
-SAMPLER_KNOBS = tuple(f for f in SamplingParams.__struct_fields__ if f not in ("logit_bias", "dry_breakers"))
+SAMPLER_KNOBS = tuple(f for f in SamplingParams.__struct_fields__ if f not in ("logit_bias", "dry_breakers", "infill"))
 Report = TypeVar("Report", bound=msgspec.Struct)
 
 

@@ -22,6 +22,7 @@ class OpenAICompletionRequest(
     """POST /v1/completions."""
 
     prompt: PromptInput
+    suffix: str | None = None  # fill in the middle up to this text ("" or null: a plain completion)
     model: str | None = None
     n: int = 1
     echo: bool = False

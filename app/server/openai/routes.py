@@ -12,6 +12,7 @@ from app.server import offload
 from app.server.chat import conversation, reasoning, template, tools
 from app.server.chat.conversation import InputTokens
 from app.server.chat.request import ChatRequest
+from app.server.core import infill
 from app.server.core import prompts as prompt_shapes
 from app.server.core.bodies import json_response
 from app.server.core.logprobs import logprobs_for
@@ -67,11 +68,26 @@ class OpenAICompletionController(Controller):
     ) -> Response | Stream:
         """OpenAI text completion (stream: SSE chunks ending with `data: [DONE]`).
 
-        `n` choices per prompt, choice index = prompt index x n + choice; `echo` puts each
+        `n` choices per prompt, choice index = prompt index x n + choice; a non-empty `suffix`
+        fills in the middle between each prompt and it (400 where the model has no FIM tokens); `echo` puts each
         prompt's text before its choices' text (in a stream, as each choice's first chunk);
         `logprobs` gives each choice its own (never with `echo`: requests.probs_request).
         """
-        prompts = await offload.run(request, prompt_shapes.prompts, data.prompt, engine.tokenizer, engine.vocab_size)
+        if data.suffix:  # fill in the middle, from each prompt up to the suffix (app/server/core/infill.py)
+            prompts = await offload.run(
+                request,
+                infill.suffix_prompts,
+                data.prompt,
+                data.suffix,
+                engine.tokenizer,
+                engine.vocab_size,
+                engine.context_limit,
+                engine.settings.sampling.n_predict,
+            )
+        else:
+            prompts = await offload.run(
+                request, prompt_shapes.prompts, data.prompt, engine.tokenizer, engine.vocab_size
+            )
         rows = await start_rows(request, engine, data, [p.tokens for p in prompts], data.n, "/v1/completions")
         echoes = [prompt.text if data.echo else "" for prompt in prompts for _ in range(data.n)]
         head = shapes.openai_head("cmpl", rows.request_id, rows.model)
