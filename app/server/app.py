@@ -28,7 +28,7 @@ from app.server.native.routes import (
     TokensController,
     UnsupportedController,
 )
-from app.server.ollama.routes import OllamaController
+from app.server.ollama.routes import OllamaController, OllamaManagementController
 from app.server.openai.routes import ChatController, ModelsController, OpenAICompletionController
 from app.server.openapi import error_responses, openapi_config
 from app.server.responses.routes import ResponsesController
@@ -46,6 +46,7 @@ CONTROLLERS: list[type[Controller]] = [
     ResponsesController,
     EmbeddingsController,
     OllamaController,
+    OllamaManagementController,
     UnsupportedController,
     AdminController,
     WebController,

@@ -100,7 +100,11 @@ def streamed_lines(body: type) -> dict[int, ResponseSpec]:
 
 
 class OllamaController(Controller):
+    """Ollama's routes that read the model: 503 while it loads, drains or failed (`require_ready`,
+    every model route's guard), in Ollama's shape as every error here."""
+
     tags = ("ollama",)
+    guards = (require_ready,)
     # every exception type the app answers (the most specific handler wins, whatever its layer)
     exception_handlers = dict.fromkeys(HANDLERS, ollama_error)
     error_body = OllamaError  # app.finish_handlers documents every error in this shape
@@ -117,15 +121,13 @@ class OllamaController(Controller):
 
     @get("/api/ps", name="ollama-ps")
     async def running(self, engine: NamedDependency[EngineView]) -> Running:
-        """The model in memory: the served one once loaded (none while it loads)."""
-        if engine.unavailable is not None:
-            return Running(models=[])
+        """The model in memory: the served one."""
         entry = await tag_entry(engine)
         fields = msgspec.structs.asdict(entry)
         loaded = RunningEntry(**fields, expires_at=FOREVER, size_vram=entry.size, context_length=engine.context_limit)
         return Running(models=[loaded])
 
-    @post("/api/show", status_code=200, name="ollama-show", guards=[require_ready])
+    @post("/api/show", status_code=200, name="ollama-show")
     async def show(self, engine: NamedDependency[EngineView], data: JSONBody[OllamaShowRequest]) -> Show:
         """The served model's details, template, defaults and capabilities; another name is a 404."""
         settings = engine.settings
@@ -161,9 +163,7 @@ class OllamaController(Controller):
             modified_at=facts.modified_at,
         )
 
-    @post(
-        "/api/chat", status_code=200, name="ollama-chat", guards=[require_ready], responses=streamed_lines(ChatAnswer)
-    )
+    @post("/api/chat", status_code=200, name="ollama-chat", responses=streamed_lines(ChatAnswer))
     async def chat(
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[OllamaChatRequest]
     ) -> Response | Stream:
@@ -194,7 +194,6 @@ class OllamaController(Controller):
         "/api/generate",
         status_code=200,
         name="ollama-generate",
-        guards=[require_ready],
         responses=streamed_lines(GenerateAnswer),
     )
     async def generate(
@@ -234,7 +233,7 @@ class OllamaController(Controller):
         (result,) = await rows.results()
         return await body(rows, result, lambda: whole(result, None, thinking, shaper, piece, started), engine)
 
-    @post("/api/embed", status_code=200, name="ollama-embed", guards=[require_ready])
+    @post("/api/embed", status_code=200, name="ollama-embed")
     async def embed(
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[OllamaEmbedRequest]
     ) -> Response[Embed]:
@@ -257,7 +256,7 @@ class OllamaController(Controller):
             ),
         )
 
-    @post("/api/embeddings", status_code=200, name="ollama-embeddings", guards=[require_ready])
+    @post("/api/embeddings", status_code=200, name="ollama-embeddings")
     async def embeddings(
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[OllamaEmbedRequest]
     ) -> Response[Embedding]:
@@ -268,6 +267,14 @@ class OllamaController(Controller):
             raise ApiError(400, "prompt: required (the text to embed)")
         wanted = EmbeddingRequest(input=[data.prompt])
         return await embedding_answer(request, engine, wanted, lambda _, found: Embedding(embedding=found[0][0]))
+
+
+class OllamaManagementController(Controller):
+    """Ollama's model management, not served: 501 whether or not the model is loaded."""
+
+    tags = OllamaController.tags
+    exception_handlers = OllamaController.exception_handlers
+    error_body = OllamaError
 
     @post(["/api/pull", "/api/push", "/api/create", "/api/copy"], status_code=501, name="ollama-managed")
     async def manage(self) -> None:
