@@ -45,7 +45,7 @@ class RowRequest:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     n_indent: int = 0  # llama-server's: a new line indented less than this ends the text (0: off)
-    t_max_predict_ms: float = 0.0  # llama-server's: past this after the first token, a new line ends the text
+    t_max_predict_ms: int = 0  # llama-server's: past this after the first token, a new line ends the text
     n_max: int | None = None  # speculative.n_max: caps the plan's width (build resolves the row's cap); 0 opts out
     n_min: int = 0  # speculative.n_min: fewer proposals than this are retracted unverified
     p_min: float = 0.0  # speculative.p_min: the draft model stops below this probability

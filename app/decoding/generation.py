@@ -56,7 +56,7 @@ class Generation:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     n_indent: int = 0
-    t_max_predict_ms: float = 0.0
+    t_max_predict_ms: int = 0
     emitted: list[int] = field(default_factory=list)
     stop_type: StopType = StopType.NONE
     stopping_word: str = ""

@@ -113,7 +113,7 @@ class SamplingFields(with_unhonoured("LlamaServerFields", field_policy.LLAMA_SER
     seed: int | None = None
     ignore_eos: bool = False
     n_indent: int = 0  # llama-server's: a new line indented by fewer columns ends the text (app/decoding/generation.py)
-    t_max_predict_ms: float = 0.0  # llama-server's: after this long, the next new line ends the text
+    t_max_predict_ms: int = 0  # llama-server's (an int64 there): after this many ms, the next new line ends the text
     logit_bias: LogitBias | None = None
     # llama-server's sampler chain: stage names or letters (app/sampling/chain.py); any other value
     # keeps the default chain, as llama-server keeps it
