@@ -241,3 +241,17 @@ def envelope_problem(response: httpx.Response | Any) -> str | None:
     if not isinstance(error.get("message"), str) or not isinstance(error.get("type"), str):
         return f"{response.status_code} envelope lacks message or type: {error!r:.120}"
     return None
+
+
+def ollama_error_problem(response: httpx.Response | Any) -> str | None:
+    """Why an error response of an Ollama route (`/api/...`) is not Ollama's shape, `{"error": "..."}`
+    with a message (app/server/ollama/routes.py `ollama_error`), or None when it is (or is no error)."""
+    if response.status_code < 400 or response.request.method == "HEAD":
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return f"{response.status_code} without Ollama's error shape: {response.text[:120]!r}"
+    if not isinstance(body, dict) or set(body) != {"error"} or not isinstance(body["error"], str) or not body["error"]:
+        return f"{response.status_code} not Ollama's error shape: {body!r:.120}"
+    return None

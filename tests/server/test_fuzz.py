@@ -1,4 +1,5 @@
-"""Schemathesis against the live server's OpenAPI schema: no 5xx but the documented 501s.
+"""Schemathesis against the live server's OpenAPI schema: no 5xx but the documented 501s, and every
+error in the envelope the schema documents (llama-server's; Ollama's `{"error": "..."}` on /api/*).
 
 Every operation in /schema/openapi.json gets EXAMPLES generated cases that fit the schema and
 EXAMPLES that do not (two tests, one server each), derandomized so a failure reproduces: 50 each
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -24,8 +26,8 @@ from hypothesis import HealthCheck, Phase, given
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from ops.bench.hostile import envelope_problem
-from tests.support.compat import routes
+from ops.bench.hostile import envelope_problem, ollama_error_problem
+from tests.support.compat import OLLAMA, routes
 from tests.support.server import serve
 
 EXAMPLES = int(os.environ.get("MLXCEL_FUZZ_EXAMPLES", 50))
@@ -35,9 +37,10 @@ LIMITS = {"MLXCEL_SERVER__MAX_TOKENS": "8", "MLXCEL_SERVER__MAX_PROMPT_TOKENS": 
 
 
 def documented_501s() -> set[str]:
-    """Operations compat/ records as answering 501 (`"METHOD /path"`, path templates as OpenAPI's)."""
-    ids = {e.id for e in routes() if e.error and e.error.status == 501}
-    return {i.replace(":id_slot", "{id_slot}") for i in ids}
+    """Operations compat/ records as answering 501, in llama-server's manifest and Ollama's
+    (`"METHOD /path"`, path templates as OpenAPI's)."""
+    ids = {e.id for e in [*routes(), *routes(OLLAMA)] if e.error and e.error.status == 501}
+    return {re.sub(r":(\w+)", r"{\1}", i) for i in ids}  # /slots/:id_slot, /api/blobs/:digest
 
 
 def canary(url: str) -> str:
@@ -51,7 +54,8 @@ def problem(method: str, path: str, response: requests.Response, allowed_501: se
     documented_as = "GET" if method == "HEAD" else method  # HEAD answers what GET answers, headers only
     if status >= 500 and not (status == 501 and f"{documented_as} {path}" in allowed_501):
         return f"{status}: {response.text[:160]!r}"
-    return envelope_problem(response)
+    # each route's errors in the shape its schema documents: Ollama's routes answer Ollama's
+    return ollama_error_problem(response) if path.startswith("/api/") else envelope_problem(response)
 
 
 def fuzz_operation(url: str, operation, mode: GenerationMode, allowed_501: set[str], found: list[str]) -> int:
