@@ -71,7 +71,7 @@ def test_profiles_show_masks_the_api_key(monkeypatch: pytest.MonkeyPatch, capsys
 
 
 def serve_args(*flags: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)  # as serve's own
     add_profile_flags(parser)
     return parser.parse_args(list(flags))
 
