@@ -9,7 +9,8 @@ A row's width is decided here and nowhere else (`WidthPolicy.decide`), from (in 
   lookup's governor (app/drafters/governor.py: its budget, its pauses and shadow lookups, the
   contract's rules), or a block loop's adaptive width controller (app/decoding/adaptive.py);
 - the tick's choice (`Goodput`): before each tick, every load-free row's width (0 included: the
-  row decodes plainly this tick) is chosen to maximise the tick's expected tokens per second:
+  row decodes plainly this tick) is chosen, and handed to the row's step as a `WidthOffer` (the
+  choice reads the rows' policies and changes none of them) to maximise the tick's expected tokens per second:
   each row's expected round length at its width, from its own acceptance, against what the whole
   tick costs at those widths, measured (app/execution/cost.py): the target's forward at the
   positions the widths make, the drafter's passes (a draft model's or an MTP head's chain, one
@@ -45,6 +46,7 @@ must not keep them out for good). Neither is logged: the width in force has not 
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -115,6 +117,7 @@ class Acceptance:
     accepted: float = ACCEPTANCE_PRIOR * PRIOR_WEIGHT
     tested: float = PRIOR_WEIGHT
     rounds: int = 0  # verified rounds observed
+    latest: int = 0  # drafts accepted in the latest verified round (what a probe round showed)
 
     @classmethod
     def prior(cls, rate: float) -> Acceptance:
@@ -128,12 +131,27 @@ class Acceptance:
         self.accepted = FORGET * self.accepted + accepted
         self.tested = FORGET * self.tested + tested
         self.rounds += 1
+        self.latest = accepted
 
 
-@dataclass
+@dataclass(frozen=True)
+class WidthOffer:
+    """The tick's choice for one row's round, handed to `WidthPolicy.decide` with the row's step:
+    `limit` the most proposals the round may carry (None: its source's width), `price` the
+    round's seconds at a width, its share of the tick (None: not priced, the wall clock counts)."""
+
+    limit: int | None = None
+    price: Callable[[int], float] | None = None
+
+
+OWN_WIDTH = WidthOffer()  # no choice made: the row's own width, unpriced (a lone row, a tick not priced)
+
+
+@dataclass(eq=False)
 class WidthPolicy:
-    """One row's width: its source's, within the row's cap and the tick's choice, decided once per
-    round by `decide` (the round's outcome carries it to the row's stats)."""
+    """One row's width: its source's, within the row's cap and the tick's offer, decided once per
+    round by `decide` (the round's outcome carries it to the row's stats). Only the row's own
+    steps change it; the tick's choice reads it (`alpha`, `wanted`) and answers with an offer."""
 
     source: Widths  # FixedWidth, ControlledWidth (app/decoding/adaptive.py) or GovernedWidth
     n_max: int  # row_n_max: the row's cap
@@ -142,14 +160,8 @@ class WidthPolicy:
     passes: DrafterPasses = NO_PASSES  # what its drafting costs (app/drafters/passes.py)
     sampled: bool = False  # its sampler draws (T > 0, not an argmax rule): its positions cost the sampler's work
     acceptance: Acceptance = field(default_factory=Acceptance)
-    limit: int | None = None  # this tick's width from the tick's choice (None: the source's)
-    price: Callable[[int], float] | None = None  # this tick's seconds of the row's round at a width
-    held_at: int | None = None  # the width the tick's choice holds the row at (None: its source's)
     current: int | None = None  # the row's latest step's width (0: it decoded plainly; None: none yet), for /slots
-    probe_gap: int = PROBE_FIRST  # ticks between two probe rounds while the row is held at width 0
-    since_probe: int = 0  # ticks at width 0 since the last probe round (or since it was held there)
     _narrowed: bool = False  # the latest round ran below its source's width because of the load
-    _probing: bool = False  # the latest round is a probe of a row held at width 0
     _seconds: float | None = None  # the priced seconds of the round in flight (None: not priced)
 
     @property
@@ -160,29 +172,17 @@ class WidthPolicy:
         """The width the source asks for within the row's cap (the load not weighed); reads only."""
         return min(self.source.proposals(), self.n_max)
 
-    def decide(self, budget: int) -> int:
+    def decide(self, budget: int, limit: int | None = None, price: Callable[[int], float] | None = None) -> int:
         """The round's width, given the `budget` of tokens the row may still decide (at least one
-        of them is the round's last token). The tick's choice is used by this round only."""
-        wanted = self.wanted()
-        width = max(0, min(wanted, budget - 1))
-        if self.limit is None:
-            self._probing = False
-        if self.limit is not None and self.limit < width:
-            width, self._narrowed = self.limit, True
-        else:
-            self._narrowed = False
-        self._seconds = self.price(width) if self.price is not None else None
-        self.limit, self.price, self.current = None, None, width
+        of them is the round's last token), within the tick's `limit` (None: none), the round
+        priced by the tick's `price` (None: by the wall clock); both are this round's alone."""
+        width = max(0, min(self.wanted(), budget - 1))
+        self._narrowed = limit is not None and limit < width
+        if self._narrowed:
+            width = limit
+        self._seconds = price(width) if price is not None else None
+        self.current = width
         return width
-
-    def probe(self, promising: bool) -> bool:
-        """Whether this tick is a probe round for a row held at width 0 (one draft, verified);
-        `promising`: a good probe could get the row drafting again (module docstring)."""
-        self.since_probe += 1
-        self._probing = self.since_probe >= (self.probe_gap if promising else PROBE_MAX)
-        if self._probing:
-            self.since_probe = 0
-        return self._probing
 
     def retracts(self, proposed: int) -> bool:
         return proposed < max(1, self.n_min)
@@ -193,9 +193,6 @@ class WidthPolicy:
         cost where they priced it: a shared tick's wall time is every row's."""
         if verdict is not None and proposed:
             self.acceptance.observe(verdict.accepted, max(1, verdict.tested))
-            if self._probing:  # accepted: probe again at once; missed: wait twice as long
-                self.probe_gap = 1 if verdict.accepted else min(PROBE_MAX, 2 * self.probe_gap)
-                self._probing = False
         # A round the load narrowed is no evidence about the width its source asked for: charged
         # to a block loop's controller it would measure the load, and a governor would compare a
         # narrow round's yield with a floor set for full blocks (it adds no verify evidence, as
@@ -216,6 +213,48 @@ class WidthChange:
     previous: int | None
     expected_gain: float
     prices: dict[str, list[float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WidthChoice:
+    """The tick's choice: each row's offer, in the rows' order, and the rows whose held width
+    moved, by index (for the log)."""
+
+    offers: tuple[WidthOffer, ...]
+    changes: dict[int, WidthChange] = field(default_factory=dict)
+
+
+@dataclass
+class Hold:
+    """What the tick's choice keeps of one row across ticks: the width it holds the row at and
+    the row's probe rounds while held at 0 (module docstring)."""
+
+    held_at: int | None = None  # the width the choice holds the row at (None: its source's)
+    probe_gap: int = PROBE_FIRST  # ticks between two probe rounds while the row is held at width 0
+    since_probe: int = 0  # ticks at width 0 since the last probe round (or since it was held there)
+    probe_at: int | None = None  # the row's verified rounds when its last probe was offered (None: no probe out)
+
+    def probe(self, promising: bool, acceptance: Acceptance) -> bool:
+        """Whether this tick is a probe round for the row held at width 0 (one draft, verified);
+        `promising`: a good probe could get the row drafting again (module docstring)."""
+        self.since_probe += 1
+        probing = self.since_probe >= (self.probe_gap if promising else PROBE_MAX)
+        if probing:
+            self.since_probe, self.probe_at = 0, acceptance.rounds
+        return probing
+
+    def drafting(self) -> None:
+        """The row drafts this tick: its next hold at 0 starts the probes afresh."""
+        self.since_probe, self.probe_gap = 0, PROBE_FIRST
+
+    def settle(self, acceptance: Acceptance) -> None:
+        """The last probe's verdict, read from the row's acceptance: accepted, probe again at once;
+        missed, wait twice as long; not verified (retracted, ended), it tells nothing."""
+        if self.probe_at is None:
+            return
+        if acceptance.rounds > self.probe_at:
+            self.probe_gap = 1 if acceptance.latest else min(PROBE_MAX, 2 * self.probe_gap)
+        self.probe_at = None
 
 
 @dataclass(frozen=True)
@@ -371,6 +410,8 @@ class Goodput:
     drafting_scale: float = 1.0
     _fitted: dict[int, TickPrices | None] = field(default_factory=dict, repr=False)  # by rows' bit length
     _expected: tuple[float, float] | None = field(default=None, repr=False)  # the latest tick's (plain, drafting)
+    # what the choice keeps of each row (held width, probes), for as long as the row lives
+    _holds: weakref.WeakKeyDictionary[WidthPolicy, Hold] = field(default_factory=weakref.WeakKeyDictionary, repr=False)
 
     def prices(self, rows: Sequence[WidthPolicy]) -> TickPrices | None:
         """The tick's prices, fitted afresh every `REFIT_EVERY` ticks (and for a drafter not yet
@@ -402,18 +443,20 @@ class Goodput:
                 drafters[key] = (row.passes.shape, passes)
         return TickPrices(target, Plane.of(self.host(), near=len(rows)) or NO_HOST, drafters)
 
-    def choose(self, rows: Sequence[WidthPolicy], positions: int = 0) -> dict[int, WidthChange]:
-        """Set this tick's widths on `rows` (the tick's decoding rows' policies; `positions`: its
-        rows without one, a position each); the rows whose held width moved, by index."""
+    def choose(self, rows: Sequence[WidthPolicy], positions: int = 0) -> WidthChoice:
+        """This tick's offer to each of `rows` (the tick's decoding rows' policies; `positions`: its
+        rows without one, a position each), and the rows whose held width moved, by index. The
+        rows are read, never changed: each offer goes to its row's step (`WidthPolicy.decide`)."""
         self.ticks += 1
+        holds = [self._hold(row) for row in rows]
         prices = self.prices(rows) if rows else None
         if prices is None:
-            return {}
+            return WidthChoice((OWN_WIDTH,) * len(rows))
         tick = Tick(prices, rows, positions, self.plain_scale, self.drafting_scale)
         wanted = [row.wanted() for row in rows]
         # a row's first round runs at its own width: its acceptance is then its own, not the prior
         free = [i for i, row in enumerate(rows) if row.load_free and wanted[i] > 0 and row.acceptance.rounds]
-        in_force = [min(w, rows[i].held_at) if i in free and rows[i].held_at is not None else w
+        in_force = [min(w, holds[i].held_at) if i in free and holds[i].held_at is not None else w
                     for i, w in enumerate(wanted)]  # fmt: skip
         best = _best(tick, wanted, free)
         if tick.rate(best) <= LEAVE_GAIN * tick.rate(wanted):  # no clear gain over the rows' own widths
@@ -423,25 +466,39 @@ class Goodput:
         gain = tick.rate(best) / max(tick.rate(wanted), 1e-12)
         changes = {}
         for i in free:
-            row, held = rows[i], best[i] if best[i] < wanted[i] else None
-            if held != row.held_at:
-                changes[i] = WidthChange(len(rows), held, row.held_at, round(gain, 4), prices.summary())
-                row.held_at = held
+            hold, held = holds[i], best[i] if best[i] < wanted[i] else None
+            if held != hold.held_at:
+                changes[i] = WidthChange(len(rows), held, hold.held_at, round(gain, 4), prices.summary())
+                hold.held_at = held
         applied = list(best)
         seconds, tokens = tick.seconds(best), tick.tokens(best)
         for i in free:
             if self.ticks % SURVEY_EVERY == 0:
                 applied[i] = best[i] // 2 if self.ticks % (2 * SURVEY_EVERY) else wanted[i]
-            elif best[i] == 0 and rows[i].probe(_promising(tick, best, i, seconds, tokens)):
+            elif best[i] == 0 and holds[i].probe(_promising(tick, best, i, seconds, tokens), rows[i].acceptance):
                 applied[i] = 1
             elif best[i]:
-                rows[i].since_probe, rows[i].probe_gap = 0, PROBE_FIRST
+                holds[i].drafting()
         self._expected = (tick.fixed, tick.seconds(applied) - tick.fixed)
         plain = tick.fixed / (len(rows) + positions)  # each row's share of the tick with no row drafting
-        for i, row in enumerate(rows):
-            row.limit = applied[i] if i in free else None
-            row.price = partial(_share, tick, applied, i, plain)
-        return changes
+        offers = tuple(
+            WidthOffer(applied[i] if i in free else None, partial(_share, tick, applied, i, plain))
+            for i in range(len(rows))
+        )
+        return WidthChoice(offers, changes)
+
+    def held_at(self, row: WidthPolicy) -> int | None:
+        """The width the choice holds `row` at (None: its own)."""
+        hold = self._holds.get(row)
+        return None if hold is None else hold.held_at
+
+    def _hold(self, row: WidthPolicy) -> Hold:
+        """The choice's own record of `row` (made on its first tick), its last probe settled."""
+        hold = self._holds.get(row)
+        if hold is None:
+            hold = self._holds[row] = Hold()
+        hold.settle(row.acceptance)
+        return hold
 
     def measured(self, seconds: float) -> float | None:
         """The tick just chosen took `seconds` in all: the scales move toward what it says (a tick
