@@ -5,7 +5,7 @@ Each tick advances the active rows by one step each, all together, their forward
 forward in one tick of the target): a prefilling row feeds one chunk of its prompt, a decoding
 row takes a decode step or a verify round, so prompts that arrive together are prefilled
 together and time to first token does not grow with the queue of prompts. Each drafting row's width
-is limited first by the tick's choice (app/decoding/width.py `Goodput`), an offer per row handed
+is limited first by the tick's choice (app/decoding/goodput.py `Goodput`), an offer per row handed
 to the row's step. Target-only rows pipeline:
 each queues its next forward before its token is read.
 Rows never share state (caches, samplers, key streams), so each row's output is exactly what
@@ -35,8 +35,9 @@ from concurrent.futures import Future
 from enum import StrEnum
 
 from app.decoding.block_builder import DrafterUnavailableError
+from app.decoding.goodput import Goodput
 from app.decoding.row_events import Delta, Event, Failed, Started
-from app.decoding.width import OWN_WIDTH, Goodput, WidthOffer
+from app.decoding.width import OWN_WIDTH, WidthOffer
 from app.engine import admission
 from app.engine.host import ModelHost
 from app.engine.reporter import Reporter
@@ -343,7 +344,7 @@ class Scheduler:
             self._settle(row, outcome)
 
     def _weigh_widths(self, decoding: list[Row]) -> dict[int, WidthOffer]:
-        """The tick's choice of each drafting row's width (app/decoding/width.py), by slot: each
+        """The tick's choice of each drafting row's width (app/decoding/goodput.py), by slot: each
         offer goes to its row's step; logged per row when the width it holds the row at moves."""
         drafting = [row for row in decoding if row.generation.widths is not None]
         if not drafting:

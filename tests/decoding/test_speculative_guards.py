@@ -12,9 +12,10 @@ import pytest
 from app.acceptance import Rule, rules
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
+from app.decoding.goodput import Goodput
 from app.decoding.loop import SpeculativeLoop
 from app.decoding.plan import LoopPlan, Switches
-from app.decoding.width import Goodput, WidthOffer
+from app.decoding.width import WidthOffer
 from app.drafters.draft_model import DraftModelDrafter
 from app.execution.model import LoadedModel, load_model
 from app.execution.runner import ModelRunner

@@ -1,5 +1,6 @@
 """The width policy (app/decoding/width.py): the row's cap, the round's width decided once, the
-measured forward cost, the goodput choice under load, and exactness while the widths move."""
+measured forward cost, the goodput choice under load (app/decoding/goodput.py), and exactness
+while the widths move."""
 
 from __future__ import annotations
 
@@ -12,13 +13,12 @@ import pytest
 from app.acceptance import Rule, Verdict
 from app.decoding.adaptive import ControlledWidth, FixedWidth, WidthController
 from app.decoding.builder import LoopBuilder, RowRequest
+from app.decoding.goodput import SURVEY_EVERY, Goodput
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.width import (
     FORGET,
     OWN_WIDTH,
-    SURVEY_EVERY,
     Acceptance,
-    Goodput,
     GovernedWidth,
     WidthOffer,
     WidthPolicy,
