@@ -32,6 +32,7 @@ from pathlib import Path
 from types import FrameType
 
 from app.cli.exit_codes import EXIT_CONFIG, EXIT_FAILURE
+from app.early_stop import STOP_SIGNALS
 from app.events import tensor as events
 from app.loading import ModelLoadError
 from app.profiles.schema import Settings
@@ -41,7 +42,6 @@ RANK_ENV = "MLX_RANK"  # set by mlx.launch in every rank it starts
 STATUS_FILE_ENV = "MLXCEL_TENSOR_STATUS_FILE"
 SUPERVISOR_ENV = "MLXCEL_TENSOR_SUPERVISOR_PID"  # the ranks end themselves if it is killed outright
 SUPERVISOR_POLL_S = 1.0
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 FOLLOWER_MARGIN_S = 15.0  # after the drain time and rank 0's handler grace, a follower stops waiting
 
 

@@ -103,7 +103,7 @@ class LoopBuilder:
         plan = self.plan
         if n_max <= 0:
             return Choice(None)
-        # only rows whose tokens are the same at every width follow the tick's choice (app/decoding/width.py)
+        # only rows whose tokens are the same at every width follow the tick's choice (app/decoding/goodput.py)
         rule = plan.rule(request.sampling)
         load_free = plan.under_load and rule is not None and rule.width_independent
         if self.block is not None:

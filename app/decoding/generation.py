@@ -13,7 +13,7 @@ from app.decoding.loop import RoundLoop
 from app.decoding.outcome import Note, RoundOutcome, RowStats, log_notes
 from app.decoding.row_events import Delta
 from app.decoding.speculation import Speculation
-from app.decoding.width import WidthPolicy
+from app.decoding.width import OWN_WIDTH, WidthOffer, WidthPolicy
 from app.events.speculation import Speculated
 from app.execution.prompt_cache import RowCaching
 from app.execution.steps import Steps, run_alone
@@ -151,9 +151,10 @@ class Generation:
     def step(self) -> Delta:
         return self._stepped(self.loop.step(self.state, self._limit - len(self.emitted)))
 
-    def steps(self) -> Steps[Delta]:
-        """A decode step (after the prefill) as the forwards it asks for, for the engine's batch."""
-        return self._stepped((yield from self.loop.steps(self.state, self._limit - len(self.emitted))))
+    def steps(self, offer: WidthOffer = OWN_WIDTH) -> Steps[Delta]:
+        """A decode step (after the prefill) as the forwards it asks for, for the engine's batch;
+        `offer`: the tick's choice of its round's width."""
+        return self._stepped((yield from self.loop.steps(self.state, self._limit - len(self.emitted), offer)))
 
     @property
     def mask_seconds(self) -> float:
@@ -161,10 +162,10 @@ class Generation:
         constraint = self.state.constraint
         return constraint.spent_s if constraint is not None else 0.0
 
-    def ticking(self) -> Steps[Delta]:
+    def ticking(self, offer: WidthOffer = OWN_WIDTH) -> Steps[Delta]:
         """What one engine tick advances, as the forwards it asks for: a prefill chunk until the
-        first token, then a decode step or round."""
-        return (yield from (self.steps() if self.prefilled else self.prefilling()))
+        first token, then a decode step or round (within `offer`, the tick's choice of its width)."""
+        return (yield from (self.steps(offer) if self.prefilled else self.prefilling()))
 
     def positions(self) -> int:
         """Target positions the next tick forwards at most (a prefill chunk, or a step's)."""

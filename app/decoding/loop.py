@@ -19,7 +19,7 @@ from app.acceptance import Rule
 from app.decoding.outcome import RoundOutcome
 from app.decoding.speculation import Speculation
 from app.decoding.verify import VerifyRow, verifying
-from app.decoding.width import WidthPolicy
+from app.decoding.width import OWN_WIDTH, WidthOffer, WidthPolicy
 from app.drafters.base import Proposal, Proposer
 from app.execution.runner import PREFILL_CHUNK, ModelRunner
 from app.execution.steps import Evaluate, Forward, Steps, run_alone
@@ -54,8 +54,9 @@ class RoundLoop(Protocol):
         """Decide at least one and at most `budget` tokens."""
         ...
 
-    def steps(self, state: RowState, budget: int) -> Steps[RoundOutcome]:
-        """`step` as the forwards it asks for, for a batch to serve."""
+    def steps(self, state: RowState, budget: int, offer: WidthOffer = OWN_WIDTH) -> Steps[RoundOutcome]:
+        """`step` as the forwards it asks for, for a batch to serve; `offer`: the tick's choice of
+        the round's width (app/decoding/width.py), which a drafting row's round is decided within."""
         ...
 
     def positions(self, state: RowState) -> int:
@@ -175,7 +176,7 @@ class TargetLoop:
     def step(self, state: RowState, budget: int) -> RoundOutcome:
         return run_alone(self.steps(state, budget))
 
-    def steps(self, state: RowState, budget: int) -> Steps[RoundOutcome]:
+    def steps(self, state: RowState, budget: int, offer: WidthOffer = OWN_WIDTH) -> Steps[RoundOutcome]:
         forced = jump_forward(state, budget)
         if ends_here(state):
             return RoundOutcome(tuple(forced), jumped=len(forced))
@@ -249,7 +250,7 @@ class SpeculativeLoop:
     def step(self, state: RowState, budget: int) -> RoundOutcome:
         return run_alone(self.steps(state, budget))
 
-    def steps(self, state: RowState, budget: int) -> Steps[RoundOutcome]:
+    def steps(self, state: RowState, budget: int, offer: WidthOffer = OWN_WIDTH) -> Steps[RoundOutcome]:
         started = time.perf_counter()
         # Block drafters read the target's rows of every decided position: no jump-forward there.
         forced = jump_forward(state, budget) if self.proposer.hook is None else []
@@ -258,7 +259,7 @@ class SpeculativeLoop:
             notes = self.widths.observe(forced, 0, None, time.perf_counter() - started)
             return RoundOutcome(tuple(forced), jumped=len(forced), notes=notes)
         base = len(state.tokens)
-        width = self.widths.decide(budget - len(forced))
+        width = self.widths.decide(budget - len(forced), offer.limit, offer.price)
         proposal = (yield from self.proposer.proposing(state, width)) if width > 0 else Proposal.empty()
         masks = None
         if state.constraint is not None:

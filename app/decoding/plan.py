@@ -78,7 +78,7 @@ class LoopPlan:
     block_lossless: bool = False  # block loops: the lossless rules (drafter.block_rule = "lossless")
     adaptive: bool = True  # block loops: the width controller may widen up to the ceiling
     under_load: bool = True  # the goodput choice may narrow the widths of rows that cannot depend on them
-    governor_policy: str = "gated"  # the CLI token loop's; the server's profiles default to break-even
+    governor_policy: str = "break-even"  # `governor.policy`: every profile's default (the CLI's too)
     governor_adaptive: bool = True
     governor_floor: float = DEFAULT_FLOOR
     max_kv_size: int | None = None

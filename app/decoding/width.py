@@ -8,16 +8,10 @@ A row's width is decided here and nowhere else (`WidthPolicy.decide`), from (in 
 - the row's source, what its drafter kind wants next: a fixed width (draft model), prompt
   lookup's governor (app/drafters/governor.py: its budget, its pauses and shadow lookups, the
   contract's rules), or a block loop's adaptive width controller (app/decoding/adaptive.py);
-- the tick's choice (`Goodput`): before each tick, every load-free row's width (0 included: the
-  row decodes plainly this tick) is chosen to maximise the tick's expected tokens per second:
-  each row's expected round length at its width, from its own acceptance, against what the whole
-  tick costs at those widths, measured (app/execution/cost.py): the target's forward at the
-  positions the widths make, the drafter's passes (a draft model's or an MTP head's chain, one
-  pass per draft position over the rows drafting that far; a DFlash-family block forward; prompt
-  lookup's nothing) and the rows' host work (judging, sampling, settling) at their positions,
-  each fitted from the measured ticks, and the whole tick's measured time scaling the part with
-  no row drafting and the part drafting adds (`Goodput.measured`), so what the fits leave out is
-  weighed too;
+- the tick's offer (`WidthOffer`): the limit the tick's choice (app/decoding/goodput.py
+  `Goodput`) sets on a load-free row's round this tick (0 included: the row decodes plainly this
+  tick), and the price of the round at any width, handed to the row's step with its tick; the
+  choice reads the rows' policies (their acceptance, their wanted widths) and changes none;
 - the tokens the row has left (a round never drafts past its budget).
 
 The request's `speculative.n_min` retracts shorter proposals (the loop asks `retracts`).
@@ -28,45 +22,23 @@ argmax stream) and sampler-match (every emitted token is the target stream's dra
 whatever was drafted, app/sampling/streams.py; at T > 0 too). The stochastic rule's tokens depend
 on the drafts (its accept test and residual read q), so its rows keep their source's width, as
 does any row whose plan turns the choice off (`adaptive.under_load = false`).
-
-The choice leaves the rows' own widths only for an expected gain of 5 % (`LEAVE_GAIN`: a smaller
-one is within the model's error) and moves widths in force only for 2 % more (`ADOPT_GAIN`).
-
-A row the choice holds at width 0 still learns: a probe round of one verified draft comes after
-`PROBE_FIRST` ticks, again at once after a probe that was accepted (its acceptance is recovering),
-and after twice the gap (up to `PROBE_MAX`) after one that was not. A row held at 0 that even an
-acceptance of `PROMISING` would not get drafting again (the tick's costs hold it there, not its
-acceptance) probes only every `PROBE_MAX` ticks: probes then cost more than they can tell. Every
-`SURVEY_EVERY`-th tick runs the load-free rows at half their widths, and the next such tick at
-their own widths, so every record keeps seeing more than one width (a fit needs two) and the
-widths not chosen lately are timed afresh (a cost measured while another process held the cores
-must not keep them out for good). Neither is logged: the width in force has not moved.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 
 from app.acceptance import Verdict
 from app.decoding.adaptive import Widths
 from app.decoding.outcome import Note
 from app.drafters.governor import Governor, Lookup
-from app.drafters.passes import NO_PASSES, DrafterPasses, PassShape
-from app.execution.cost import DRAFTING, ForwardCost, PlaneCost, plane_of
+from app.drafters.passes import NO_PASSES, DrafterPasses
 
 ACCEPTANCE_PRIOR = 0.5  # per-position acceptance assumed before a row's first verified round
 PRIOR_WEIGHT = 1.0  # tested positions the prior counts as
 FORGET = 0.85  # per verified round, the weight the counts before it keep (about twenty positions remembered)
 MAX_ACCEPTANCE = 0.99  # the expected length stays finite (alpha = 1 accepts every draft)
-ADOPT_GAIN = 1.02  # new widths must beat the widths in force by 2 % of expected tokens/s
-LEAVE_GAIN = 1.05  # and the rows' own widths by 5 %: a model's small gain is within its error
-PROBE_FIRST = 4  # ticks at width 0 before a row's first probe round
-PROBE_MAX = 16  # the longest gap between two probe rounds of a row
-PROMISING = 0.9  # the acceptance a probe could show at best (what decides whether probing can matter)
-SURVEY_EVERY = 16  # ticks between two that run the load-free rows at half, then at their own widths
 
 
 def row_n_max(plan_n_max: int, requested: int | None) -> int:
@@ -115,6 +87,7 @@ class Acceptance:
     accepted: float = ACCEPTANCE_PRIOR * PRIOR_WEIGHT
     tested: float = PRIOR_WEIGHT
     rounds: int = 0  # verified rounds observed
+    latest: int = 0  # drafts accepted in the latest verified round (what a probe round showed)
 
     @classmethod
     def prior(cls, rate: float) -> Acceptance:
@@ -128,12 +101,27 @@ class Acceptance:
         self.accepted = FORGET * self.accepted + accepted
         self.tested = FORGET * self.tested + tested
         self.rounds += 1
+        self.latest = accepted
 
 
-@dataclass
+@dataclass(frozen=True)
+class WidthOffer:
+    """The tick's choice for one row's round, handed to `WidthPolicy.decide` with the row's step:
+    `limit` the most proposals the round may carry (None: its source's width), `price` the
+    round's seconds at a width, its share of the tick (None: not priced, the wall clock counts)."""
+
+    limit: int | None = None
+    price: Callable[[int], float] | None = None
+
+
+OWN_WIDTH = WidthOffer()  # no choice made: the row's own width, unpriced (a lone row, a tick not priced)
+
+
+@dataclass(eq=False)
 class WidthPolicy:
-    """One row's width: its source's, within the row's cap and the tick's choice, decided once per
-    round by `decide` (the round's outcome carries it to the row's stats)."""
+    """One row's width: its source's, within the row's cap and the tick's offer, decided once per
+    round by `decide` (the round's outcome carries it to the row's stats). Only the row's own
+    steps change it; the tick's choice reads it (`alpha`, `wanted`) and answers with an offer."""
 
     source: Widths  # FixedWidth, ControlledWidth (app/decoding/adaptive.py) or GovernedWidth
     n_max: int  # row_n_max: the row's cap
@@ -142,14 +130,8 @@ class WidthPolicy:
     passes: DrafterPasses = NO_PASSES  # what its drafting costs (app/drafters/passes.py)
     sampled: bool = False  # its sampler draws (T > 0, not an argmax rule): its positions cost the sampler's work
     acceptance: Acceptance = field(default_factory=Acceptance)
-    limit: int | None = None  # this tick's width from the tick's choice (None: the source's)
-    price: Callable[[int], float] | None = None  # this tick's seconds of the row's round at a width
-    held_at: int | None = None  # the width the tick's choice holds the row at (None: its source's)
     current: int | None = None  # the row's latest step's width (0: it decoded plainly; None: none yet), for /slots
-    probe_gap: int = PROBE_FIRST  # ticks between two probe rounds while the row is held at width 0
-    since_probe: int = 0  # ticks at width 0 since the last probe round (or since it was held there)
     _narrowed: bool = False  # the latest round ran below its source's width because of the load
-    _probing: bool = False  # the latest round is a probe of a row held at width 0
     _seconds: float | None = None  # the priced seconds of the round in flight (None: not priced)
 
     @property
@@ -160,29 +142,17 @@ class WidthPolicy:
         """The width the source asks for within the row's cap (the load not weighed); reads only."""
         return min(self.source.proposals(), self.n_max)
 
-    def decide(self, budget: int) -> int:
+    def decide(self, budget: int, limit: int | None = None, price: Callable[[int], float] | None = None) -> int:
         """The round's width, given the `budget` of tokens the row may still decide (at least one
-        of them is the round's last token). The tick's choice is used by this round only."""
-        wanted = self.wanted()
-        width = max(0, min(wanted, budget - 1))
-        if self.limit is None:
-            self._probing = False
-        if self.limit is not None and self.limit < width:
-            width, self._narrowed = self.limit, True
-        else:
-            self._narrowed = False
-        self._seconds = self.price(width) if self.price is not None else None
-        self.limit, self.price, self.current = None, None, width
+        of them is the round's last token), within the tick's `limit` (None: none), the round
+        priced by the tick's `price` (None: by the wall clock); both are this round's alone."""
+        width = max(0, min(self.wanted(), budget - 1))
+        self._narrowed = limit is not None and limit < width
+        if self._narrowed:
+            width = limit
+        self._seconds = price(width) if price is not None else None
+        self.current = width
         return width
-
-    def probe(self, promising: bool) -> bool:
-        """Whether this tick is a probe round for a row held at width 0 (one draft, verified);
-        `promising`: a good probe could get the row drafting again (module docstring)."""
-        self.since_probe += 1
-        self._probing = self.since_probe >= (self.probe_gap if promising else PROBE_MAX)
-        if self._probing:
-            self.since_probe = 0
-        return self._probing
 
     def retracts(self, proposed: int) -> bool:
         return proposed < max(1, self.n_min)
@@ -193,9 +163,6 @@ class WidthPolicy:
         cost where they priced it: a shared tick's wall time is every row's."""
         if verdict is not None and proposed:
             self.acceptance.observe(verdict.accepted, max(1, verdict.tested))
-            if self._probing:  # accepted: probe again at once; missed: wait twice as long
-                self.probe_gap = 1 if verdict.accepted else min(PROBE_MAX, 2 * self.probe_gap)
-                self._probing = False
         # A round the load narrowed is no evidence about the width its source asked for: charged
         # to a block loop's controller it would measure the load, and a governor would compare a
         # narrow round's yield with a floor set for full blocks (it adds no verify evidence, as
@@ -203,321 +170,3 @@ class WidthPolicy:
         if not self._narrowed:
             self.source.observe(tokens, proposed, verdict, self._seconds if self._seconds is not None else seconds)
         return self.source.notes()
-
-
-@dataclass(frozen=True)
-class WidthChange:
-    """The tick's choice moved one row's width: `cap` the width it holds the row at (None: the
-    row's own), `previous` the one before, for `batch` decoding rows, expecting `expected_gain`
-    times the tick's tokens per second at every row's own width, at `prices` (`TickPrices.summary`)."""
-
-    batch: int
-    cap: int | None
-    previous: int | None
-    expected_gain: float
-    prices: dict[str, list[float]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Line:
-    """A record's estimate: `fixed` seconds plus `slope` per position. A record of one bucket
-    prices every count at that bucket's mean until a second bucket gives a slope."""
-
-    fixed: float
-    slope: float
-
-    @classmethod
-    def of(cls, record: ForwardCost | None) -> Line | None:
-        if record is None or not record.buckets:
-            return None
-        line = record.line()
-        if line is None:
-            (bucket,) = record.buckets.values()
-            return cls(bucket.seconds, 0.0)
-        return cls(*line)
-
-
-@dataclass(frozen=True)
-class Plane:
-    """An estimate against counts: `fixed` seconds plus `parts[i]` per unit of count i."""
-
-    fixed: float
-    parts: tuple[float, ...]
-
-    @classmethod
-    def of(cls, record: PlaneCost | None, near: int | None = None) -> Plane | None:
-        fitted = record.plane(near) if record is not None else None
-        return None if fitted is None else cls(fitted[0], tuple(fitted[1]))
-
-    @classmethod
-    def of_passes(cls, record: PlaneCost) -> Plane | None:
-        """A drafter's pass (fixed, per position, per sampled position). One bucket prices a pass
-        by its positions (a sixteen-row pass is not what a lone row's costs), so rows of other
-        counts draft, and get measured."""
-        if len(record.buckets) == 1:
-            (bucket,) = record.buckets.values()
-            return cls(0.0, (bucket.seconds / max(bucket.counts[0], 1.0), 0.0))
-        return cls.of(record)
-
-    def at(self, *counts: float) -> float:
-        return self.fixed + sum(part * count for part, count in zip(self.parts, counts, strict=True))
-
-
-@dataclass(frozen=True)
-class TickPrices:
-    """What a tick's parts cost, from the measured records: the target's forward (against the
-    tick's rows and positions), the rows' host work (against rows, verifying rows and positions),
-    each drafter's pass (against the rows' positions of the pass)."""
-
-    target: Plane  # (rows, positions)
-    host: Plane  # (rows, verifying rows, positions)
-    drafters: dict[int, tuple[PassShape, Plane]]  # id(drafter module) -> its passes (positions, sampled)
-
-    def summary(self) -> dict[str, list[float]]:
-        """The parts in milliseconds, for the log: the target's forward (fixed, per row, per
-        position), the host work (fixed, per row, per verifying row, per position), each drafter's
-        pass (fixed, per position)."""
-        ms = lambda values: [round(1000 * v, 4) for v in values]  # noqa: E731
-        parts = {"target": ms([self.target.fixed, *self.target.parts]), "host": ms([self.host.fixed, *self.host.parts])}
-        for shape, plane in self.drafters.values():
-            parts[f"drafter_{shape}"] = ms([plane.fixed, *plane.parts])
-        return parts
-
-
-def _key(row: WidthPolicy) -> int | None:
-    module = row.passes.module
-    return None if row.passes.shape is PassShape.NONE or module is None else id(module)
-
-
-class Tick:
-    """One tick's rows at the prices: its seconds and expected tokens at any widths (closed forms:
-    every line is straight), and what each row's drafting adds to it. `plain` and `drafting`
-    scale the tick with no row drafting and what the drafting adds (`Goodput.measured`)."""
-
-    def __init__(
-        self, prices: TickPrices, rows: Sequence[WidthPolicy], others: int, plain: float = 1.0, drafting: float = 1.0
-    ) -> None:
-        self.prices, self.rows, self.others, self.drafting = prices, rows, others, drafting
-        self.alphas = [min(row.alpha, MAX_ACCEPTANCE) for row in rows]
-        self.expected = [
-            [expected_tokens(a, w) for w in range(row.n_max + 1)] for a, row in zip(self.alphas, rows, strict=True)
-        ]
-        groups: dict[int, list[int]] = defaultdict(list)
-        for i, row in enumerate(rows):
-            if (key := _key(row)) is not None:
-                groups[key].append(i)
-        self.groups = [(*prices.drafters[key], members) for key, members in groups.items()]
-        self.group_of = {i: g for g, (_, _, members) in enumerate(self.groups) for i in members}
-        host, target = prices.host.parts, prices.target.parts
-        self.costs = []  # per row: (its drafting at all, each of its drafts), passes' fixed parts left out
-        for i, row in enumerate(rows):
-            shape, passes = self.groups[self.group_of[i]][:2] if i in self.group_of else (PassShape.NONE, NO_PASS)
-            # a position: the target's, its host work, its pass's; each the more for a row whose sampler draws
-            position = target[1] + host[2] + passes.parts[0] + (host[3] + passes.parts[1] if row.sampled else 0.0)
-            first = host[1] + (position - target[1] - host[2] if shape is PassShape.BLOCK else 0.0)  # the anchor
-            self.costs.append((drafting * first, drafting * position))
-        count, sampled = len(rows) + others, sum(row.sampled for row in rows)
-        at_zero = prices.target.at(count, count) + prices.host.at(count, 0, count, sampled)  # every row at 0
-        self.fixed = plain * max(at_zero, 1e-6)  # a neighbourhood's plane may reach below 0 far from it
-
-    def seconds(self, widths: Sequence[int]) -> float:
-        total = self.fixed
-        for (first, each), w in zip(self.costs, widths, strict=True):
-            if w:
-                total += first + each * w
-        for shape, passes, members in self.groups:
-            deepest = max(widths[i] for i in members)
-            if deepest:  # a chain's pass per draft position, a block drafter's one pass
-                total += self.drafting * passes.fixed * (deepest if shape is PassShape.CHAIN else 1)
-        return total
-
-    def tokens(self, widths: Sequence[int]) -> float:
-        return self.others + sum(table[w] for table, w in zip(self.expected, widths, strict=True))
-
-    def rate(self, widths: Sequence[int]) -> float:
-        seconds = self.seconds(widths)
-        return self.tokens(widths) / seconds if seconds > 0 else 0.0
-
-    def added(self, widths: Sequence[int], index: int, width: int) -> float:
-        """What row `index` at `width` adds to the tick over it at 0, the others at `widths`:
-        its own costs and, for the passes it makes deeper, their fixed parts."""
-        if not width:
-            return 0.0
-        first, each = self.costs[index]
-        added = first + each * width
-        if index in self.group_of:
-            shape, passes, members = self.groups[self.group_of[index]]
-            others = max((widths[i] for i in members if i != index), default=0)
-            deeper = max(0, width - others) if shape is PassShape.CHAIN else int(others == 0)
-            added += self.drafting * passes.fixed * deeper
-        return added
-
-
-def tokens_at(rows: Sequence[WidthPolicy], widths: Sequence[int], others: int) -> float:
-    return others + sum(expected_tokens(row.alpha, w) for row, w in zip(rows, widths, strict=True))
-
-
-@dataclass
-class Goodput:
-    """Before each tick: every load-free row's width that maximises the tick's expected tokens per
-    second, at the measured costs of the tick's parts (`TickPrices`); see the module docstring."""
-
-    cost: Callable[[], ForwardCost | None]  # the target's forwards against positions (until `target` fits)
-    host: Callable[[], PlaneCost | None] = lambda: None  # the rows' host work (None: not weighed)
-    target: Callable[[], PlaneCost | None] = lambda: None  # the target's forwards against rows and positions
-    ticks: int = 0
-    # measured over predicted seconds: of a tick with no row drafting, and of what drafting adds
-    plain_scale: float = 1.0
-    drafting_scale: float = 1.0
-    _fitted: dict[int, TickPrices | None] = field(default_factory=dict, repr=False)  # by rows' bit length
-    _expected: tuple[float, float] | None = field(default=None, repr=False)  # the latest tick's (plain, drafting)
-
-    def prices(self, rows: Sequence[WidthPolicy]) -> TickPrices | None:
-        """The tick's prices, fitted afresh every `REFIT_EVERY` ticks (and for a drafter not yet
-        priced); None until the target's forward and every drafting row's drafter have been
-        measured (until then each row runs its source's width)."""
-        size = len(rows).bit_length()  # fitted near this many rows (PlaneCost.plane)
-        fitted = self._fitted.get(size)
-        if (
-            fitted is None
-            or self.ticks % REFIT_EVERY == 0
-            or any((key := _key(row)) is not None and key not in fitted.drafters for row in rows)
-        ):
-            fitted = self._fitted[size] = self._fit(rows)
-        return fitted
-
-    def _fit(self, rows: Sequence[WidthPolicy]) -> TickPrices | None:
-        target = Plane.of(self.target(), near=len(rows))
-        if target is None:  # no tick timed yet: the forwards' positions line alone
-            line = Line.of(self.cost())
-            if line is None:
-                return None
-            target = Plane(line.fixed, (0.0, line.slope))
-        drafters = {}
-        for row in rows:
-            if (key := _key(row)) is not None and key not in drafters:
-                passes = Plane.of_passes(plane_of(row.passes.module, DRAFTING))
-                if passes is None:
-                    return None
-                drafters[key] = (row.passes.shape, passes)
-        return TickPrices(target, Plane.of(self.host(), near=len(rows)) or NO_HOST, drafters)
-
-    def choose(self, rows: Sequence[WidthPolicy], positions: int = 0) -> dict[int, WidthChange]:
-        """Set this tick's widths on `rows` (the tick's decoding rows' policies; `positions`: its
-        rows without one, a position each); the rows whose held width moved, by index."""
-        self.ticks += 1
-        prices = self.prices(rows) if rows else None
-        if prices is None:
-            return {}
-        tick = Tick(prices, rows, positions, self.plain_scale, self.drafting_scale)
-        wanted = [row.wanted() for row in rows]
-        # a row's first round runs at its own width: its acceptance is then its own, not the prior
-        free = [i for i, row in enumerate(rows) if row.load_free and wanted[i] > 0 and row.acceptance.rounds]
-        in_force = [min(w, rows[i].held_at) if i in free and rows[i].held_at is not None else w
-                    for i, w in enumerate(wanted)]  # fmt: skip
-        best = _best(tick, wanted, free)
-        if tick.rate(best) <= LEAVE_GAIN * tick.rate(wanted):  # no clear gain over the rows' own widths
-            best = list(wanted)
-        if tick.rate(best) <= ADOPT_GAIN * tick.rate(in_force):  # nor over the widths in force: no flapping
-            best = in_force
-        gain = tick.rate(best) / max(tick.rate(wanted), 1e-12)
-        changes = {}
-        for i in free:
-            row, held = rows[i], best[i] if best[i] < wanted[i] else None
-            if held != row.held_at:
-                changes[i] = WidthChange(len(rows), held, row.held_at, round(gain, 4), prices.summary())
-                row.held_at = held
-        applied = list(best)
-        seconds, tokens = tick.seconds(best), tick.tokens(best)
-        for i in free:
-            if self.ticks % SURVEY_EVERY == 0:
-                applied[i] = best[i] // 2 if self.ticks % (2 * SURVEY_EVERY) else wanted[i]
-            elif best[i] == 0 and rows[i].probe(_promising(tick, best, i, seconds, tokens)):
-                applied[i] = 1
-            elif best[i]:
-                rows[i].since_probe, rows[i].probe_gap = 0, PROBE_FIRST
-        self._expected = (tick.fixed, tick.seconds(applied) - tick.fixed)
-        plain = tick.fixed / (len(rows) + positions)  # each row's share of the tick with no row drafting
-        for i, row in enumerate(rows):
-            row.limit = applied[i] if i in free else None
-            row.price = partial(_share, tick, applied, i, plain)
-        return changes
-
-    def measured(self, seconds: float) -> float | None:
-        """The tick just chosen took `seconds` in all: the scales move toward what it says (a tick
-        with no drafting calibrates the plain part, one with drafting what the drafting added),
-        so what the parts' fits leave out is weighed all the same. The seconds the choice
-        predicted for it (None: it priced no tick)."""
-        if self._expected is None:
-            return None
-        plain, drafting = self._expected
-        self._expected = None
-        if drafting <= PLAIN_TICK * plain:
-            self.plain_scale = _rescaled(self.plain_scale, seconds / plain if plain > 0 else 1.0)
-        elif drafting > 0:
-            self.drafting_scale = _rescaled(self.drafting_scale, (seconds - plain) / drafting)
-        return plain + drafting
-
-
-def _rescaled(scale: float, ratio: float) -> float:
-    """`scale` moved toward `scale * ratio`, the ratio bounded (one tick is one noisy measurement)
-    and a rise weighed half a fall (timing noise only adds, as app/execution/cost.py's buckets)."""
-    bounded = min(max(ratio, 1 / SCALE_STEP), SCALE_STEP)
-    weight = CALIBRATION / 2 if bounded > 1 else CALIBRATION
-    return min(max(scale + weight * (scale * bounded - scale), SCALE_RANGE[0]), SCALE_RANGE[1])
-
-
-NO_HOST = Plane(0.0, (0.0, 0.0, 0.0, 0.0))
-NO_PASS = Plane(0.0, (0.0, 0.0))  # prompt lookup's: nothing forwarded
-PLAIN_TICK = 0.02  # a tick whose drafting adds less than this share is a plain tick for the calibration
-CALIBRATION = 0.05  # weight of one tick in the scales
-SCALE_STEP = 2.0  # one tick moves a scale toward at most twice (or half) itself
-SCALE_RANGE = (0.25, 4.0)
-REFIT_EVERY = 4  # ticks between two fits of the records (a tick adds one measurement to each)
-DINKELBACH_ROUNDS = 8  # enough: each round's rate is the best so far, and it settles in two or three
-
-
-def _best(tick: Tick, wanted: list[int], free: list[int]) -> list[int]:
-    """The widths of the most expected tokens per second. The tick's seconds are the free rows'
-    costs (each a part for drafting at all and a part per draft) on top of a part the free rows
-    share (the other rows', and the passes' fixed parts, which grow with the deepest width D);
-    for each D, Dinkelbach's iteration (with the best rate R so far, every row takes the width
-    that maximises its expected tokens minus R times its seconds) finds the best widths; the best
-    over every D is taken."""
-    widths = [0 if i in free else w for i, w in enumerate(wanted)]
-    best, best_rate = widths, tick.rate(widths)
-    if not free:
-        return best
-    for depth in range(1, max(wanted[i] for i in free) + 1):
-        candidate, current = list(widths), best_rate
-        for _ in range(DINKELBACH_ROUNDS):
-            for i in free:
-                first, each = tick.costs[i]
-                alpha, top = tick.alphas[i], min(depth, wanted[i])
-                # expected tokens past the first, less the rate times the seconds, at widths 1..top
-                gain, choice, extra, power = 0.0, 0, 0.0, 1.0
-                for w in range(1, top + 1):
-                    power *= alpha
-                    extra += power
-                    if extra - current * (first + each * w) > gain:
-                        gain, choice = extra - current * (first + each * w), w
-                candidate[i] = choice
-            achieved = tick.rate(candidate)
-            if achieved <= current * (1 + 1e-9):
-                break
-            current = achieved
-            if achieved > best_rate:
-                best, best_rate = list(candidate), achieved
-    return best
-
-
-def _promising(tick: Tick, widths: list[int], index: int, seconds: float, tokens: float) -> bool:
-    """Whether one draft of row `index`, accepted at `PROMISING`, would raise the tick's rate (of
-    `tokens` in `seconds` at `widths`)."""
-    return seconds > 0 and (tokens + PROMISING) / (seconds + tick.added(widths, index, 1)) > tokens / seconds
-
-
-def _share(tick: Tick, widths: list[int], index: int, plain: float, width: int) -> float:
-    """Row `index`'s round at `width`: its share of the tick with no row drafting, plus what its
-    drafting adds to the tick (the whole tick for a lone row)."""
-    return plain + tick.added(widths, index, width)

@@ -200,7 +200,8 @@ POLICIES = ("break-even", "graded", "gated")
 
 
 def make_governor(max_draft: int, *, policy: str, adaptive: bool = True, floor: float = DEFAULT_FLOOR) -> Governor:
-    """break-even is the server's default and gated the CLI's; `floor` only applies to break-even."""
+    """break-even is the default (`governor.policy`, the server's and the CLI's alike); `floor`
+    only applies to break-even."""
     if policy == "break-even":
         return BreakEvenGovernor(max_draft=max_draft, adaptive=adaptive, floor=floor)
     if policy == "graded":

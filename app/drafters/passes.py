@@ -13,7 +13,7 @@ Every drafter kind drafts with passes the engine's tick serves for all rows toge
 - prompt lookup: none (a lookup in the row's own index).
 
 `DrafterPasses` says which of these shapes a row's drafter has and whose measured costs price
-them (app/execution/cost.py `DRAFTING`), for the width policy (app/decoding/width.py).
+them (app/execution/cost.py `DRAFTING`), for the tick's width choice (app/decoding/goodput.py).
 """
 
 from __future__ import annotations

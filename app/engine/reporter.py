@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 
 from app.decoding.generation import Generation
+from app.decoding.goodput import WidthChange
 from app.decoding.outcome import Note, log_notes
 from app.decoding.row_events import Finished
-from app.decoding.width import WidthChange
 from app.engine.metrics import Metrics
 from app.engine.row import Job, Row
 from app.events import engine as events
@@ -35,7 +35,7 @@ class Reporter:
         generation.log_notes(job.request_id)
 
     def width_changed(self, job: Job, change: WidthChange) -> None:
-        """The tick's choice moved the width it holds a row at (app/decoding/width.py `Goodput`)."""
+        """The tick's choice moved the width it holds a row at (app/decoding/goodput.py `Goodput`)."""
         speculation_width_changed(request_id=job.request_id, **dataclasses.asdict(change))
 
     def timed(self, rows: list[Row], clock: TickClock, predicted: float | None) -> None:

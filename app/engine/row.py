@@ -12,6 +12,7 @@ from app.decoding.builder import RowRequest
 from app.decoding.generation import Generation
 from app.decoding.row_events import Delta, Finished, Progress, Sink
 from app.decoding.timings import Timings, make_timings
+from app.decoding.width import OWN_WIDTH, WidthOffer
 from app.execution.steps import Steps
 
 
@@ -43,10 +44,10 @@ class Row:
         self._reported = -1  # the prompt tokens the last Progress counted (-1: none sent yet)
         self.mask_cost = 0.0  # CPU seconds its grammar's masks took in its last tick (the scheduler weighs it)
 
-    def steps(self) -> Steps[Delta]:
+    def steps(self, offer: WidthOffer = OWN_WIDTH) -> Steps[Delta]:
         """One tick's prefill chunk or decode step as the forwards it asks for (the engine
-        batches many rows')."""
-        return self._timed((yield from self.generation.ticking()))
+        batches many rows'), its round's width within `offer` (the tick's choice)."""
+        return self._timed((yield from self.generation.ticking(offer)))
 
     def _timed(self, delta: Delta) -> Delta:
         if not self.job.per_token_timings:

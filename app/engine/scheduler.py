@@ -5,7 +5,8 @@ Each tick advances the active rows by one step each, all together, their forward
 forward in one tick of the target): a prefilling row feeds one chunk of its prompt, a decoding
 row takes a decode step or a verify round, so prompts that arrive together are prefilled
 together and time to first token does not grow with the queue of prompts. Each drafting row's width
-is set first by the tick's choice (app/decoding/width.py `Goodput`). Target-only rows pipeline:
+is limited first by the tick's choice (app/decoding/goodput.py `Goodput`), an offer per row handed
+to the row's step. Target-only rows pipeline:
 each queues its next forward before its token is read.
 Rows never share state (caches, samplers, key streams), so each row's output is exactly what
 it would be alone. A tick forwards at most `max_batch_tokens` target positions (at least one
@@ -34,15 +35,16 @@ from concurrent.futures import Future
 from enum import StrEnum
 
 from app.decoding.block_builder import DrafterUnavailableError
+from app.decoding.goodput import Goodput
 from app.decoding.row_events import Delta, Event, Failed, Started
-from app.decoding.width import Goodput
+from app.decoding.width import OWN_WIDTH, WidthOffer
 from app.engine import admission
 from app.engine.host import ModelHost
 from app.engine.reporter import Reporter
 from app.engine.row import Job, Row
 from app.engine.share import HeavyShare
+from app.engine.tick_plan import TickPlan
 from app.events import engine as events
-from app.execution.cost import TickClock
 from app.execution.steps import run_together
 from app.profiles.schema import ServerSettings
 from app.runtime.bounds import RequestBoundError
@@ -319,39 +321,46 @@ class Scheduler:
 
     def _tick(self) -> None:
         """Every chosen row's prefill chunk or step, their forwards batched: one tick of the
-        target serves every row's (a prompt's chunk beside the other rows' steps)."""
+        target serves every row's (a prompt's chunk beside the other rows' steps). The tick is
+        planned first (`TickPlan`), run (`run_together`: a `TickResult`), then settled."""
         self._sweep_cancelled()
-        rows, heavy = self._this_tick()
-        masks_before = [row.generation.mask_seconds for row in rows]
+        plan = self._plan()
+        masks_before = [row.generation.mask_seconds for row in plan.rows]
         started = time.perf_counter()
-        self._step(rows)
-        if heavy:  # costly rows' own tick, while cheap rows waited: they are owed their share
+        result = run_together(plan.steps())
+        if plan.priced:
+            self.reporter.timed(list(plan.rows), result.clock, self.goodput.measured(result.seconds))
+        for row, outcome in zip(plan.rows, result.outcomes, strict=True):
+            self._settle(row, outcome)
+        if plan.heavy:  # costly rows' own tick, while cheap rows waited: they are owed their share
             self.share.spent(time.perf_counter() - started)
-        for row, before in zip(rows, masks_before, strict=True):
+        for row, before in zip(plan.rows, masks_before, strict=True):
             row.mask_cost = row.generation.mask_seconds - before
 
-    def _step(self, rows: list[Row]) -> None:
+    def _plan(self) -> TickPlan:
+        """This tick's rows (`_this_tick`) and each decoding drafting row's width offer."""
+        rows, heavy = self._this_tick()
         decoding = [row for row in rows if row.generation.prefilled]  # before this tick's prefills end
-        if decoding:
-            self._weigh_widths(decoding)
-        started, clock = time.perf_counter(), TickClock()
-        outcomes = run_together([row.steps() for row in rows], clock)
-        if len(decoding) == len(rows):  # the choice priced decoding rows alone: a prompt's chunk is no part of it
-            predicted = self.goodput.measured(time.perf_counter() - started)
-            self.reporter.timed(rows, clock, predicted)
-        for row, outcome in zip(rows, outcomes, strict=True):
-            self._settle(row, outcome)
+        offers = self._weigh_widths(decoding) if decoding else {}
+        return TickPlan(
+            rows=tuple(rows),
+            offers=tuple(offers.get(row.slot, OWN_WIDTH) for row in rows),
+            budget=self.limits.max_batch_tokens,
+            heavy=heavy,
+            priced=len(decoding) == len(rows),  # the choice priced decoding rows alone: a prompt's chunk is none of it
+        )
 
-    def _weigh_widths(self, decoding: list[Row]) -> None:
-        """The tick's choice of each drafting row's width (app/decoding/width.py), logged per row
-        when the width it holds the row at moves."""
+    def _weigh_widths(self, decoding: list[Row]) -> dict[int, WidthOffer]:
+        """The tick's choice of each drafting row's width (app/decoding/goodput.py), by slot: each
+        offer goes to its row's step; logged per row when the width it holds the row at moves."""
         drafting = [row for row in decoding if row.generation.widths is not None]
         if not drafting:
-            return
+            return {}
         policies = [row.generation.widths for row in drafting]
-        changes = self.goodput.choose(policies, positions=len(decoding) - len(policies))
-        for index, change in changes.items():
+        choice = self.goodput.choose(policies, positions=len(decoding) - len(policies))
+        for index, change in choice.changes.items():
             self.reporter.width_changed(drafting[index].job, change)
+        return {row.slot: offer for row, offer in zip(drafting, choice.offers, strict=True)}
 
     def _sweep_cancelled(self) -> None:
         for row in [row for row in self.rows.values() if row.job.cancelled]:

@@ -1,7 +1,7 @@
 """What a model's forward costs, measured: seconds against the positions it computed.
 
-The width policy (app/decoding/width.py) asks what a tick would cost at other widths, so every
-measured pass is kept per model, by position count, as a running estimate in buckets of powers of
+The tick's width choice (app/decoding/goodput.py) asks what a tick would cost at other widths, so
+every measured pass is kept per model, by position count, as a running estimate in buckets of powers of
 two (a running mean that rises more slowly than it falls: timing noise only adds, `_moved`); the
 estimate is the least-squares line through the buckets (a forward costs a fixed part, dispatch and
 weight reads, plus a part that grows with the positions). Until two buckets hold measurements

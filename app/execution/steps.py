@@ -10,8 +10,9 @@ evaluated for every waiting row at once, after the drafting and before the targe
 row judges, samples and draws keys in its own generator in the order it would alone, so its output
 never depends on its batch-mates (evaluating arrays together changes no value in them).
 
-The tick's parts are timed (app/execution/cost.py `TickClock`): the drafting phase, the target
-forward, the rest; the width policy prices the next ticks with them.
+`run_together` returns the tick as a value, a `TickResult`: each row's outcome in the rows' order
+and the tick's parts timed (app/execution/cost.py `TickClock`: the drafting phase, the target
+forward, the rest; the tick's width choice prices the next ticks with them).
 
 A row whose step raises fails alone: its exception is its result. A failed batched forward fails
 the rows of that group (their caches may be half advanced).
@@ -21,9 +22,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import mlx.core as mx
 
@@ -105,12 +106,31 @@ def run_alone(steps: Steps[T]) -> T:
         return done.value
 
 
-def run_together(steps: Sequence[Steps[T]], clock: TickClock | None = None) -> list[T | Exception]:
-    """Run every step to its end; each one's result, or the exception that ended it. `clock`
-    times the tick's parts (a fresh one where the caller does not read them)."""
+@dataclass(frozen=True)
+class TickResult(Generic[T]):
+    """What one tick of rows came to: each step's result, or the exception that ended it, in the
+    steps' order (`outcomes`); the tick's parts timed (`clock`, closed) and its wall `seconds`."""
+
+    outcomes: tuple[T | Exception, ...]
+    clock: TickClock
+    seconds: float
+
+    def __iter__(self) -> Iterator[T | Exception]:
+        return iter(self.outcomes)
+
+    def __len__(self) -> int:
+        return len(self.outcomes)
+
+    def __getitem__(self, index: int) -> T | Exception:
+        return self.outcomes[index]
+
+
+def run_together(steps: Sequence[Steps[T]]) -> TickResult[T]:
+    """Run every step to its end, their forwards batched; the tick as a value (`TickResult`)."""
+    started = time.perf_counter()
     results: list[T | Exception | None] = [None] * len(steps)
     waiting: dict[int, Forward | DraftPass | Evaluate] = {}
-    clock = clock or TickClock()
+    clock = TickClock()
 
     def resume(index: int, logits: object) -> None:
         try:
@@ -151,7 +171,7 @@ def run_together(steps: Sequence[Steps[T]], clock: TickClock | None = None) -> l
             for i, row_logits in zip(group, logits, strict=True):
                 resume(i, row_logits)
     clock.close()
-    return results  # type: ignore[return-value]  # every step has ended
+    return TickResult(tuple(results), clock, time.perf_counter() - started)  # type: ignore[arg-type]  # every step ended
 
 
 def _drafted(requests: list, clock: TickClock) -> list:

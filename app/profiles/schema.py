@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from app.loading.paths import EMBEDDED_DRAFTER, EMBEDDED_TARGET
+from app.loading.paths import EMBEDDED_TARGET
 from app.sampling import chain
 from app.sampling.params import SamplingParams
 
@@ -69,7 +69,7 @@ class SpeculativeSettings(Group):
 
 class AdaptiveSettings(Group):
     enabled: bool = True  # adaptive verify width of the block loops
-    under_load: bool = True  # the tick's goodput choice may narrow T = 0 rows (app/decoding/width.py)
+    under_load: bool = True  # the tick's goodput choice may narrow T = 0 rows (app/decoding/goodput.py)
     max_width: Annotated[int, msgspec.Meta(ge=2, le=33)] = 16
 
 
@@ -279,8 +279,3 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     logging: LoggingSettings = msgspec.field(default_factory=LoggingSettings)
     profile: str = "flags"
     source: str = "command line"
-
-
-def embedded_default() -> Settings:
-    """The embedded pair with the classic draft-model loop (what the `default` profile says)."""
-    return Settings(drafter=DrafterSettings(kind="draft-model", model=str(EMBEDDED_DRAFTER)))

@@ -182,8 +182,6 @@ def request_body(prompt: str, n: int, arm: str, temperature: float = 0.0) -> byt
     """One streaming request; a sampled one is seeded by its prompt, so every arm draws the same."""
     fields = {"prompt": prompt, "max_tokens": n, "temperature": temperature, "stream": True,
               "stream_options": {"include_usage": True}}  # fmt: skip
-    if temperature > 0:
-        fields["seed"] = HELD_OUT_CODE.index(prompt)
     if arm != MLX_LM:  # mlx_lm.server ignores EOS through its wrapper; its frames carry one token each
         fields |= {"ignore_eos": True, "timings_per_token": True, "speculative_diagnostics": True}
     if temperature > 0:  # the same draws in every arm: a seed per prompt

@@ -13,7 +13,7 @@ from app.decoding.loop import SpeculativeLoop, TargetLoop
 from app.decoding.plan import LoopPlan, Switches, plan_from_settings
 from app.drafters.block_rows import DFlashPass, MtpPass, row_stable
 from app.execution import forward as forward_module
-from app.execution.steps import run_together
+from app.execution.steps import TickResult, run_together
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams
@@ -103,6 +103,7 @@ def test_a_row_that_fails_ends_alone(builders, embedded_target) -> None:
     steps = [generation.steps() for generation in rows]
     steps[1].send(None)  # the step is already under way: resuming it again raises in that row only
     outcomes = run_together(steps)
+    assert isinstance(outcomes, TickResult) and len(outcomes.outcomes) == 3 and outcomes.seconds > 0
     assert isinstance(outcomes[1], Exception)
     assert all(not isinstance(outcome, Exception) and outcome.tokens for outcome in (outcomes[0], outcomes[2]))
 

@@ -12,9 +12,10 @@ import pytest
 from app.acceptance import Rule, rules
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
+from app.decoding.goodput import Goodput
 from app.decoding.loop import SpeculativeLoop
 from app.decoding.plan import LoopPlan, Switches
-from app.decoding.width import Goodput
+from app.decoding.width import WidthOffer
 from app.drafters.draft_model import DraftModelDrafter
 from app.execution.model import LoadedModel, load_model
 from app.execution.runner import ModelRunner
@@ -155,9 +156,9 @@ def test_the_target_distribution_holds_while_the_ticks_choice_moves_the_widths(c
     goodput.cost = swinging_costs(goodput)
     rows: list[Generation] = []
 
-    def choose(live: list[Generation]) -> None:
+    def choose(live: list[Generation]) -> tuple[WidthOffer, ...]:
         rows.extend(g for g in live if g not in rows)
-        goodput.choose([g.widths for g in live])
+        return goodput.choose([g.widths for g in live]).offers
 
     request = RowRequest(prompt=[1, 2, 3], sampling=SIX, max_tokens=0)
     stream = seeded_stream(builder, request, sample_count(), before_tick=choose)

@@ -1,5 +1,6 @@
 """The width policy (app/decoding/width.py): the row's cap, the round's width decided once, the
-measured forward cost, the goodput choice under load, and exactness while the widths move."""
+measured forward cost, the goodput choice under load (app/decoding/goodput.py), and exactness
+while the widths move."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ import pytest
 from app.acceptance import Rule, Verdict
 from app.decoding.adaptive import ControlledWidth, FixedWidth, WidthController
 from app.decoding.builder import LoopBuilder, RowRequest
+from app.decoding.goodput import SURVEY_EVERY, Goodput
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.width import (
     FORGET,
-    SURVEY_EVERY,
+    OWN_WIDTH,
     Acceptance,
-    Goodput,
     GovernedWidth,
+    WidthOffer,
     WidthPolicy,
     expected_tokens,
     row_n_max,
@@ -116,11 +118,9 @@ def test_a_round_is_decided_once_within_cap_budget_and_the_ticks_limit() -> None
     row = policy(n_max=5)
     assert row.wanted() == 5 and row.decide(budget=100) == 5 and row.current == 5
     assert row.decide(budget=3) == 2  # the round's last token is within the budget too
-    row.limit = 1
-    assert row.decide(budget=100) == 1 and row.current == 1
+    assert row.decide(budget=100, limit=1) == 1 and row.current == 1
     assert row.decide(budget=100) == 5  # a tick's limit holds for that tick's round only
-    row.limit = 0
-    assert row.decide(budget=100) == 0 and row.current == 0  # width 0: the row decodes plainly
+    assert row.decide(budget=100, limit=0) == 0 and row.current == 0  # width 0: the row decodes plainly
     assert policy(n_min=3).retracts(2) and not policy(n_min=3).retracts(3) and policy().retracts(0)
 
 
@@ -147,8 +147,8 @@ def drafter(fixed: float, per_position: float, shape: PassShape = PassShape.CHAI
 
 def widths_after(goodput: Goodput, rows: list[WidthPolicy], ticks: int = 1) -> list[int | None]:
     for _ in range(ticks):
-        goodput.choose(rows)
-    return [row.limit for row in rows]
+        choice = goodput.choose(rows)
+    return [offer.limit for offer in choice.offers]
 
 
 def test_each_row_gets_its_own_width_from_its_own_acceptance() -> None:
@@ -156,11 +156,12 @@ def test_each_row_gets_its_own_width_from_its_own_acceptance() -> None:
     rows accepting 5 % decode plainly (width 0) in the same tick."""
     rows = [policy(alpha=0.95)] + [policy(alpha=0.05) for _ in range(7)]
     goodput = Goodput(lambda: measured(0.004, 0.0005))
-    changes = goodput.choose(rows)
-    assert rows[0].limit == 7 and all(row.limit == 0 for row in rows[1:])
+    choice = goodput.choose(rows)
+    assert choice.offers[0].limit == 7 and all(offer.limit == 0 for offer in choice.offers[1:])
+    changes = choice.changes
     assert set(changes) == set(range(1, 8)) and all(c.cap == 0 and c.batch == 8 for c in changes.values())
-    assert changes[1].expected_gain > 1.02 and all(row.held_at == 0 for row in rows[1:])
-    assert goodput.choose(rows) == {}  # nothing moved: no second event
+    assert changes[1].expected_gain > 1.02 and all(goodput.held_at(row) == 0 for row in rows[1:])
+    assert goodput.choose(rows).changes == {}  # nothing moved: no second event
 
 
 def test_the_drafters_passes_are_priced_with_the_target() -> None:
@@ -228,12 +229,13 @@ def test_the_whole_ticks_time_calibrates_what_the_fits_leave_out() -> None:
 def test_held_rows_keep_their_width_and_lone_rows_are_chosen_too() -> None:
     held = [policy(alpha=0.05, load_free=False) for _ in range(4)]
     free = [policy(alpha=0.05) for _ in range(4)]
-    Goodput(lambda: measured(0.001, 0.001)).choose(held + free)
-    assert all(row.limit is None for row in held) and all(row.limit == 0 for row in free)
+    offers = Goodput(lambda: measured(0.001, 0.001)).choose(held + free).offers
+    assert all(offer.limit is None for offer in offers[:4]) and all(offer.limit == 0 for offer in offers[4:])
     lone = [policy(alpha=0.05)]
     assert widths_after(Goodput(lambda: measured(0.001, 0.001)), lone) == [0]
     unmeasured = [policy(alpha=0.0) for _ in range(8)]
-    assert Goodput(lambda: ForwardCost()).choose(unmeasured) == {} and all(r.limit is None for r in unmeasured)
+    choice = Goodput(lambda: ForwardCost()).choose(unmeasured)
+    assert choice.changes == {} and all(offer == OWN_WIDTH for offer in choice.offers)
     fresh = WidthPolicy(FixedWidth(7), n_max=7, load_free=True)  # no round yet: its own width once
     assert widths_after(Goodput(lambda: measured(0.001, 0.001)), [fresh]) == [None]
 
@@ -246,14 +248,14 @@ def test_the_widths_in_force_hold_until_others_beat_them_clearly() -> None:
     for row in rows:  # acceptance drifts a little: the best width may move by one, not enough to switch
         row.acceptance = Acceptance.prior(0.32)
         row.acceptance.rounds = 1
-    assert goodput.choose(rows) == {} and widths_after(goodput, rows) == first
+    assert goodput.choose(rows).changes == {} and widths_after(goodput, rows) == first
     goodput.cost = lambda: measured(0.05, 0.0)  # positions cost nothing now: every row's own width
-    lifted = goodput.choose(rows)
+    lifted = goodput.choose(rows).changes
     assert len(lifted) == 16 and all(c.cap is None and c.previous == first[0] for c in lifted.values())
 
 
-def observe_probe(row: WidthPolicy, accepted: bool) -> None:
-    width = row.decide(budget=100)
+def observe_probe(row: WidthPolicy, offer: WidthOffer, accepted: bool) -> None:
+    width = row.decide(budget=100, limit=offer.limit, price=offer.price)
     tokens = [5, 6] if accepted else [5]
     row.observe(tokens, width, Verdict(accepted=int(accepted), tokens=tokens, tested=1), 0.001)
 
@@ -266,22 +268,22 @@ def test_a_row_held_at_width_0_probes_and_comes_back_when_its_acceptance_recover
     goodput = Goodput(lambda: measured(0.001, 0.001))
 
     def tick(accepted: bool) -> int | None:
-        changes = goodput.choose([row])
-        limit = row.limit
-        if limit:
-            observe_probe(row, accepted)
+        choice = goodput.choose([row])
+        (offer,) = choice.offers
+        if offer.limit:
+            observe_probe(row, offer, accepted)
         else:
-            row.decide(budget=100)
-        return limit, changes
+            row.decide(budget=100, limit=offer.limit, price=offer.price)
+        return offer.limit, choice.changes
 
     first = [tick(accepted=False) for _ in range(12)]
     assert [limit for limit, _ in first] == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1]  # after 4 ticks, then after 8
     assert [bool(changes) for _, changes in first] == [True] + [False] * 11  # held at 0: one event
     later = []
-    while row.held_at == 0 and len(later) < 40:
+    while goodput.held_at(row) == 0 and len(later) < 40:
         later.append(tick(accepted=True))
     limits = [limit for limit, _ in later]
-    assert row.held_at != 0 and later[-1][1]  # given its width back, with an event
+    assert goodput.held_at(row) != 0 and later[-1][1]  # given its width back, with an event
     assert limits.count(1) >= 2 and limits[-3:-1] == [1, 1]  # accepted probes follow each other
 
 
@@ -292,14 +294,14 @@ def test_a_row_its_costs_hold_at_width_0_probes_rarely() -> None:
     goodput = Goodput(lambda: measured(0.01, 0.00001))
     probes = 0
     for _ in range(47):
-        goodput.choose(rows)
-        probes += rows[0].limit == 1
-        for row in rows:
-            if row.limit:
-                observe_probe(row, accepted=True)
+        offers = goodput.choose(rows).offers
+        probes += offers[0].limit == 1
+        for row, offer in zip(rows, offers, strict=True):
+            if offer.limit:
+                observe_probe(row, offer, accepted=True)
             else:
-                row.decide(budget=100)
-    assert all(row.held_at == 0 for row in rows) and 1 <= probes <= 3
+                row.decide(budget=100, limit=offer.limit, price=offer.price)
+    assert all(goodput.held_at(row) == 0 for row in rows) and 1 <= probes <= 3
 
 
 def test_every_sixteenth_tick_surveys_half_the_widths_then_the_rows_own() -> None:
@@ -318,8 +320,7 @@ def test_a_block_loop_round_is_charged_its_priced_cost_not_the_wall_clock() -> N
     batch-mates' work in the same tick is not charged to its width."""
     controller = WidthController(declared=4, ceiling=8)
     row = WidthPolicy(ControlledWidth(controller), n_max=7, load_free=False)
-    row.price = lambda width: 0.002 * (1 + width)
-    width = row.decide(budget=100)
+    width = row.decide(budget=100, price=lambda width: 0.002 * (1 + width))
     row.observe([1, 2, 3], width, Verdict(accepted=2, tokens=[1, 2, 3], tested=3), seconds=5.0)
     assert controller.window.seconds == pytest.approx(0.002 * (1 + width))  # not the 5 s of the tick
 
@@ -352,9 +353,8 @@ def test_temperature_zero_rows_are_byte_identical_while_the_ticks_cap_moves(
         generation.prefill()
     draw = random.Random(0)
     while live := [g for g in rows if not g.finished]:
-        for generation in live:
-            generation.widths.limit = draw.randint(0, generation.n_max)
-        for outcome in run_together([g.steps() for g in live]):
+        offers = [WidthOffer(draw.randint(0, generation.n_max)) for generation in live]
+        for outcome in run_together([g.steps(offer) for g, offer in zip(live, offers, strict=True)]):
             if isinstance(outcome, Exception):
                 raise outcome
     assert [g.emitted for g in rows] == expected
@@ -383,8 +383,8 @@ def test_rows_emit_target_only_tokens_at_every_width_the_policy_picks(embedded_t
     goodput = Goodput(lambda: None)
     goodput.cost = swinging_costs(goodput)
     while live := [g for g in rows if not g.finished]:
-        goodput.choose([g.widths for g in live])
-        for outcome in run_together([g.steps() for g in live]):
+        offers = goodput.choose([g.widths for g in live]).offers
+        for outcome in run_together([g.steps(offer) for g, offer in zip(live, offers, strict=True)]):
             if isinstance(outcome, Exception):
                 raise outcome
     assert [g.emitted for g in rows] == expected
@@ -413,8 +413,7 @@ def test_a_round_the_load_narrowed_is_no_evidence_for_the_governor() -> None:
     governor = make_governor(7, policy="break-even")
     row = WidthPolicy(GovernedWidth(governor, lambda n: []), n_max=7, load_free=True)
     for _ in range(4):  # narrowed rounds of one draft: below the floor, yet no pause
-        row.limit = 1
-        assert row.decide(100) == 1
+        assert row.decide(100, limit=1) == 1
         row.observe([5, 6], 1, Verdict(accepted=1, tokens=[5, 6], tested=1), 0.001)
     assert governor.observed_rounds == 0 and not governor.paused
     for _ in range(2):  # full rounds that miss: the governor's own evidence, and its pause

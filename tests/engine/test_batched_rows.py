@@ -56,7 +56,7 @@ def cancel_mid_stream(url: str) -> str:
 
 def comparable(result: dict) -> dict:
     """What must not depend on a row's batch-mates: everything, but its draft counts, which follow
-    the widths the tick's choice made for it (app/decoding/width.py `Goodput`: under the default
+    the widths the tick's choice made for it (app/decoding/goodput.py `Goodput`: under the default
     profile's rules, greedy argmax and sampler-match, every width emits the same tokens)."""
     kept = {k: v for k, v in result.items() if k != "id"}
     kept["counts"] = {k: v for k, v in kept["counts"].items() if not k.startswith("draft_")}

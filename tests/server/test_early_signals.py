@@ -26,7 +26,7 @@ from app.loading import EMBEDDED_TARGET
 from ops.bench.spawn import free_port
 from tests.support.server import clean_env
 
-STARTED_S = 10.0  # the longest one stage of a start may take on a loaded machine
+STARTED_S = 30.0  # the longest one stage of a start may take on a loaded machine (load average 18 seen)
 
 
 def started(tmp: Path, name: str) -> tuple[subprocess.Popen[str], Path, str]:
@@ -46,7 +46,7 @@ def started(tmp: Path, name: str) -> tuple[subprocess.Popen[str], Path, str]:
 def until(reached: Callable[[Path, str], bool], log: Path, url: str, process: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + STARTED_S
     while not reached(log, url):
-        assert process.poll() is None and time.monotonic() < deadline, "the server did not get there"
+        assert process.poll() is None and time.monotonic() < deadline, f"{log.name}: not there: {log.read_text()[-1500:]}"
         time.sleep(0.02)
 
 
@@ -63,11 +63,6 @@ def stopped(process: subprocess.Popen[str], log: Path, sig: signal.Signals) -> t
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="open: in 3 full suites in a row, a SIGINT 1.5 s after start was lost (the server served on, no stop "
-    "event); seen only under the full suite's load",
-)
 def test_a_signal_at_any_moment_of_the_start_exits_cleanly(tmp_path: Path) -> None:
     outcomes = {}
     # The moments: Python importing MLX and the app (after half a second, and 1.5 s), the

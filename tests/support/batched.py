@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.generation import Generation
+from app.decoding.width import OWN_WIDTH, WidthOffer
 from app.execution.steps import run_together
 from app.sampling import SamplingParams
 
@@ -22,7 +23,8 @@ class Arrival:
     leaves: int | None = None  # the tick it is dropped at, finished or not (a cancelled request)
 
 
-Tick = Callable[[list[Generation]], object]  # sees each tick's decoding rows before they step (the engine's choice)
+# sees each tick's decoding rows before they step; the engine's choice: an offer per row, in their order (None: none)
+Tick = Callable[[list[Generation]], Sequence[WidthOffer] | None]
 
 
 def run_batched(arrivals: Sequence[Arrival], before_tick: Tick = lambda _: None) -> int:
@@ -33,8 +35,8 @@ def run_batched(arrivals: Sequence[Arrival], before_tick: Tick = lambda _: None)
         waiting = [a for a in waiting if a.joins > tick]
         live = [a for a in live if not a.generation.finished and (a.leaves is None or tick < a.leaves)]
         decoding = [a.generation for a in live if a.generation.prefilled]
-        before_tick(decoding)
-        for outcome in run_together([a.generation.ticking() for a in live]):
+        offers = {id(g): offer for g, offer in zip(decoding, before_tick(decoding) or (), strict=False)}
+        for outcome in run_together([a.generation.ticking(offers.get(id(a.generation), OWN_WIDTH)) for a in live]):
             if isinstance(outcome, Exception):
                 raise outcome
         widest = max(widest, len(decoding))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.decoding.width import Goodput
+from app.decoding.goodput import Goodput
 from app.execution.cost import ForwardCost
 
 

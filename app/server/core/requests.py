@@ -26,29 +26,10 @@ from app.server.errors import ApiError
 # What llama-server's strtol reads whole as a token id. ASCII only: str.isdigit() also takes
 # "١٢" and "²", and int() refuses the second.
 TOKEN_ID = re.compile(r"\s*[+-]?[0-9]+", re.ASCII)
-SAMPLING_FIELDS = (
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repeat_penalty",
-    "repeat_last_n",
-    "presence_penalty",
-    "frequency_penalty",
-    "xtc_probability",
-    "xtc_threshold",
-    "dry_multiplier",
-    "dry_base",
-    "dry_allowed_length",
-    "dry_penalty_last_n",
-    "top_n_sigma",
-    "typical_p",
-    "dynatemp_range",
-    "dynatemp_exponent",
-    "mirostat",
-    "mirostat_tau",
-    "mirostat_eta",
-)
+# The sampler's parameters built here from other fields (breakers, biases, the chain); every
+# other one is a knob a request sets by name, defaulted by the profile's `[sampling]`.
+BUILT_APART = frozenset({"dry_sequence_breakers", "dry_breakers", "logit_bias", "samplers"})
+SAMPLING_FIELDS = tuple(name for name in SamplingParams.__struct_fields__ if name not in BUILT_APART)
 
 
 def requested_tokens(request: SamplingFields, settings: Settings) -> int:

@@ -1,0 +1,421 @@
+"""The tick's choice of every load-free row's width (`Goodput`), before each tick.
+
+Every load-free row's width (0 included: the row decodes plainly this tick; which rows are
+load-free: app/decoding/width.py) is chosen to maximise the tick's expected tokens per second:
+each row's expected round length at its width, from its own acceptance, against what the whole
+tick costs at those widths, measured (app/execution/cost.py): the target's forward at the
+positions the widths make, the drafter's passes (a draft model's or an MTP head's chain, one pass
+per draft position over the rows drafting that far; a DFlash-family block forward; prompt
+lookup's nothing) and the rows' host work (judging, sampling, settling) at their positions, each
+fitted from the measured ticks, and the whole tick's measured time scaling the part with no row
+drafting and the part drafting adds (`Goodput.measured`), so what the fits leave out is weighed
+too. The choice reads the rows' width policies and returns a `WidthOffer` per row (a limit and a
+price), which the scheduler hands to the row's step; what it keeps of a row across ticks (the
+width it holds the row at, its probes) is its own (`Hold`).
+
+The choice leaves the rows' own widths only for an expected gain of 5 % (`LEAVE_GAIN`: a smaller
+one is within the model's error) and moves widths in force only for 2 % more (`ADOPT_GAIN`).
+
+A row the choice holds at width 0 still learns: a probe round of one verified draft comes after
+`PROBE_FIRST` ticks, again at once after a probe that was accepted (its acceptance is recovering),
+and after twice the gap (up to `PROBE_MAX`) after one that was not. A row held at 0 that even an
+acceptance of `PROMISING` would not get drafting again (the tick's costs hold it there, not its
+acceptance) probes only every `PROBE_MAX` ticks: probes then cost more than they can tell. Every
+`SURVEY_EVERY`-th tick runs the load-free rows at half their widths, and the next such tick at
+their own widths, so every record keeps seeing more than one width (a fit needs two) and the
+widths not chosen lately are timed afresh (a cost measured while another process held the cores
+must not keep them out for good). Neither is logged: the width in force has not moved.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+from app.decoding.width import MAX_ACCEPTANCE, OWN_WIDTH, Acceptance, WidthOffer, WidthPolicy, expected_tokens
+from app.drafters.passes import PassShape
+from app.execution.cost import DRAFTING, ForwardCost, PlaneCost, plane_of
+
+ADOPT_GAIN = 1.02  # new widths must beat the widths in force by 2 % of expected tokens/s
+LEAVE_GAIN = 1.05  # and the rows' own widths by 5 %: a model's small gain is within its error
+PROBE_FIRST = 4  # ticks at width 0 before a row's first probe round
+PROBE_MAX = 16  # the longest gap between two probe rounds of a row
+PROMISING = 0.9  # the acceptance a probe could show at best (what decides whether probing can matter)
+SURVEY_EVERY = 16  # ticks between two that run the load-free rows at half, then at their own widths
+
+
+@dataclass(frozen=True)
+class WidthChange:
+    """The tick's choice moved one row's width: `cap` the width it holds the row at (None: the
+    row's own), `previous` the one before, for `batch` decoding rows, expecting `expected_gain`
+    times the tick's tokens per second at every row's own width, at `prices` (`TickPrices.summary`)."""
+
+    batch: int
+    cap: int | None
+    previous: int | None
+    expected_gain: float
+    prices: dict[str, list[float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WidthChoice:
+    """The tick's choice: each row's offer, in the rows' order, and the rows whose held width
+    moved, by index (for the log)."""
+
+    offers: tuple[WidthOffer, ...]
+    changes: dict[int, WidthChange] = field(default_factory=dict)
+
+
+@dataclass
+class Hold:
+    """What the tick's choice keeps of one row across ticks: the width it holds the row at and
+    the row's probe rounds while held at 0 (module docstring)."""
+
+    held_at: int | None = None  # the width the choice holds the row at (None: its source's)
+    probe_gap: int = PROBE_FIRST  # ticks between two probe rounds while the row is held at width 0
+    since_probe: int = 0  # ticks at width 0 since the last probe round (or since it was held there)
+    probe_at: int | None = None  # the row's verified rounds when its last probe was offered (None: no probe out)
+
+    def probe(self, promising: bool, acceptance: Acceptance) -> bool:
+        """Whether this tick is a probe round for the row held at width 0 (one draft, verified);
+        `promising`: a good probe could get the row drafting again (module docstring)."""
+        self.since_probe += 1
+        probing = self.since_probe >= (self.probe_gap if promising else PROBE_MAX)
+        if probing:
+            self.since_probe, self.probe_at = 0, acceptance.rounds
+        return probing
+
+    def drafting(self) -> None:
+        """The row drafts this tick: its next hold at 0 starts the probes afresh."""
+        self.since_probe, self.probe_gap = 0, PROBE_FIRST
+
+    def settle(self, acceptance: Acceptance) -> None:
+        """The last probe's verdict, read from the row's acceptance: accepted, probe again at once;
+        missed, wait twice as long; not verified (retracted, ended), it tells nothing."""
+        if self.probe_at is None:
+            return
+        if acceptance.rounds > self.probe_at:
+            self.probe_gap = 1 if acceptance.latest else min(PROBE_MAX, 2 * self.probe_gap)
+        self.probe_at = None
+
+
+@dataclass(frozen=True)
+class Line:
+    """A record's estimate: `fixed` seconds plus `slope` per position. A record of one bucket
+    prices every count at that bucket's mean until a second bucket gives a slope."""
+
+    fixed: float
+    slope: float
+
+    @classmethod
+    def of(cls, record: ForwardCost | None) -> Line | None:
+        if record is None or not record.buckets:
+            return None
+        line = record.line()
+        if line is None:
+            (bucket,) = record.buckets.values()
+            return cls(bucket.seconds, 0.0)
+        return cls(*line)
+
+
+@dataclass(frozen=True)
+class Plane:
+    """An estimate against counts: `fixed` seconds plus `parts[i]` per unit of count i."""
+
+    fixed: float
+    parts: tuple[float, ...]
+
+    @classmethod
+    def of(cls, record: PlaneCost | None, near: int | None = None) -> Plane | None:
+        fitted = record.plane(near) if record is not None else None
+        return None if fitted is None else cls(fitted[0], tuple(fitted[1]))
+
+    @classmethod
+    def of_passes(cls, record: PlaneCost) -> Plane | None:
+        """A drafter's pass (fixed, per position, per sampled position). One bucket prices a pass
+        by its positions (a sixteen-row pass is not what a lone row's costs), so rows of other
+        counts draft, and get measured."""
+        if len(record.buckets) == 1:
+            (bucket,) = record.buckets.values()
+            return cls(0.0, (bucket.seconds / max(bucket.counts[0], 1.0), 0.0))
+        return cls.of(record)
+
+    def at(self, *counts: float) -> float:
+        return self.fixed + sum(part * count for part, count in zip(self.parts, counts, strict=True))
+
+
+@dataclass(frozen=True)
+class TickPrices:
+    """What a tick's parts cost, from the measured records: the target's forward (against the
+    tick's rows and positions), the rows' host work (against rows, verifying rows and positions),
+    each drafter's pass (against the rows' positions of the pass)."""
+
+    target: Plane  # (rows, positions)
+    host: Plane  # (rows, verifying rows, positions)
+    drafters: dict[int, tuple[PassShape, Plane]]  # id(drafter module) -> its passes (positions, sampled)
+
+    def summary(self) -> dict[str, list[float]]:
+        """The parts in milliseconds, for the log: the target's forward (fixed, per row, per
+        position), the host work (fixed, per row, per verifying row, per position), each drafter's
+        pass (fixed, per position)."""
+        ms = lambda values: [round(1000 * v, 4) for v in values]  # noqa: E731
+        parts = {"target": ms([self.target.fixed, *self.target.parts]), "host": ms([self.host.fixed, *self.host.parts])}
+        for shape, plane in self.drafters.values():
+            parts[f"drafter_{shape}"] = ms([plane.fixed, *plane.parts])
+        return parts
+
+
+def _key(row: WidthPolicy) -> int | None:
+    module = row.passes.module
+    return None if row.passes.shape is PassShape.NONE or module is None else id(module)
+
+
+class Tick:
+    """One tick's rows at the prices: its seconds and expected tokens at any widths (closed forms:
+    every line is straight), and what each row's drafting adds to it. `plain` and `drafting`
+    scale the tick with no row drafting and what the drafting adds (`Goodput.measured`)."""
+
+    def __init__(
+        self, prices: TickPrices, rows: Sequence[WidthPolicy], others: int, plain: float = 1.0, drafting: float = 1.0
+    ) -> None:
+        self.prices, self.rows, self.others, self.drafting = prices, rows, others, drafting
+        self.alphas = [min(row.alpha, MAX_ACCEPTANCE) for row in rows]
+        self.expected = [
+            [expected_tokens(a, w) for w in range(row.n_max + 1)] for a, row in zip(self.alphas, rows, strict=True)
+        ]
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i, row in enumerate(rows):
+            if (key := _key(row)) is not None:
+                groups[key].append(i)
+        self.groups = [(*prices.drafters[key], members) for key, members in groups.items()]
+        self.group_of = {i: g for g, (_, _, members) in enumerate(self.groups) for i in members}
+        host, target = prices.host.parts, prices.target.parts
+        self.costs = []  # per row: (its drafting at all, each of its drafts), passes' fixed parts left out
+        for i, row in enumerate(rows):
+            shape, passes = self.groups[self.group_of[i]][:2] if i in self.group_of else (PassShape.NONE, NO_PASS)
+            # a position: the target's, its host work, its pass's; each the more for a row whose sampler draws
+            position = target[1] + host[2] + passes.parts[0] + (host[3] + passes.parts[1] if row.sampled else 0.0)
+            first = host[1] + (position - target[1] - host[2] if shape is PassShape.BLOCK else 0.0)  # the anchor
+            self.costs.append((drafting * first, drafting * position))
+        count, sampled = len(rows) + others, sum(row.sampled for row in rows)
+        at_zero = prices.target.at(count, count) + prices.host.at(count, 0, count, sampled)  # every row at 0
+        self.fixed = plain * max(at_zero, 1e-6)  # a neighbourhood's plane may reach below 0 far from it
+
+    def seconds(self, widths: Sequence[int]) -> float:
+        total = self.fixed
+        for (first, each), w in zip(self.costs, widths, strict=True):
+            if w:
+                total += first + each * w
+        for shape, passes, members in self.groups:
+            deepest = max(widths[i] for i in members)
+            if deepest:  # a chain's pass per draft position, a block drafter's one pass
+                total += self.drafting * passes.fixed * (deepest if shape is PassShape.CHAIN else 1)
+        return total
+
+    def tokens(self, widths: Sequence[int]) -> float:
+        return self.others + sum(table[w] for table, w in zip(self.expected, widths, strict=True))
+
+    def rate(self, widths: Sequence[int]) -> float:
+        seconds = self.seconds(widths)
+        return self.tokens(widths) / seconds if seconds > 0 else 0.0
+
+    def added(self, widths: Sequence[int], index: int, width: int) -> float:
+        """What row `index` at `width` adds to the tick over it at 0, the others at `widths`:
+        its own costs and, for the passes it makes deeper, their fixed parts."""
+        if not width:
+            return 0.0
+        first, each = self.costs[index]
+        added = first + each * width
+        if index in self.group_of:
+            shape, passes, members = self.groups[self.group_of[index]]
+            others = max((widths[i] for i in members if i != index), default=0)
+            deeper = max(0, width - others) if shape is PassShape.CHAIN else int(others == 0)
+            added += self.drafting * passes.fixed * deeper
+        return added
+
+
+@dataclass
+class Goodput:
+    """Before each tick: every load-free row's width that maximises the tick's expected tokens per
+    second, at the measured costs of the tick's parts (`TickPrices`); see the module docstring."""
+
+    cost: Callable[[], ForwardCost | None]  # the target's forwards against positions (until `target` fits)
+    host: Callable[[], PlaneCost | None] = lambda: None  # the rows' host work (None: not weighed)
+    target: Callable[[], PlaneCost | None] = lambda: None  # the target's forwards against rows and positions
+    ticks: int = 0
+    # measured over predicted seconds: of a tick with no row drafting, and of what drafting adds
+    plain_scale: float = 1.0
+    drafting_scale: float = 1.0
+    _fitted: dict[int, TickPrices | None] = field(default_factory=dict, repr=False)  # by rows' bit length
+    _expected: tuple[float, float] | None = field(default=None, repr=False)  # the latest tick's (plain, drafting)
+    # what the choice keeps of each row (held width, probes), for as long as the row lives
+    _holds: weakref.WeakKeyDictionary[WidthPolicy, Hold] = field(default_factory=weakref.WeakKeyDictionary, repr=False)
+
+    def prices(self, rows: Sequence[WidthPolicy]) -> TickPrices | None:
+        """The tick's prices, fitted afresh every `REFIT_EVERY` ticks (and for a drafter not yet
+        priced); None until the target's forward and every drafting row's drafter have been
+        measured (until then each row runs its source's width)."""
+        size = len(rows).bit_length()  # fitted near this many rows (PlaneCost.plane)
+        fitted = self._fitted.get(size)
+        if (
+            fitted is None
+            or self.ticks % REFIT_EVERY == 0
+            or any((key := _key(row)) is not None and key not in fitted.drafters for row in rows)
+        ):
+            fitted = self._fitted[size] = self._fit(rows)
+        return fitted
+
+    def _fit(self, rows: Sequence[WidthPolicy]) -> TickPrices | None:
+        target = Plane.of(self.target(), near=len(rows))
+        if target is None:  # no tick timed yet: the forwards' positions line alone
+            line = Line.of(self.cost())
+            if line is None:
+                return None
+            target = Plane(line.fixed, (0.0, line.slope))
+        drafters = {}
+        for row in rows:
+            if (key := _key(row)) is not None and key not in drafters:
+                passes = Plane.of_passes(plane_of(row.passes.module, DRAFTING))
+                if passes is None:
+                    return None
+                drafters[key] = (row.passes.shape, passes)
+        return TickPrices(target, Plane.of(self.host(), near=len(rows)) or NO_HOST, drafters)
+
+    def choose(self, rows: Sequence[WidthPolicy], positions: int = 0) -> WidthChoice:
+        """This tick's offer to each of `rows` (the tick's decoding rows' policies; `positions`: its
+        rows without one, a position each), and the rows whose held width moved, by index. The
+        rows are read, never changed: each offer goes to its row's step (`WidthPolicy.decide`)."""
+        self.ticks += 1
+        holds = [self._hold(row) for row in rows]
+        prices = self.prices(rows) if rows else None
+        if prices is None:
+            return WidthChoice((OWN_WIDTH,) * len(rows))
+        tick = Tick(prices, rows, positions, self.plain_scale, self.drafting_scale)
+        wanted = [row.wanted() for row in rows]
+        # a row's first round runs at its own width: its acceptance is then its own, not the prior
+        free = [i for i, row in enumerate(rows) if row.load_free and wanted[i] > 0 and row.acceptance.rounds]
+        in_force = [min(w, holds[i].held_at) if i in free and holds[i].held_at is not None else w
+                    for i, w in enumerate(wanted)]  # fmt: skip
+        best = _best(tick, wanted, free)
+        if tick.rate(best) <= LEAVE_GAIN * tick.rate(wanted):  # no clear gain over the rows' own widths
+            best = list(wanted)
+        if tick.rate(best) <= ADOPT_GAIN * tick.rate(in_force):  # nor over the widths in force: no flapping
+            best = in_force
+        gain = tick.rate(best) / max(tick.rate(wanted), 1e-12)
+        changes = {}
+        for i in free:
+            hold, held = holds[i], best[i] if best[i] < wanted[i] else None
+            if held != hold.held_at:
+                changes[i] = WidthChange(len(rows), held, hold.held_at, round(gain, 4), prices.summary())
+                hold.held_at = held
+        applied = list(best)
+        seconds, tokens = tick.seconds(best), tick.tokens(best)
+        for i in free:
+            if self.ticks % SURVEY_EVERY == 0:
+                applied[i] = best[i] // 2 if self.ticks % (2 * SURVEY_EVERY) else wanted[i]
+            elif best[i] == 0 and holds[i].probe(_promising(tick, best, i, seconds, tokens), rows[i].acceptance):
+                applied[i] = 1
+            elif best[i]:
+                holds[i].drafting()
+        self._expected = (tick.fixed, tick.seconds(applied) - tick.fixed)
+        plain = tick.fixed / (len(rows) + positions)  # each row's share of the tick with no row drafting
+        offers = tuple(
+            WidthOffer(applied[i] if i in free else None, partial(_share, tick, applied, i, plain))
+            for i in range(len(rows))
+        )
+        return WidthChoice(offers, changes)
+
+    def held_at(self, row: WidthPolicy) -> int | None:
+        """The width the choice holds `row` at (None: its own)."""
+        hold = self._holds.get(row)
+        return None if hold is None else hold.held_at
+
+    def _hold(self, row: WidthPolicy) -> Hold:
+        """The choice's own record of `row` (made on its first tick), its last probe settled."""
+        hold = self._holds.get(row)
+        if hold is None:
+            hold = self._holds[row] = Hold()
+        hold.settle(row.acceptance)
+        return hold
+
+    def measured(self, seconds: float) -> float | None:
+        """The tick just chosen took `seconds` in all: the scales move toward what it says (a tick
+        with no drafting calibrates the plain part, one with drafting what the drafting added),
+        so what the parts' fits leave out is weighed all the same. The seconds the choice
+        predicted for it (None: it priced no tick)."""
+        if self._expected is None:
+            return None
+        plain, drafting = self._expected
+        self._expected = None
+        if drafting <= PLAIN_TICK * plain:
+            self.plain_scale = _rescaled(self.plain_scale, seconds / plain if plain > 0 else 1.0)
+        elif drafting > 0:
+            self.drafting_scale = _rescaled(self.drafting_scale, (seconds - plain) / drafting)
+        return plain + drafting
+
+
+def _rescaled(scale: float, ratio: float) -> float:
+    """`scale` moved toward `scale * ratio`, the ratio bounded (one tick is one noisy measurement)
+    and a rise weighed half a fall (timing noise only adds, as app/execution/cost.py's buckets)."""
+    bounded = min(max(ratio, 1 / SCALE_STEP), SCALE_STEP)
+    weight = CALIBRATION / 2 if bounded > 1 else CALIBRATION
+    return min(max(scale + weight * (scale * bounded - scale), SCALE_RANGE[0]), SCALE_RANGE[1])
+
+
+NO_HOST = Plane(0.0, (0.0, 0.0, 0.0, 0.0))
+NO_PASS = Plane(0.0, (0.0, 0.0))  # prompt lookup's: nothing forwarded
+PLAIN_TICK = 0.02  # a tick whose drafting adds less than this share is a plain tick for the calibration
+CALIBRATION = 0.05  # weight of one tick in the scales
+SCALE_STEP = 2.0  # one tick moves a scale toward at most twice (or half) itself
+SCALE_RANGE = (0.25, 4.0)
+REFIT_EVERY = 4  # ticks between two fits of the records (a tick adds one measurement to each)
+DINKELBACH_ROUNDS = 8  # enough: each round's rate is the best so far, and it settles in two or three
+
+
+def _best(tick: Tick, wanted: list[int], free: list[int]) -> list[int]:
+    """The widths of the most expected tokens per second. The tick's seconds are the free rows'
+    costs (each a part for drafting at all and a part per draft) on top of a part the free rows
+    share (the other rows', and the passes' fixed parts, which grow with the deepest width D);
+    for each D, Dinkelbach's iteration (with the best rate R so far, every row takes the width
+    that maximises its expected tokens minus R times its seconds) finds the best widths; the best
+    over every D is taken."""
+    widths = [0 if i in free else w for i, w in enumerate(wanted)]
+    best, best_rate = widths, tick.rate(widths)
+    if not free:
+        return best
+    for depth in range(1, max(wanted[i] for i in free) + 1):
+        candidate, current = list(widths), best_rate
+        for _ in range(DINKELBACH_ROUNDS):
+            for i in free:
+                first, each = tick.costs[i]
+                alpha, top = tick.alphas[i], min(depth, wanted[i])
+                # expected tokens past the first, less the rate times the seconds, at widths 1..top
+                gain, choice, extra, power = 0.0, 0, 0.0, 1.0
+                for w in range(1, top + 1):
+                    power *= alpha
+                    extra += power
+                    if extra - current * (first + each * w) > gain:
+                        gain, choice = extra - current * (first + each * w), w
+                candidate[i] = choice
+            achieved = tick.rate(candidate)
+            if achieved <= current * (1 + 1e-9):
+                break
+            current = achieved
+            if achieved > best_rate:
+                best, best_rate = list(candidate), achieved
+    return best
+
+
+def _promising(tick: Tick, widths: list[int], index: int, seconds: float, tokens: float) -> bool:
+    """Whether one draft of row `index`, accepted at `PROMISING`, would raise the tick's rate (of
+    `tokens` in `seconds` at `widths`)."""
+    return seconds > 0 and (tokens + PROMISING) / (seconds + tick.added(widths, index, 1)) > tokens / seconds
+
+
+def _share(tick: Tick, widths: list[int], index: int, plain: float, width: int) -> float:
+    """Row `index`'s round at `width`: its share of the tick with no row drafting, plus what its
+    drafting adds to the tick (the whole tick for a lone row)."""
+    return plain + tick.added(widths, index, width)
