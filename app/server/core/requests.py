@@ -26,9 +26,10 @@ from app.server.errors import ApiError
 # What llama-server's strtol reads whole as a token id. ASCII only: str.isdigit() also takes
 # "١٢" and "²", and int() refuses the second.
 TOKEN_ID = re.compile(r"\s*[+-]?[0-9]+", re.ASCII)
-# The sampler's parameters built here from other fields (breakers, biases, the chain); every
-# other one is a knob a request sets by name, defaulted by the profile's `[sampling]`.
-BUILT_APART = frozenset({"dry_sequence_breakers", "dry_breakers", "logit_bias", "samplers"})
+# The sampler's parameters built here from other fields (breakers, biases, the chain, the infill
+# stage's tables from the tokenizer); every other one is a knob a request sets by name, defaulted
+# by the profile's `[sampling]`.
+BUILT_APART = frozenset({"dry_sequence_breakers", "dry_breakers", "logit_bias", "samplers", "infill"})
 SAMPLING_FIELDS = tuple(name for name in SamplingParams.__struct_fields__ if name not in BUILT_APART)
 
 
