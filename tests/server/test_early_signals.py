@@ -46,7 +46,8 @@ def started(tmp: Path, name: str) -> tuple[subprocess.Popen[str], Path, str]:
 def until(reached: Callable[[Path, str], bool], log: Path, url: str, process: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + STARTED_S
     while not reached(log, url):
-        assert process.poll() is None and time.monotonic() < deadline, f"{log.name}: not there: {log.read_text()[-1500:]}"
+        there = process.poll() is None and time.monotonic() < deadline
+        assert there, f"{log.name}: the server did not get there: {log.read_text()[-1500:]}"
         time.sleep(0.02)
 
 
