@@ -1,11 +1,11 @@
 """`mlxcel serve`'s stop from the process's first line until serve installs its own (stdlib only).
 
-A SIGINT's KeyboardInterrupt raised inside the imports that run before `mlxcel serve`'s handler
-is in (numpy, structlog, MLX, mlx-lm, transformers: 0.3 s on an idle machine, over 1.5 s on two
-loaded cores) can land in a `__del__`, a weakref callback or an `except BaseException`, which
-swallow it, and the server then served on (three full suites in a row, a SIGINT 1.5 s after
-start). Nothing is held yet: one event line on stdout and exit 0, as serve's own early stop
-(app/cli/serve.py `stop_before_serving`) does once logging is configured.
+Before serve's handler is in (app/cli/serve.py `stop_early`), the imports run first: numpy,
+structlog and the profile checks for the CLI, 0.3 s on an idle machine and past 1.5 s on two
+loaded cores. A SIGINT there raised KeyboardInterrupt inside them (a traceback, or exit 130).
+Nothing is held yet: one event line on stdout and exit 0, as serve's own early stop does once
+logging is configured. A stop signal the process inherited as ignored stays ignored (a tensor
+rank's, app/cli/tensor_launch.py; a background job of a non-interactive shell ignores SIGINT).
 """
 
 import os

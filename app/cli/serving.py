@@ -58,10 +58,13 @@ class DrainingServer(uvicorn.Server):
             events.forced_exit(signal=signal.Signals(sig).name)
             os._exit(128 + sig)
         timeout = self.engines.current.settings.server.drain_timeout_s
-        events.draining(signal=signal.Signals(sig).name, timeout_s=timeout)
         self._first = sig, now
         self.engines.drain()
         self.drain_deadline = now + timeout
+        # Logged last: a handler runs between any two bytecodes of the main thread, inside a write
+        # to the same stream too, where this line raises a reentrant-call error that the
+        # interrupted write swallows (app/cli/serve.py `exit_process`); the drain has begun by then.
+        events.draining(signal=signal.Signals(sig).name, timeout_s=timeout)
 
     async def on_tick(self, counter: int) -> bool:
         if self.drain_deadline is not None and not self.should_exit:

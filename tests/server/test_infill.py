@@ -6,6 +6,7 @@ where the model has none (the embedded pair); and the code-completion limits lla
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,30 @@ def test_continues_fim_body_fills_in_through_the_suffix(server) -> None:
         whole = http.post("/v1/completions", json=continue_fim(ADD) | {"stream": False}).json()
     assert texts == [ADD.middle, MULTIPLY.middle]
     assert whole["choices"][0]["text"] == ADD.middle
+
+
+def continue_ollama_fim(gap) -> dict:
+    """Continue's autocomplete body for an Ollama provider (core/llm/llms/Ollama.ts `_streamFim`):
+    a raw generate with the suffix, its options and keep_alive."""
+    options = {"temperature": 0.01, "num_predict": 64, "stop": ["<|endoftext|>", "<|fim_prefix|>", "<|file_sep|>"]}
+    body = {"model": "qwen2.5-coder:1.5b", "prompt": gap.prefix, "suffix": gap.suffix, "raw": True}
+    return body | {"options": options, "keep_alive": 1800, "stream": True}
+
+
+@pytest.mark.slow
+def test_ollamas_generate_fills_in_through_the_suffix(server) -> None:
+    """Ollama's /api/generate with a `suffix` lays the prompt out as /v1/completions' suffix does."""
+    with server.client() as http:
+        texts = []
+        for gap in (ADD, MULTIPLY):
+            with http.stream("POST", "/api/generate", json=continue_ollama_fim(gap)) as response:
+                assert response.status_code == 200
+                lines = [json.loads(line) for line in response.iter_lines() if line]
+            assert lines[-1]["done"] is True
+            texts.append("".join(line["response"] for line in lines))
+        whole = http.post("/api/generate", json=continue_ollama_fim(ADD) | {"stream": False, "system": "unused"})
+    assert texts == [ADD.middle, MULTIPLY.middle]
+    assert whole.status_code == 200 and whole.json()["response"] == ADD.middle
 
 
 @pytest.mark.slow

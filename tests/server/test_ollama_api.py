@@ -150,7 +150,7 @@ def test_log_probabilities_in_ollamas_shape(default_server) -> None:
         ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, 400, "images"),
         ("/api/generate", {"prompt": "x", "images": ["aGk="]}, 400, "images"),
         ("/api/generate", {"prompt": "x", "template": "{{ .Prompt }}"}, 400, "template"),
-        ("/api/generate", {"prompt": "x", "suffix": "y"}, 400, "suffix"),
+        ("/api/generate", {"prompt": "x", "suffix": "y"}, 400, "Infill is not supported by this model"),
         ("/api/chat", {"messages": ASK, "format": "yaml"}, 400, "format"),
         ("/api/chat", {"messages": ASK, "think": "maximal"}, 400, "think"),
         ("/api/embed", {"input": "hi"}, 404, "embeddings are off"),

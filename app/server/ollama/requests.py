@@ -8,8 +8,10 @@ shift here), a no-op wherever it is at least the prompt and the token limit; `nu
 nothing here and are ignored, as Ollama ignores options a model does not use. `format` is
 `"json"` (any JSON object) or a JSON schema, through the grammar engine; `think` is the chat
 template's `enable_thinking` (and, as a level, its `reasoning_effort`); `keep_alive` is accepted
-without effect (the model stays loaded). Images, `suffix` and a request's own `template` are
-refused with 400 (docs/other-apis.md).
+without effect (the model stays loaded). A generate request's `suffix` fills in the middle between
+its prompt and the suffix with the model's fill-in-the-middle tokens (app/server/core/infill.py; 400
+naming them where the model has none), as Ollama's FIM templates lay it out: no chat template, its
+`system` unused. Images and a request's own `template` are refused with 400 (docs/other-apis.md).
 """
 
 from __future__ import annotations
@@ -146,9 +148,11 @@ def generate_chat_request(data: OllamaGenerateRequest) -> ChatRequest:
 
 
 def raw_request(data: OllamaGenerateRequest) -> CompletionRequest:
-    """A raw /api/generate: the prompt as is (no template), as llama-server's native route reads one."""
+    """A raw /api/generate, or one with a `suffix`: the prompt as is (no chat template), as
+    llama-server's native route reads one. A suffix's fill-in-the-middle layout has no place for
+    `system`, and Ollama's FIM templates leave it out too."""
     refuse_generate_fields(data)
-    if data.system:
+    if data.system and not data.suffix:
         raise ApiError(400, "system: a raw prompt has no template to put it in; write it into the prompt")
     body = {"prompt": data.prompt or ""} | generation_fields(data)
     if data.think is not None:
@@ -167,8 +171,6 @@ def raw_request(data: OllamaGenerateRequest) -> CompletionRequest:
 def refuse_generate_fields(data: OllamaGenerateRequest) -> None:
     if data.images:
         raise ApiError(400, f"images: not supported: {TEXT_ONLY}")
-    if data.suffix:
-        raise ApiError(400, "suffix: not supported on /api/generate: fill-in-the-middle is not served here")
     if data.template:
         raise ApiError(
             400,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from app.server.chat import conversation, reasoning, template
 from app.server.chat.reasoning import Reasoning, ThinkingStream, split
 from app.server.chat.request import ChatRequest
 from app.server.chat.tools import CallStream, ToolPlan, forced_schema, tool_calls
+from app.server.core import infill
 from app.server.core import prompts as prompt_shapes
 from app.server.core import requests as core_requests
 from app.server.core.bodies import json_response
@@ -199,17 +201,22 @@ class OllamaController(Controller):
     async def generate(
         self, request: Request, engine: NamedDependency[EngineView], data: JSONBody[OllamaGenerateRequest]
     ) -> Response | Stream:
-        """A completion of `prompt`, through the chat template unless `raw`: NDJSON lines, or one body."""
+        """A completion of `prompt`, through the chat template unless `raw` (or filled in up to a
+        `suffix`): NDJSON lines, or one body."""
         started = time.perf_counter_ns()
         model = model_alias(engine.settings)
         if requests.loads_only(data):
             return loaded(data, GenerateAnswer(model=model, created_at=shapes.created_at(), done=True, response=""))
         thinking = None
         fields: ChatRequest | CompletionRequest
-        if data.raw:
+        if data.raw or data.suffix:
             fields = requests.raw_request(data)
-            (prompt,) = await offload.run(request, prompt_shapes.prompts, fields.prompt, engine.tokenizer,
-                                          engine.vocab_size)  # fmt: skip
+            shape = prompt_shapes.prompts
+            if data.suffix:  # fill in the middle, from the prompt up to the suffix (app/server/core/infill.py)
+                n_ctx, n_predict = engine.context_limit, engine.settings.sampling.n_predict
+                shape = partial(infill.suffix_prompts, suffix=data.suffix, n_ctx=n_ctx, n_predict=n_predict)
+            (prompt,) = await offload.run(request, shape, fields.prompt, tokenizer=engine.tokenizer,
+                                          vocab=engine.vocab_size)  # fmt: skip
             tokens = prompt.tokens
         else:
             fields = requests.generate_chat_request(data)
