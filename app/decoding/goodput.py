@@ -323,10 +323,19 @@ class Goodput:
         self._expected = (tick.fixed, tick.seconds(applied) - tick.fixed)
         plain = tick.fixed / (len(rows) + positions)  # each row's share of the tick with no row drafting
         offers = tuple(
-            WidthOffer(applied[i] if i in free else None, partial(_share, tick, applied, i, plain))
+            WidthOffer(
+                applied[i] if i in free else None,
+                partial(_share, tick, applied, i, plain),
+                then_plain=i in free and applied[i] == 0 and self._plain_next(holds[i]),
+            )
             for i in range(len(rows))
         )
         return WidthChoice(offers, changes)
+
+    def _plain_next(self, hold: Hold) -> bool:
+        """Whether a row held at 0 this tick stays there next tick as far as the choice can tell:
+        no survey tick and no probe round is due (a probe's gap counts from this tick's)."""
+        return (self.ticks + 1) % SURVEY_EVERY != 0 and hold.since_probe + 1 < hold.probe_gap
 
     def held_at(self, row: WidthPolicy) -> int | None:
         """The width the choice holds `row` at (None: its own)."""

@@ -150,6 +150,41 @@ def prefill_target(
     return logits[-1:]
 
 
+def can_pipeline(state: RowState) -> bool:
+    """Whether a row's plain step may queue the next one's forward before its token is read: not
+    with log-probabilities asked for (each token's row is read with the token), nor for a
+    constrained row (its next mask needs this step's token on the host first), nor where the
+    sampler reads the host's history or a coin."""
+    host_free = state.probs is None and state.constraint is None
+    return not state.sampler.needs_context and not state.sampler.uses_coin and host_free
+
+
+def decide_lazily(state: RowState, logits: mx.array) -> mx.array:
+    """The token after the last of `logits`' rows, left on the device: the draw `sample_next`
+    makes (the same key of the row's stream), without reading it."""
+    last = logits[-1:]
+    if state.sampler.is_greedy:
+        return state.sampler.greedy(last)
+    return state.sampler.distribution(last).draw(state.rng.next_key())
+
+
+def plain_step(
+    target: ModelRunner, state: RowState, current: mx.array | None, queue_next: bool
+) -> Steps[tuple[int, mx.array | None]]:
+    """One plain step of a row that `can_pipeline`: its forward, unless the step before queued it
+    (`current`, this step's token decided lazily on it); `queue_next`: the next step's forward
+    goes in this tick too, before this token is read, so it computes while the host reads and
+    streams this one. The token, and the next step's lazy token (None: not queued). Keys are
+    drawn in the same order either way: the output does not depend on it."""
+    if current is None:
+        current = decide_lazily(state, (yield Forward(target, state.tokens[target.length :])))
+    ahead = decide_lazily(state, (yield Forward(target, current, ahead=True))) if queue_next else None
+    yield Evaluate((current,))  # every row's token of the tick in one wait
+    token = int(current.item())
+    state.decide([token])
+    return token, ahead
+
+
 class TargetLoop:
     """Target-only decoding: one forward and one sampler decision per step.
 
@@ -180,34 +215,15 @@ class TargetLoop:
         forced = jump_forward(state, budget)
         if ends_here(state):
             return RoundOutcome(tuple(forced), jumped=len(forced))
-        pipelined = self._can_pipeline(state)
+        pipelined = can_pipeline(state)
         current, self._ahead = self._ahead, None
-        if current is None:
-            if not pipelined:
-                return RoundOutcome((*forced, *(yield from decode_one(self.target, state))), jumped=len(forced))
-            current = self._decide_lazily(state, (yield Forward(self.target, state.tokens[self.target.length :])))
-        if pipelined and budget > 1:
-            self._ahead = self._decide_lazily(state, (yield Forward(self.target, current, ahead=True)))
-        yield Evaluate((current,))  # every row's token of the tick in one wait
-        token = int(current.item())
-        state.decide([token])
+        if current is None and not pipelined:
+            return RoundOutcome((*forced, *(yield from decode_one(self.target, state))), jumped=len(forced))
+        token, self._ahead = yield from plain_step(self.target, state, current, pipelined and budget > 1)
         return RoundOutcome((token,))
 
     def positions(self, state: RowState) -> int:
         return positions(self.target, state, 0)
-
-    def _can_pipeline(self, state: RowState) -> bool:
-        """Not with log-probabilities asked for (each token's row is read with the token), nor
-        for a constrained row (its next mask needs this step's token on the host first)."""
-        host_free = state.probs is None and state.constraint is None
-        return not state.sampler.needs_context and not state.sampler.uses_coin and host_free
-
-    def _decide_lazily(self, state: RowState, logits: mx.array) -> mx.array:
-        """The token after the last of `logits`' rows, left on the device."""
-        last = logits[-1:]
-        if state.sampler.is_greedy:
-            return state.sampler.greedy(last)
-        return state.sampler.distribution(last).draw(state.rng.next_key())
 
 
 class SpeculativeLoop:
@@ -217,6 +233,14 @@ class SpeculativeLoop:
     shorter than the request's `n_min` is retracted: a proposer that reads nothing of the target
     then gets a plain decode step, one with a hook gets a verify of no proposals (its forward
     feeds the hook).
+
+    A row the tick's choice holds at width 0, and expects to hold there next tick too
+    (`WidthOffer.then_plain`), decodes as a target-only row does: its next step's forward is
+    queued before this token is read (`plain_step`), so under load a drafting profile's plain
+    rows lose nothing to target-only's. Only where that changes no token: load-free rows (their
+    tokens are the target stream's at every width), a proposer with no hook (a block drafter
+    reads the target's rows of every position), a row that `can_pipeline`. The queued step is
+    plain whatever the next tick offers (a release from the hold, or a probe, waits one tick).
     """
 
     def __init__(self, target: ModelRunner, drafting: Drafting, speculation: Speculation) -> None:
@@ -226,6 +250,7 @@ class SpeculativeLoop:
         self.widths = drafting.widths
         self.speculation = speculation
         self._first: int | None = None  # the first token, decided before the proposer's prefill ends
+        self._ahead: mx.array | None = None  # the next plain step's token, decided lazily on its queued forward
         self._prompt_features: list[mx.array] = []  # the hook's rows of the prefill chunks so far
 
     def prefill_chunk(self, state: RowState) -> int | None:
@@ -259,7 +284,14 @@ class SpeculativeLoop:
             notes = self.widths.observe(forced, 0, None, time.perf_counter() - started)
             return RoundOutcome(tuple(forced), jumped=len(forced), notes=notes)
         base = len(state.tokens)
-        width = self.widths.decide(budget - len(forced), offer.limit, offer.price)
+        ahead, self._ahead = self._ahead, None  # queued by the step before: this one is plain
+        width = self.widths.decide(budget - len(forced), 0 if ahead is not None else offer.limit, offer.price)
+        queue_next = budget - len(forced) > 1 and self._pipelines(state, offer)
+        if ahead is not None or (width == 0 and queue_next):
+            token, self._ahead = yield from plain_step(self.target, state, ahead, queue_next)
+            self.proposer.settle(state, base, Proposal.empty(), None, None)
+            notes = self.widths.observe([*forced, token], 0, None, time.perf_counter() - started)
+            return RoundOutcome((*forced, token), jumped=len(forced), width=0, notes=notes)
         proposal = (yield from self.proposer.proposing(state, width)) if width > 0 else Proposal.empty()
         masks = None
         if state.constraint is not None:
@@ -287,4 +319,9 @@ class SpeculativeLoop:
         )
 
     def positions(self, state: RowState) -> int:
-        return positions(self.target, state, self.widths.wanted())
+        return positions(self.target, state, 0 if self._ahead is not None else self.widths.wanted())
+
+    def _pipelines(self, state: RowState, offer: WidthOffer) -> bool:
+        """Whether a plain round may queue the next one (the class docstring says when)."""
+        no_hook = self.proposer.hook is None
+        return offer.then_plain and no_hook and self.widths.load_free and can_pipeline(state)

@@ -112,6 +112,9 @@ class WidthOffer:
 
     limit: int | None = None
     price: Callable[[int], float] | None = None
+    # The choice holds the row at 0 this tick and expects to next tick too (no probe, no survey
+    # due): a plain round may queue its next step's forward a tick ahead (app/decoding/loop.py).
+    then_plain: bool = False
 
 
 OWN_WIDTH = WidthOffer()  # no choice made: the row's own width, unpriced (a lone row, a tick not priced)

@@ -364,8 +364,9 @@ def test_temperature_zero_rows_are_byte_identical_while_the_ticks_cap_moves(
 @pytest.mark.parametrize("kind", ["draft-model", "prompt-lookup", "mtp"])
 def test_rows_emit_target_only_tokens_at_every_width_the_policy_picks(embedded_target, embedded_drafter, kind) -> None:
     """The engine's choice sets every row's width before each tick (its own acceptance, the tick's
-    prices swinging mid-stream, probes, surveys), width 0 included: greedy rows emit the target's
-    greedy stream and seeded T = 0.7 sampler-match rows target-only's tokens, token for token."""
+    prices swinging mid-stream, probes, surveys), width 0 included, and a row it holds at 0 queues
+    its next plain step a tick ahead: greedy rows emit the target's greedy stream and seeded
+    T = 0.7 sampler-match rows target-only's tokens, token for token."""
     plain = LoopBuilder(embedded_target, None, LoopPlan())
     # the governor left out: its pauses would take prompt lookup's rows out of the choice
     builder = builder_of(kind, embedded_target, embedded_drafter, block_rule="lossless", governed=False)
@@ -382,12 +383,16 @@ def test_rows_emit_target_only_tokens_at_every_width_the_policy_picks(embedded_t
         generation.prefill()
     goodput = Goodput(lambda: None)
     goodput.cost = swinging_costs(goodput)
+    queued = 0  # ticks after which a held row's next plain step was queued a tick ahead
     while live := [g for g in rows if not g.finished]:
         offers = goodput.choose([g.widths for g in live]).offers
         for outcome in run_together([g.steps(offer) for g, offer in zip(live, offers, strict=True)]):
             if isinstance(outcome, Exception):
                 raise outcome
+        queued += any(g.loop._ahead is not None for g in live)
     assert [g.emitted for g in rows] == expected
+    # held rows' plain steps were pipelined as target-only's are; a block drafter's never (its hook)
+    assert bool(queued) == (kind != "mtp")
     assert all(g.stats.plain_steps and g.stats.widths for g in rows)  # width 0 and wider, every row
     assert len(set().union(*(g.stats.widths for g in rows))) >= 2  # and more than one width drafted
 

@@ -22,7 +22,7 @@ from litestar import Controller, Request, Response, delete, get, post
 from litestar.di import NamedDependency
 from litestar.enums import MediaType
 from litestar.openapi import ResponseSpec
-from litestar.params import JSONBody
+from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
 from msgspec import UNSET
 
@@ -294,7 +294,7 @@ class OllamaManagementController(Controller):
         raise ApiError(501, NOT_MANAGED)
 
     @post("/api/blobs/{digest:str}", status_code=501, name="ollama-blobs")
-    async def blobs(self, digest: str) -> None:
+    async def blobs(self, digest: FromPath[str]) -> None:
         """Uploading a model's files: not served."""
         raise ApiError(501, NOT_MANAGED)
 
