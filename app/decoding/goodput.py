@@ -20,7 +20,11 @@ A row the choice holds at width 0 still learns: a probe round of one verified dr
 `PROBE_FIRST` ticks, again at once after a probe that was accepted (its acceptance is recovering),
 and after twice the gap (up to `PROBE_MAX`) after one that was not. A row held at 0 that even an
 acceptance of `PROMISING` would not get drafting again (the tick's costs hold it there, not its
-acceptance) probes only every `PROBE_MAX` ticks: probes then cost more than they can tell. Every
+acceptance) probes only every `PROBE_MAX` ticks: probes then cost more than they can tell. A probe
+due after a gap of `PROBE_FIRST` or more waits for the next tick that is a multiple of
+`PROBE_FIRST`, so the held rows probe together: on the other ticks every held row's plain step is
+queued a tick ahead (`WidthOffer.then_plain`), and a tick's forwards overlap the host only when
+all of them were queued. Every
 `SURVEY_EVERY`-th tick runs the load-free rows at half their widths, and the next such tick at
 their own widths, so every record keeps seeing more than one width (a fit needs two) and the
 widths not chosen lately are timed afresh (a cost measured while another process held the cores
@@ -79,14 +83,24 @@ class Hold:
     since_probe: int = 0  # ticks at width 0 since the last probe round (or since it was held there)
     probe_at: int | None = None  # the row's verified rounds when its last probe was offered (None: no probe out)
 
-    def probe(self, promising: bool, acceptance: Acceptance) -> bool:
-        """Whether this tick is a probe round for the row held at width 0 (one draft, verified);
+    def probe(self, tick: int, promising: bool, acceptance: Acceptance) -> bool:
+        """Whether `tick` is a probe round for the row held at width 0 (one draft, verified);
         `promising`: a good probe could get the row drafting again (module docstring)."""
         self.since_probe += 1
-        probing = self.since_probe >= (self.probe_gap if promising else PROBE_MAX)
+        probing = self.due(tick, self.since_probe, PROBE_MAX if not promising else self.probe_gap)
         if probing:
             self.since_probe, self.probe_at = 0, acceptance.rounds
         return probing
+
+    def plain_next(self, tick: int) -> bool:
+        """Whether no probe can be due at `tick` + 1, promising or not (a probe's gap is at most
+        `PROBE_MAX`, and a multiple of its alignment)."""
+        return not self.due(tick + 1, self.since_probe + 1, self.probe_gap)
+
+    @staticmethod
+    def due(tick: int, waited: int, gap: int) -> bool:
+        """A probe after `waited` ticks of a `gap`: a long gap's on the grid all held rows share."""
+        return waited >= gap and (gap < PROBE_FIRST or tick % PROBE_FIRST == 0)
 
     def drafting(self) -> None:
         """The row drafts this tick: its next hold at 0 starts the probes afresh."""
@@ -316,7 +330,9 @@ class Goodput:
         for i in free:
             if self.ticks % SURVEY_EVERY == 0:
                 applied[i] = best[i] // 2 if self.ticks % (2 * SURVEY_EVERY) else wanted[i]
-            elif best[i] == 0 and holds[i].probe(_promising(tick, best, i, seconds, tokens), rows[i].acceptance):
+            elif best[i] == 0 and holds[i].probe(
+                self.ticks, _promising(tick, best, i, seconds, tokens), rows[i].acceptance
+            ):
                 applied[i] = 1
             elif best[i]:
                 holds[i].drafting()
@@ -334,8 +350,8 @@ class Goodput:
 
     def _plain_next(self, hold: Hold) -> bool:
         """Whether a row held at 0 this tick stays there next tick as far as the choice can tell:
-        no survey tick and no probe round is due (a probe's gap counts from this tick's)."""
-        return (self.ticks + 1) % SURVEY_EVERY != 0 and hold.since_probe + 1 < hold.probe_gap
+        no survey tick and no probe round due."""
+        return (self.ticks + 1) % SURVEY_EVERY != 0 and hold.plain_next(self.ticks)
 
     def held_at(self, row: WidthPolicy) -> int | None:
         """The width the choice holds `row` at (None: its own)."""

@@ -304,6 +304,31 @@ def test_a_row_its_costs_hold_at_width_0_probes_rarely() -> None:
     assert all(goodput.held_at(row) == 0 for row in rows) and 1 <= probes <= 3
 
 
+def test_held_rows_probe_together_and_queue_their_plain_steps_between_probes() -> None:
+    """Rows held at 0 with different probe histories probe on the same ticks (a long gap waits
+    for the shared grid), so on every other tick all of them are offered a plain next step that
+    may be queued a tick ahead (a tick overlaps the host only when all its forwards were queued)."""
+    rows = [policy(alpha=0.02) for _ in range(4)]
+    goodput = Goodput(lambda: measured(0.001, 0.001))
+    queued_ticks, probe_ticks = 0, []
+    for tick in range(1, 4 * SURVEY_EVERY + 1):
+        offers = goodput.choose(rows).offers
+        if tick == 2:  # one row probes off the others' rhythm unless the grid holds it
+            rows[0].acceptance.observe(0, 1)
+        plains = {offer.then_plain for offer in offers if not offer.limit}
+        assert len(plains) <= 1, tick  # the held rows agree
+        queued_ticks += plains == {True}
+        if any(offer.limit for offer in offers):
+            probe_ticks.append(tick)
+        for row, offer in zip(rows, offers, strict=True):
+            if offer.limit:
+                observe_probe(row, offer, accepted=False)
+            else:
+                row.decide(budget=100, limit=offer.limit, price=offer.price)
+    assert probe_ticks and all(tick % 4 == 0 for tick in probe_ticks)
+    assert queued_ticks >= 2 * SURVEY_EVERY  # at least every other tick fully queued
+
+
 def test_every_sixteenth_tick_surveys_half_the_widths_then_the_rows_own() -> None:
     rows = [policy(alpha=0.9) for _ in range(4)]
     goodput = Goodput(lambda: measured(0.05, 0.00001))
