@@ -13,10 +13,13 @@ from ops.bench.soak import run_soak
 @pytest.mark.slow
 def test_soak_twenty_seconds(target_only_server) -> None:
     """On the shared target-only server: the soak measures its RSS and /metrics from warm-up on.
-    A first, shorter soak fills the pool and caches 16 clients need: the shared server may have
-    just started (at most three run per worker), and its first minute's growth is not a leak."""
+    A first soak of the same length fills the pool and caches 16 clients need: the shared server
+    may have just started (at most three run per worker), and its first half-minute's growth is
+    not a leak. Measured on a fresh server (2026-12-06): after 8 s of load the next 20 s grew
+    RSS 4.0 % (5.0 % and 5.6 % in other runs, over the limit), the two 20 s after that 0.5 % and
+    0.4 %: the growth settles by about 30 s of load, so the warm-up is 20 s."""
     server = target_only_server
-    warming = run_soak(server.url, server.process.pid, seconds=8, clients=16)
+    warming = run_soak(server.url, server.process.pid, seconds=20, clients=16)
     assert not [f for f in warming.failures() if not f.startswith("RSS")], warming.table()
     report = run_soak(server.url, server.process.pid, seconds=20, clients=16)
     print(report.table())
