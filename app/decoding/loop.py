@@ -322,6 +322,6 @@ class SpeculativeLoop:
         return positions(self.target, state, 0 if self._ahead is not None else self.widths.wanted())
 
     def _pipelines(self, state: RowState, offer: WidthOffer) -> bool:
-        """Whether a plain round may queue the next one (the class docstring says when)."""
-        no_hook = self.proposer.hook is None
-        return offer.then_plain and no_hook and self.widths.load_free and can_pipeline(state)
+        """Whether a plain round may queue the next one (the class docstring says when; the offer
+        says `then_plain` to load-free rows only)."""
+        return offer.then_plain and self.proposer.hook is None and can_pipeline(state)

@@ -58,7 +58,7 @@ def warm(builder: LoopBuilder, shapes: WarmShapes) -> int:
     for size in shapes.batch_sizes:
         batch = [_row(builder, shapes, rows + i, vocab) for i in range(size)]
         while live := [generation for generation in batch if not generation.finished]:
-            for outcome in run_together([generation.ticking() for generation in live]):
+            for outcome in run_together([generation.ticking() for generation in live]).outcomes:
                 if isinstance(outcome, Exception):
                     raise outcome
         rows += size

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -114,15 +114,6 @@ class TickResult(Generic[T]):
     outcomes: tuple[T | Exception, ...]
     clock: TickClock
     seconds: float
-
-    def __iter__(self) -> Iterator[T | Exception]:
-        return iter(self.outcomes)
-
-    def __len__(self) -> int:
-        return len(self.outcomes)
-
-    def __getitem__(self, index: int) -> T | Exception:
-        return self.outcomes[index]
 
 
 def run_together(steps: Sequence[Steps[T]]) -> TickResult[T]:

@@ -29,7 +29,6 @@ import mlx.core as mx
 
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan, plan_from_settings
-from app.execution.cost import TickClock
 from app.execution.model import load_model
 from app.execution.steps import run_together
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
@@ -109,11 +108,10 @@ def main(argv: list[str] | None = None) -> None:
     profile = cProfile.Profile()
     with visible_waits():
         for _ in range(args.ticks):
-            clock = TickClock()
             profile.enable()
-            run_together([row.ticking() for row in rows], clock)
+            result = run_together([row.ticking() for row in rows])
             profile.disable()
-            clocks.append(clock)
+            clocks.append(result.clock)
     emitted = sum(len(row.emitted) for row in rows) - emitted
     ms = lambda values: statistics.median(values) * 1e3  # noqa: E731
     total = [c.drafting_s + c.forward_s + c.rest_s for c in clocks]

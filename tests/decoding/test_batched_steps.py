@@ -102,8 +102,9 @@ def test_a_row_that_fails_ends_alone(builders, embedded_target) -> None:
         generation.prefill()
     steps = [generation.steps() for generation in rows]
     steps[1].send(None)  # the step is already under way: resuming it again raises in that row only
-    outcomes = run_together(steps)
-    assert isinstance(outcomes, TickResult) and len(outcomes.outcomes) == 3 and outcomes.seconds > 0
+    result = run_together(steps)
+    assert isinstance(result, TickResult) and len(result.outcomes) == 3 and result.seconds > 0
+    outcomes = result.outcomes
     assert isinstance(outcomes[1], Exception)
     assert all(not isinstance(outcome, Exception) and outcome.tokens for outcome in (outcomes[0], outcomes[2]))
 

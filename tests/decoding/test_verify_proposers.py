@@ -90,7 +90,7 @@ def test_one_verify_call_takes_many_rows(embedded_target, embedded_drafter) -> N
         loop, state = generation.loop, generation.state
         rows.append(VerifyRow(state, loop.target, loop.proposer, loop.proposer.propose(state, 3), loop.speculation))
     before = [len(row.state.tokens) for row in rows]
-    verified = run_together([verifying(row) for row in rows])  # as the engine's tick verifies its rows
+    verified = run_together([verifying(row) for row in rows]).outcomes  # as the engine's tick verifies its rows
     assert len(verified) == len(rows)
     for row, result, length in zip(rows, verified, before, strict=True):
         assert row.state.tokens[length:] == result.verdict.tokens

@@ -379,7 +379,7 @@ def test_temperature_zero_rows_are_byte_identical_while_the_ticks_cap_moves(
     draw = random.Random(0)
     while live := [g for g in rows if not g.finished]:
         offers = [WidthOffer(draw.randint(0, generation.n_max)) for generation in live]
-        for outcome in run_together([g.steps(offer) for g, offer in zip(live, offers, strict=True)]):
+        for outcome in run_together([g.steps(offer) for g, offer in zip(live, offers, strict=True)]).outcomes:
             if isinstance(outcome, Exception):
                 raise outcome
     assert [g.emitted for g in rows] == expected
@@ -411,7 +411,7 @@ def test_rows_emit_target_only_tokens_at_every_width_the_policy_picks(embedded_t
     queued = 0  # ticks after which a held row's next plain step was queued a tick ahead
     while live := [g for g in rows if not g.finished]:
         offers = goodput.choose([g.widths for g in live]).offers
-        for outcome in run_together([g.steps(offer) for g, offer in zip(live, offers, strict=True)]):
+        for outcome in run_together([g.steps(offer) for g, offer in zip(live, offers, strict=True)]).outcomes:
             if isinstance(outcome, Exception):
                 raise outcome
         queued += any(g.loop._ahead is not None for g in live)

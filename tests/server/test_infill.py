@@ -113,20 +113,6 @@ def test_llama_vscodes_bodies_are_served(server) -> None:
     assert answers[0]["generation_settings"]["samplers"] == ["top_k", "top_p", "infill"]
 
 
-@pytest.mark.slow
-def test_continues_fim_body_fills_in_through_the_suffix(server) -> None:
-    with server.client() as http:
-        texts = []
-        for gap in (ADD, MULTIPLY):
-            with http.stream("POST", "/v1/completions", json=continue_fim(gap)) as response:
-                assert response.status_code == 200
-                frames = sse_frames(response)
-            texts.append("".join(f["choices"][0]["text"] for f in frames[:-1] if f["choices"]))
-        whole = http.post("/v1/completions", json=continue_fim(ADD) | {"stream": False}).json()
-    assert texts == [ADD.middle, MULTIPLY.middle]
-    assert whole["choices"][0]["text"] == ADD.middle
-
-
 def continue_ollama_fim(gap) -> dict:
     """Continue's autocomplete body for an Ollama provider (core/llm/llms/Ollama.ts `_streamFim`):
     a raw generate with the suffix, its options and keep_alive."""
@@ -135,20 +121,40 @@ def continue_ollama_fim(gap) -> dict:
     return body | {"options": options, "keep_alive": 1800, "stream": True}
 
 
+def sse_text(response) -> str:
+    frames = sse_frames(response)
+    return "".join(f["choices"][0]["text"] for f in frames[:-1] if f["choices"])
+
+
+def ndjson_text(response) -> str:
+    lines = [json.loads(line) for line in response.iter_lines() if line]
+    assert lines[-1]["done"] is True
+    return "".join(line["response"] for line in lines)
+
+
+# Continue's FIM clients: the route, its body, its stream's text, its whole answer's text, and what
+# else the whole request sends (Ollama's `system`, which the FIM layout leaves unused)
+FIM_CLIENTS = {
+    "openai": ("/v1/completions", continue_fim, sse_text, lambda body: body["choices"][0]["text"], {}),
+    "ollama": ("/api/generate", continue_ollama_fim, ndjson_text, lambda body: body["response"], {"system": "unused"}),
+}
+
+
 @pytest.mark.slow
-def test_ollamas_generate_fills_in_through_the_suffix(server) -> None:
-    """Ollama's /api/generate with a `suffix` lays the prompt out as /v1/completions' suffix does."""
+@pytest.mark.parametrize("client", FIM_CLIENTS)
+def test_continues_fim_bodies_fill_in_through_the_suffix(server, client: str) -> None:
+    """Continue's FIM body for an OpenAI-compatible provider (`suffix` on /v1/completions) and for
+    Ollama (`suffix` on /api/generate, laid out alike): each gap filled, streamed and not."""
+    path, body_of, streamed_text, whole_text, extra = FIM_CLIENTS[client]
     with server.client() as http:
         texts = []
         for gap in (ADD, MULTIPLY):
-            with http.stream("POST", "/api/generate", json=continue_ollama_fim(gap)) as response:
+            with http.stream("POST", path, json=body_of(gap)) as response:
                 assert response.status_code == 200
-                lines = [json.loads(line) for line in response.iter_lines() if line]
-            assert lines[-1]["done"] is True
-            texts.append("".join(line["response"] for line in lines))
-        whole = http.post("/api/generate", json=continue_ollama_fim(ADD) | {"stream": False, "system": "unused"})
+                texts.append(streamed_text(response))
+        whole = http.post(path, json=body_of(ADD) | {"stream": False} | extra)
     assert texts == [ADD.middle, MULTIPLY.middle]
-    assert whole.status_code == 200 and whole.json()["response"] == ADD.middle
+    assert whole.status_code == 200 and whole_text(whole.json()) == ADD.middle
 
 
 @pytest.mark.slow

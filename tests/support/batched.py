@@ -36,7 +36,8 @@ def run_batched(arrivals: Sequence[Arrival], before_tick: Tick = lambda _: None)
         live = [a for a in live if not a.generation.finished and (a.leaves is None or tick < a.leaves)]
         decoding = [a.generation for a in live if a.generation.prefilled]
         offers = {id(g): offer for g, offer in zip(decoding, before_tick(decoding) or (), strict=False)}
-        for outcome in run_together([a.generation.ticking(offers.get(id(a.generation), OWN_WIDTH)) for a in live]):
+        steps = [a.generation.ticking(offers.get(id(a.generation), OWN_WIDTH)) for a in live]
+        for outcome in run_together(steps).outcomes:
             if isinstance(outcome, Exception):
                 raise outcome
         widest = max(widest, len(decoding))
