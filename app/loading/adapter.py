@@ -40,11 +40,12 @@ class Adapter:
 def layout_problem(path: str | Path) -> str | None:
     """Why `path` is not an mlx-lm adapter directory (a GGUF LoRA file among them), or None."""
     found = Path(path).expanduser()
+    if found.suffix == ".gguf" and not found.is_dir():
+        return f"{found} is a GGUF LoRA, which only llama.cpp applies; give {LAYOUT}"
     if not found.exists():
         return f"adapter path does not exist: {found}; point it at {LAYOUT}"
     if not found.is_dir():
-        gguf = " (a GGUF LoRA, which only llama.cpp applies)" if found.suffix == ".gguf" else ""
-        return f"{found} is a file{gguf}, not {LAYOUT}"
+        return f"{found} is a file, not {LAYOUT}"
     missing = [name for name in (CONFIG_FILE, WEIGHTS_FILE) if not (found / name).is_file()]
     if missing:
         return f"{found} has no {' or '.join(missing)}: not {LAYOUT}"

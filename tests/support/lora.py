@@ -35,3 +35,27 @@ def build_adapter(out: Path, num_layers: int = 6, seed: int = 0, target: Path = 
     config = {"fine_tune_type": "lora", "num_layers": num_layers, "lora_parameters": parameters}
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
     return out
+
+
+def mlx_lm_fused(adapter: Path, target: Path = EMBEDDED_TARGET):
+    """mlx-lm's own model with the adapter fused, as `mlx_lm.fuse` makes it (its `load` with
+    `adapter_path`, then each LoRA layer's `fuse()`), in the dtype this device computes in."""
+    from mlx.utils import tree_unflatten
+
+    from app.execution.device import compute_dtype
+    from app.loading import read_checkpoint
+
+    model, tokenizer = mlx_lm_load(str(target), adapter_path=str(adapter))
+    fused = [(name, module.fuse()) for name, module in model.named_modules() if hasattr(module, "fuse")]
+    model.update_modules(tree_unflatten(fused))
+    dtype = compute_dtype(model, read_checkpoint(target).config, "auto")
+    if dtype is not None:
+        model.set_dtype(dtype)
+    return model, tokenizer
+
+
+def greedy_tokens(model, tokenizer, prompt: list[int], max_tokens: int) -> list[int]:
+    """mlx-lm's own greedy decoding (`stream_generate`, argmax), up to EOS or `max_tokens`."""
+    from mlx_lm.generate import stream_generate
+
+    return [r.token for r in stream_generate(model, tokenizer, prompt, max_tokens=max_tokens)][:max_tokens]

@@ -1,0 +1,91 @@
+"""A LoRA adapter fused into the target at load (target.adapter_path): the served answer is mlx-lm's
+own with the adapter fused, with the drafter and without, and the exactness guards hold over it.
+
+The adapter is built with mlx-lm's LoRA tooling for the embedded target (tests/support/lora.py).
+Engines are built from the shipped profiles as the server builds them, the adapter given as the
+`--adapter-path` flag gives it.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from app.decoding.builder import LoopBuilder, RowRequest
+from app.engine.engine import Engine
+from app.profiles import resolve, settled
+from app.sampling import SamplingParams
+from tests.support.lora import SCALE, build_adapter, greedy_tokens, mlx_lm_fused
+
+PROMPTS = ["def merge_sorted(left, right):\n", "class LRUCache:\n    def __init__(self, capacity):\n"]
+N_PREDICT = 48
+GREEDY = SamplingParams(temperature=0.0)
+HOT = SamplingParams(temperature=0.7)
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_adapter(tmp_path_factory.mktemp("lora") / "adapter")
+
+
+@functools.cache
+def builder(profile: str, adapter: Path | None, scale: float | None = None) -> LoopBuilder:
+    flags = {"adapter_path": str(adapter) if adapter else None, "adapter_scale": scale}
+    engine = Engine(settled(resolve(profile, flags)).settings)
+    engine.host.load()
+    return engine.host.builder
+
+
+def run(loops: LoopBuilder, request: RowRequest) -> list[int]:
+    generation = loops.build(request)
+    generation.prefill()
+    while not generation.finished:
+        generation.step()
+    return generation.emitted
+
+
+def prompt_tokens() -> list[list[int]]:
+    tokenizer = builder("target-only", None).target.tokenizer
+    return [list(tokenizer.encode(prompt)) for prompt in PROMPTS]
+
+
+def test_the_served_answer_is_mlx_lms_own_with_the_adapter_fused(adapter: Path) -> None:
+    """T = 0, target-only and with the default profile's draft model: mlx-lm's greedy tokens of
+    its own fused model; and not the answer without the adapter (so this can fail)."""
+    model, tokenizer = mlx_lm_fused(adapter)
+    for tokens in prompt_tokens():
+        want = greedy_tokens(model, tokenizer, tokens, N_PREDICT)
+        request = RowRequest(tokens, GREEDY, max_tokens=N_PREDICT)
+        alone = run(builder("target-only", adapter), request)
+        drafted = run(builder("default", adapter), request)
+        assert alone == want and drafted == want
+        assert run(builder("target-only", None), request) != want
+
+
+def test_a_scaled_adapter_is_mlx_lms_own_with_that_scale(adapter: Path, tmp_path: Path) -> None:
+    """--lora-scaled DIR 0.5 serves the model an adapter_config.json of half its scale gives mlx-lm."""
+    halved = tmp_path / "halved"
+    halved.mkdir()
+    (halved / "adapters.safetensors").symlink_to(adapter / "adapters.safetensors")
+    config = (adapter / "adapter_config.json").read_text()
+    (halved / "adapter_config.json").write_text(config.replace(f'"scale": {SCALE}', f'"scale": {SCALE * 0.5}'))
+    model, tokenizer = mlx_lm_fused(halved)
+    tokens = prompt_tokens()[0]
+    want = greedy_tokens(model, tokenizer, tokens, N_PREDICT)
+    assert run(builder("target-only", adapter, 0.5), RowRequest(tokens, GREEDY, max_tokens=N_PREDICT)) == want
+    assert want != greedy_tokens(*mlx_lm_fused(adapter), tokens, N_PREDICT)
+
+
+def test_seeded_speculation_emits_target_only_tokens_with_the_adapter(adapter: Path) -> None:
+    """Seeded identity: at T = 0.7 the default profile's sampler-match rows emit the adapted
+    target-only's tokens, token for token, having drafted."""
+    for i, tokens in enumerate(prompt_tokens()):
+        request = RowRequest(tokens, HOT, max_tokens=N_PREDICT, seed=50 + i, ignore_eos=True)
+        generation = builder("default", adapter).build(request)
+        generation.prefill()
+        while not generation.finished:
+            generation.step()
+        assert generation.stats.acceptance.rounds > 0
+        assert generation.emitted == run(builder("target-only", adapter), request)
