@@ -57,7 +57,7 @@ def asked(value: Any, count: int) -> tuple[float, ...]:
         if not _number(scale):
             raise ValueError(f"the scale of adapter {index} is not a number")
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
-            held = "no adapter is loaded" if not count else f"ids 0 to {count - 1} are loaded (GET /lora-adapters)"
+            held = "only adapter 0 is loaded (GET /lora-adapters)" if count else "no adapter is loaded"
             raise ValueError(f"invalid adapter id {index!r}: {held}")
         scales[index] = float(scale)
     return tuple(scales)
@@ -73,7 +73,7 @@ def problem(value: Any, settings: Settings) -> str | None:
     if want == have:
         return None
     keep = ", ".join(f'{{"id": {i}, "scale": {scale:g}}}' for i, scale in enumerate(have))
-    return f"{FUSED} at {have[0]:g}; asked {want[0]:g} (an adapter left out is asked 0): send [{keep}]"
+    return f"{FUSED} at {have[0]:g}; asked {want[0]:g} (an adapter the list leaves out is asked 0): send [{keep}]"
 
 
 def _number(value: Any) -> bool:
