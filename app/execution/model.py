@@ -92,8 +92,9 @@ def fuse_adapter(model: nn.Module, adapter: Path, scale: float, target: Path) ->
     the model an adapter_config.json with that product for its scale would give."""
     try:
         load_adapters(model, str(adapter))
-    except (ValueError, TypeError, KeyError, FileNotFoundError) as exc:
-        raise AdapterError(f"cannot apply the adapter {adapter} to {target}: {type(exc).__name__}: {exc}") from exc
+    except (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError) as exc:  # as a broken model, above
+        said = " ".join(str(exc).split())  # mlx-lm lists the tensors one a line: one line here
+        raise AdapterError(f"cannot apply the adapter {adapter} to {target}: {type(exc).__name__}: {said}") from exc
     model.eval()
     fused = []
     for name, module in model.named_modules():

@@ -16,8 +16,11 @@ import pytest
 from app.acceptance import Rule
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.engine.engine import Engine
+from app.execution.model import load_model
+from app.loading import ModelLoadError
 from app.profiles import resolve, settled
 from app.sampling import SamplingParams
+from tests.profiles.test_adapter import RANK, write_adapter
 from tests.support.lora import SCALE, build_adapter, greedy_tokens, mlx_lm_fused
 
 PROMPTS = ["def merge_sorted(left, right):\n", "class LRUCache:\n    def __init__(self, capacity):\n"]
@@ -95,3 +98,13 @@ def test_seeded_speculation_emits_target_only_tokens_with_the_adapter(adapter: P
             generation.step()
         assert generation.speculation.rule is Rule.SAMPLER_MATCH and generation.stats.acceptance.rounds > 0
         assert generation.emitted == run(builder("target-only", adapter), request)
+
+
+def test_what_the_headers_cannot_tell_mlx_lm_refuses_at_load(tmp_path: Path) -> None:
+    """A tensor the target has no layer for passes the startup check (names the architecture may
+    rename on load are left to mlx-lm) and mlx-lm's own check refuses it at load: a ModelLoadError,
+    which `serve` ends with exit 2."""
+    bogus = write_adapter(tmp_path / "bogus", {"model.layers.13.self_attn.q_norm.lora_a": [64, RANK]})
+    settings = settled(resolve("target-only", {"adapter_path": str(bogus)})).settings
+    with pytest.raises(ModelLoadError, match=r"cannot apply the adapter .*not an adapter parameter in the model"):
+        load_model(settings.target.model, adapter=settings.target.adapter_path)
