@@ -22,6 +22,7 @@ def test_lora_adapters_over_http(tmp_path: Path) -> None:
     with serve(tmp_path, "--profile", "default", "--lora", str(adapter)) as server, server.client() as http:
         listed = http.get("/lora-adapters").json()
         assert listed == [{"id": 0, "path": "adapter", "scale": 1.0, "task_name": "", "prompt_prefix": ""}]
+        assert http.get("/props").json()["mlxcel"]["lora_adapters"] == listed
         assert http.post("/lora-adapters", json=[{"id": 0, "scale": 1.0}]).json() == {"success": True}
         said = {}
         for asked in ([{"id": 0, "scale": 0.5}], [], [{"id": 1, "scale": 1.0}], {"id": 0}):

@@ -162,13 +162,13 @@ class IntrospectionController(Controller):
         """Refused (here, not with the other refusals: two controllers cannot share a path)."""
         raise ApiError(501, "/props: settings change per profile at startup, not at run time", "not_supported_error")
 
-    @get("/lora-adapters", name="lora-adapters")
+    @get("/lora-adapters", name="lora-adapters", guards=[require_ready])
     async def lora_adapters(self, engine: NamedDependency[EngineView]) -> list[LoraAdapter]:
         """llama-server's loaded adapters: the profile's one (target.adapter_path), fused into the
         target at load, as id 0; none without one."""
         return adapters.listing(engine.settings)
 
-    @post("/lora-adapters", status_code=200, name="lora-adapters-set")
+    @post("/lora-adapters", status_code=200, name="lora-adapters-set", guards=[require_ready])
     async def set_lora_adapters(self, engine: NamedDependency[EngineView], data: JSONBody[Any]) -> LoraApplied:
         """llama-server's scale setting: 200 where the scales asked are the loaded ones, 400 otherwise
         (the adapter is fused at load; another scale would change every request's answer)."""
