@@ -23,7 +23,9 @@ from tests.support.server import API_KEY, RunningServer, serve
 # fixtures are per worker, so the tests of one server fixture join one group and run on one worker:
 # each server starts once. A test that names a profile (parameter `profile` or `name`) of
 # `profile_server` joins that profile's group; one that uses two servers joins the first's group
-# and the other starts on its worker too (at most one extra start per server).
+# and the other starts on its worker too (at most one extra start per server). Any other test that
+# uses a module fixture (a module's own server, a model or reference it builds) joins its module's
+# group, so the fixture is made once, not once per worker (issue 44: 90 server starts a run).
 SERVER_FIXTURES = {"keyed_server": "keyed", "default_server": "default", "target_only_server": "target-only"}
 SHIPPED = set(shipped_profiles())
 # Profile servers a worker keeps running at once; the least recently used stops for a new one.
@@ -40,9 +42,15 @@ def server_group(item: pytest.Item) -> str | None:
     named = [params[key] for key in ("profile", "name") if params.get(key) in SHIPPED]
     if "profile_server" in uses and named:
         return named[0]
-    if "server" in uses:  # a module's own server (tests/server/test_hostile_corpus.py)
+    if "server" in uses or module_fixtures(item):  # a module's own server, or a module's other fixtures
         return item.nodeid.split("::")[0]
     return next((group for fixture, group in SERVER_FIXTURES.items() if fixture in uses), None)
+
+
+def module_fixtures(item: pytest.Item) -> list[str]:
+    """The module-scoped fixtures the test uses."""
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return [name for name, defs in definitions.items() if defs and defs[-1].scope == "module"]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -174,6 +174,7 @@ def test_target_only_responses_name_no_rule(target_only_server: RunningServer) -
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("mtp")  # with the other tests of the mtp profile's server (tests/conftest.py)
 def test_a_block_drafter_marks_its_sampled_stream_biased(profile_server) -> None:
     """argmax-against-argmax at T > 0 follows the target's greedy path: the body says so."""
     response = profile_server("mtp").client().post("/completion", json=DIAGNOSED | {"temperature": 0.7})

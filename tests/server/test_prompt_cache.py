@@ -60,6 +60,7 @@ def test_a_hit_is_exact_with_the_draft_model(default_server, sampling) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("prompt-lookup")  # with the other tests of its profile's server (tests/conftest.py)
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["T0", "seeded-T0.7"])
 def test_a_hit_is_exact_with_prompt_lookup(profile_server, sampling) -> None:
     prompt = tokens(301 + len(sampling), 2 * B + 37)
