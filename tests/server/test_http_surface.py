@@ -72,6 +72,11 @@ def test_origins_outside_the_profile_list_get_no_cors_headers(keyed_server) -> N
         assert simple.status_code == 200 and "access-control-allow-origin" not in simple.headers
 
 
+# Bodies read as any JSON and checked by hand, as llama-server reads them (app/server/core/adapters.py:
+# an entry without a scale is scale 0, which a typed body would refuse)
+READ_AS_LLAMA_SERVER_READS = {"POST /lora-adapters"}
+
+
 def test_the_schema_page_and_every_route_typed(target_only_server) -> None:
     with target_only_server.client() as http:
         page = http.get("/schema")
@@ -93,7 +98,7 @@ def test_the_schema_page_and_every_route_typed(target_only_server) -> None:
                 else:
                     assert all("$ref" in t["schema"] or "type" in t["schema"] or "oneOf" in t["schema"]
                                for t in typed.values()), (where, code)  # fmt: skip
-            if "requestBody" in operation:
+            if "requestBody" in operation and where not in READ_AS_LLAMA_SERVER_READS:
                 body = operation["requestBody"]["content"]["application/json"]["schema"]
                 assert body["$ref"].endswith("Request"), where
     assert schema["paths"]["/v1/models/{model_id}"]["get"]["responses"]["200"]["content"]["application/json"] == {
