@@ -41,8 +41,8 @@ class Status(StrEnum):
     UNLOADED = "unloaded"
 
 
-class UnloadedError(Exception):
-    """The model was unloaded between its load and the request's hold; the request loads it again."""
+class ClosedError(Exception):
+    """The server drains: no model loads any more."""
 
 
 def weights_bytes(settings: Settings) -> int:
@@ -108,27 +108,20 @@ class Router:
 
     # --- what requests do --------------------------------------------------------------------
 
-    def load(self, route: Route) -> Engine:
-        """The route's current engine, loading (or still loading) unless it is loaded. Its models
-        load on the engine's thread: wait for its state to leave LOADING."""
-        with self._lock:
-            if self._draining:
-                raise UnloadedError("the server is draining")
-            if route.switch is not None and route.switch.current.state is EngineState.FAILED:
-                self._unload(route, "failed")  # a failed load: this request tries again
-            if route.switch is None:
-                self._load(route)
-            assert route.switch is not None
-            route.last_used = time.monotonic()
-            return route.switch.current
-
     @contextmanager
     def hold(self, route: Route) -> Iterator[Engine]:
-        """The route's current engine, kept from unload and release until the block ends."""
+        """The route's current engine, kept from unload and release until the block ends. An
+        unloaded model starts loading (its engine loads on its own thread: its state is LOADING
+        until it serves), a failed load is tried again; held, a loading model is never unloaded."""
         with self._lock:
+            if self._draining:
+                raise ClosedError("the server is draining")
+            if route.switch is not None and route.switch.current.state is EngineState.FAILED:
+                self._unload(route, "failed")
+            if route.switch is None:
+                self._load(route)
             switch = route.switch
-            if switch is None:
-                raise UnloadedError(route.name)
+            assert switch is not None
             route.holders += 1  # counted under the lock: an unload never picks a held model
             route.last_used = time.monotonic()
         try:

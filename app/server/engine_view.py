@@ -16,7 +16,7 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, ExitStack, asynccontextmanager
 from dataclasses import dataclass
 
 from litestar import Litestar, Request
@@ -34,7 +34,7 @@ from app.engine.engine import Engine, EngineState, UnavailableError, unavailable
 from app.engine.host import ModelInfo
 from app.engine.metrics import Metrics
 from app.engine.reload import Reloader, ReloadRefusedError
-from app.engine.router import Route, Router, Status, UnloadedError
+from app.engine.router import ClosedError, Route, Router, Status
 from app.engine.row import Job
 from app.engine.snapshot import RowView
 from app.engine.switch import EngineSwitch
@@ -165,12 +165,13 @@ async def provide_engine(request: Request, state: State) -> AsyncIterator[Engine
         return
     route = await requested_route(request, router)
     request.scope["state"]["model"] = route.name  # the access event's `model` (app/server/access.py)
-    await loaded(router, route)
-    try:
-        with router.hold(route) as engine:
-            yield EngineView(engine)
-    except UnloadedError as exc:  # unloaded for the budget since its load: rare; the client retries
-        raise ApiError(503, f"model {route.name!r} was unloaded; try again", headers={"Retry-After": "1"}) from exc
+    with ExitStack() as held:
+        try:  # off the event loop: an unloaded model's engine is built there
+            engine = await asyncio.to_thread(held.enter_context, router.hold(route))
+        except ClosedError as exc:
+            raise ApiError(503, unavailable_message(EngineState.DRAINING)) from exc
+        await loaded(router, route, engine)
+        yield EngineView(engine)
 
 
 async def requested_route(request: Request, router: Router) -> Route:
@@ -197,13 +198,9 @@ async def body_model(request: Request) -> str | None:
 LOAD_POLL_S = 0.02
 
 
-async def loaded(router: Router, route: Route) -> None:
-    """Until the route's engine serves; 503 with Retry-After past `router.load_wait_s`, or for a
-    load that failed. Its load runs on its engine's thread: other models serve meanwhile."""
-    try:
-        engine = router.load(route) if route.switch is not None else await asyncio.to_thread(router.load, route)
-    except UnloadedError as exc:
-        raise ApiError(503, unavailable_message(EngineState.DRAINING)) from exc
+async def loaded(router: Router, route: Route, engine: Engine) -> None:
+    """Until the held engine serves; 503 with Retry-After past `router.load_wait_s`, or for a load
+    that failed. It loads on its own thread: other models serve meanwhile."""
     deadline = time.monotonic() + router.load_wait_s
     while engine.state is EngineState.LOADING:
         if time.monotonic() >= deadline:
