@@ -280,9 +280,9 @@ REASONS = {
     "/reranking": NO_RERANKER,
     "/v1/rerank": NO_RERANKER,
     "/v1/reranking": NO_RERANKER,
-    # by design: one process, one profile
-    "/models/load": "one server serves one profile; start another profile instead (docs/deployment.md)",
-    "/models/unload": "one server serves one profile; stop its process instead (docs/deployment.md)",
+    # by design: a router loads on use and unloads by its budget and idle time
+    "/models/load": "a [router] profile loads each model on the first request that names it (docs/deployment.md)",
+    "/models/unload": "a [router] profile unloads models by its memory budget and idle time (docs/deployment.md)",
 }
 SLOT_ACTIONS = "slot save/restore/erase is not supported: rows hold no reusable prompt cache"
 LORA = "adapters are fused offline (mlx_lm.fuse) and selected by profile; they cannot be switched at run time"
