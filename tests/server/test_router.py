@@ -118,9 +118,12 @@ def test_a_load_unloads_the_least_recently_used_while_another_model_keeps_its_pa
         def load_small() -> None:
             time.sleep(0.2)  # plain streams before small's request comes
             load["started"] = time.perf_counter()
-            load["answer"] = httpx.post(f"{server.url}/completion", json=BODY | {"model": "small", "n_predict": 1})
-            load["seconds"] = time.perf_counter() - load["started"]
-            loaded.set()
+            try:
+                body = BODY | {"model": "small", "n_predict": 1}
+                load["answer"] = httpx.post(f"{server.url}/completion", json=body, timeout=120)
+            finally:
+                load["seconds"] = time.perf_counter() - load["started"]
+                loaded.set()
 
         loader = threading.Thread(target=load_small)
         loader.start()
@@ -151,3 +154,20 @@ def test_each_model_answers_as_its_profile_alone(server: RunningServer, profiles
             path = profiles.parent / "small.toml" if profile == "small" else profile
             assert answer["content"] == alone(path, BODY), model
         assert client.post("/completion", json=BODY).json()["model"] == "default"  # no model: the first
+
+
+def test_every_api_and_introspection_route_reaches_the_named_model(server: RunningServer) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    with server.client() as client:
+        chat = client.post("/v1/chat/completions", json={"model": "small", "messages": messages, "max_tokens": 2})
+        assert chat.json()["model"] == "small"
+        anthropic = {"model": "plain", "messages": messages, "max_tokens": 2}
+        assert client.post("/v1/messages", json=anthropic).json()["model"] == "plain"
+        ollama = {"model": "default:latest", "messages": messages, "stream": False, "options": {"num_predict": 2}}
+        assert client.post("/api/chat", json=ollama).json()["model"] == "default"
+        assert client.get("/props", params={"model": "small"}).json()["model_path"] == "target-4bit"
+        assert client.get("/slots", params={"model": "plain"}).status_code == 200
+        metrics = client.get("/metrics").text
+        loaded = [name for name, status in statuses(server).items() if status == "loaded"]
+        assert all(f'llamacpp:tokens_predicted_total{{model="{name}"}}' in metrics for name in loaded)
+        assert "gpt-4" not in metrics and 'model="default:latest"' not in metrics  # configured names only
