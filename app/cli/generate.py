@@ -71,7 +71,13 @@ def run(args: argparse.Namespace) -> int:
     if args.max_kv_size is not None:
         plan = dataclasses.replace(plan, max_kv_size=args.max_kv_size)
     say_drafter(resolved)
-    target = load_model(settings.target.model, exact=plan.exact)
+    target_settings = settings.target
+    target = load_model(
+        target_settings.model,
+        exact=plan.exact,
+        adapter=target_settings.adapter_path,
+        adapter_scale=target_settings.adapter_scale,
+    )
     drafter = None
     if plan.drafter_kind is DrafterKind.DRAFT_MODEL:
         drafter = load_model(settings.drafter.model, role="drafter", exact=plan.exact)

@@ -177,7 +177,9 @@ class ModelHost:
         """The target, sharded over the ranks when the profile says tensor."""
         target = self.settings.target
         if target.parallel != "tensor":
-            return load_model(target.model, exact=self.plan.exact)
+            return load_model(
+                target.model, exact=self.plan.exact, adapter=target.adapter_path, adapter_scale=target.adapter_scale
+            )
         from app.execution.tensor_parallel import load_leader
 
         loaded, self.lockstep = load_leader(target.model, target.world_size)

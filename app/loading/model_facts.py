@@ -42,7 +42,7 @@ def model_facts(path: str) -> ModelFacts:
     bits = quantization.get("bits") if isinstance(quantization, dict) else None
     parameters, float_type = 0, ""
     for weight in weights:
-        for name, tensor in _header(weight).items():
+        for name, tensor in safetensors_header(weight).items():
             if name == "__metadata__" or name.endswith((".scales", ".biases")):
                 continue
             count = math.prod(tensor["shape"])
@@ -63,7 +63,8 @@ def model_facts(path: str) -> ModelFacts:
     )
 
 
-def _header(path: Path) -> dict:
+def safetensors_header(path: Path) -> dict:
+    """The JSON header of a safetensors file: each tensor's dtype and shape (the tensors are not read)."""
     with path.open("rb") as weights:
         (length,) = struct.unpack("<Q", weights.read(8))
         if length > HEADER_LIMIT:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import jinja2
 
 from app.drafters.kinds import DETECTED, DrafterKind
-from app.loading import CheckpointKind, ModelLoadError, read_checkpoint
+from app.loading import Checkpoint, CheckpointKind, ModelLoadError, read_checkpoint
+from app.loading.adapter import AdapterError, fit_problem, read_adapter
 from app.loading.builtin_templates import builtin_source
 from app.loading.chat_template import compile_template, load_template_file
 from app.loading.pairing import TokenizerFileError, pairing_problem, tokenizer_vocab
@@ -54,6 +56,36 @@ def check_shardable(config: dict, world_size: int, where: str) -> None:
             )
 
 
+def check_adapter(settings: Settings, target: Checkpoint, at: Callable[[str], str]) -> None:
+    """The target's adapter (target.adapter_path) is an mlx-lm adapter directory whose LoRA
+    matrices fit the target's layers; `target.adapter_scale` scales one that is set."""
+    path, scale = settings.target.adapter_path, settings.target.adapter_scale
+    if path is None:
+        if scale != 1.0:
+            raise ProfileError(f"{at('target.adapter_scale')}: scales an adapter, but target.adapter_path is unset")
+        return
+    if settings.target.parallel == "tensor":
+        raise ProfileError(
+            f"{at('target.adapter_path')}: not applied to a tensor-parallel target; fuse it offline "
+            "(mlx_lm.fuse --model MODEL --adapter-path ADAPTER --save-path FUSED) and serve FUSED"
+        )
+    try:
+        adapter = read_adapter(path)
+    except AdapterError as exc:
+        raise ProfileError(f"{at('target.adapter_path')}: {exc}") from exc
+    if adapter.fine_tune_type == "full" and scale != 1.0:
+        raise ProfileError(
+            f"{at('target.adapter_scale')}: {adapter.path} is a full fine-tune (its weights replace the "
+            "target's), which has no LoRA delta to scale; drop the scale"
+        )
+    problem = fit_problem(adapter, target)
+    if problem is not None:
+        raise ProfileError(
+            f"{at('target.adapter_path')}: {adapter.path} cannot be applied to the target {target.path} "
+            f"({at('target.model')}): {problem}"
+        )
+
+
 def check_models(settings: Settings, sources: dict[str, str] | None = None) -> None:
     """`sources` (from `resolve`) lets each message name where the key was set; without it, the file."""
 
@@ -75,6 +107,7 @@ def check_models(settings: Settings, sources: dict[str, str] | None = None) -> N
     except TokenizerFileError as exc:
         raise ProfileError(f"{at('target.model')}: {exc}") from exc
     check_shardable(target.config, settings.target.world_size, at("target.world_size"))
+    check_adapter(settings, target, at)
     drafter = settings.drafter
     if not DrafterKind(drafter.kind).needs_model:
         return

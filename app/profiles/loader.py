@@ -24,6 +24,7 @@ from typing import Any, Literal, get_args, get_origin
 import msgspec
 
 from app.loading import gguf
+from app.loading.adapter import layout_problem
 from app.loading.builtin_templates import BUILTIN_TEMPLATES
 from app.loading.chat_template import RESERVED_TEMPLATE_KEYS
 from app.loading.checkpoint import ModelLoadError
@@ -51,6 +52,7 @@ PATH_KEYS = (
     "logging.destination",
     "server.chat_template_file",
     "server.api_key_file",
+    "target.adapter_path",
     "router.models_dir",
 )
 
@@ -117,6 +119,40 @@ class Refused(argparse.Action):
         self, parser: argparse.ArgumentParser, _: argparse.Namespace, __: Any, option: str | None = None
     ) -> None:
         parser.error(f"{option}: not supported: {self.help.removeprefix('refused: ') if self.help else ''}")
+
+
+class AdapterFlag(argparse.Action):
+    """`--adapter-path DIR` (mlx_lm.server's), `--lora DIR` and `--lora-scaled DIR SCALE` (or
+    `DIR:SCALE`, llama-server's): the one mlx-lm adapter directory fused into the target at load
+    (target.adapter_path, target.adapter_scale). Its layout is checked here, so a GGUF LoRA or a
+    path that is no adapter directory answers naming the flag it came with."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        given = values if isinstance(values, list) else [values]
+        if option == "--lora-scaled" and len(given) == 1 and ":" in given[0]:
+            given = given[0].rsplit(":", 1)
+        if len(given) > 2:
+            parser.error(f"{option}: expected FNAME SCALE, got {len(given)} values")
+        path, scale = given[0], given[1] if len(given) > 1 else None
+        if namespace.adapter_path is not None:
+            parser.error(
+                f"{option}: one adapter is served, fused into the target at load ({namespace.adapter_path} is "
+                "given already); fuse several into one model offline with mlx_lm.fuse, one at a time"
+            )
+        problem = layout_problem(path)
+        if problem is not None:
+            several = " (one adapter is served)" if "," in path else ""
+            parser.error(f"{option}: {problem}{several}")
+        namespace.adapter_path = path
+        if option == "--lora-scaled":
+            try:
+                namespace.adapter_scale = float(scale) if scale is not None else math.nan
+            except ValueError:
+                namespace.adapter_scale = math.nan
+            if not math.isfinite(namespace.adapter_scale):
+                parser.error(f"{option}: expected FNAME SCALE with a finite number for SCALE, got {scale!r}")
 
 
 def _number(kind: type, metavar: str = "N") -> dict[str, Any]:
@@ -335,11 +371,6 @@ NO_OP_FLAGS = {
 }
 # Flags of llama-server or mlx_lm.server asking for what is not served: each refused with its equivalent
 REFUSED_FLAGS = {
-    ("--adapter-path", "--lora", "--lora-scaled"): (
-        {"nargs": "+", "metavar": "PATH"},
-        "LoRA adapters are not applied at load: fuse one into its model offline (mlx_lm.fuse --model MODEL "
-        "--adapter-path ADAPTER --save-path FUSED) and serve the fused directory with -m FUSED",
-    ),
     ("--use-default-chat-template",): (
         {"nargs": 0},
         "the model's own chat template is used when it has one; for transformers' default (ChatML), pass "
@@ -351,8 +382,16 @@ FLAGS = {flag.dest: flag.key for flag in FLAG_SPECS} | {  # flag dest -> setting
     "model": "target.model",
     "draft_model": "drafter.model",
     "draft_kind": "drafter.kind",
+    "adapter_path": "target.adapter_path",  # --adapter-path, --lora, --lora-scaled (AdapterFlag)
+    "adapter_scale": "target.adapter_scale",  # --lora-scaled
 }
-FLAG_NAMES = {"target.model": "--model", "drafter.model": "--draft-model", "drafter.kind": "--draft-kind"}
+FLAG_NAMES = {
+    "target.model": "--model",
+    "drafter.model": "--draft-model",
+    "drafter.kind": "--draft-kind",
+    "target.adapter_path": "--adapter-path",
+    "target.adapter_scale": "--lora-scaled",
+}
 for _flag in reversed(FLAG_SPECS):  # a key two flags set is named by the first of them
     FLAG_NAMES[_flag.key] = next(n for n in _flag.names if n.startswith("--"))
 MODEL_KEYS = ("target.model", "drafter.model")  # paths, or Hugging Face repository ids
@@ -813,6 +852,15 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--draft-kind", choices=get_args(DrafterKindName), help="drafter kind (drafter.kind; none: no drafter)"
     )
+    adapter = "an mlx-lm LoRA adapter directory, fused into the target at load (target.adapter_path"
+    parser.add_argument("--adapter-path", dest="adapter_path", action=AdapterFlag, metavar="DIR",
+                        help=f"{adapter}; mlx_lm.server's)")  # fmt: skip
+    parser.add_argument("--lora", dest="adapter_path", action=AdapterFlag, metavar="DIR",
+                        help=f"{adapter}; llama-server's takes a GGUF LoRA, which is refused)")  # fmt: skip
+    parser.add_argument("--lora-scaled", dest="adapter_path", action=AdapterFlag, nargs="+", metavar="DIR",
+                        help=f"{adapter}): DIR SCALE or DIR:SCALE, its delta times SCALE (target.adapter_scale; "
+                        "llama-server's)")  # fmt: skip
+    parser.set_defaults(adapter_scale=None)
     for flag in SERVER_FLAGS:
         parser.add_argument(*flag.names, dest=flag.dest, help=f"{flag.help} ({flag.key})", **flag.options)
     sampling = parser.add_argument_group("llama-server's sampler defaults ([sampling]; a request's fields win)")

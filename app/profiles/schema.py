@@ -48,6 +48,10 @@ class TargetSettings(Group):
     # "tensor": the target is sharded over `world_size` ranks under mlx.launch (app/execution/tensor_parallel.py)
     parallel: ParallelName = "none"
     world_size: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1
+    # an mlx-lm LoRA adapter directory, fused into the target's weights at load (app/execution/model.py)
+    adapter_path: str | None = None
+    # llama-server's --lora-scaled: the adapter's delta times this, on top of its own lora_parameters.scale
+    adapter_scale: float = 1.0
 
 
 class DrafterSettings(Group):

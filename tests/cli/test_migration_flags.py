@@ -46,8 +46,9 @@ def test_mlx_lm_servers_flags_set_their_keys() -> None:
 @pytest.mark.parametrize(
     ("words", "needle"),
     [
-        (("--adapter-path", "adapters"), "mlx_lm.fuse"),
-        (("--lora", "a.gguf"), "mlx_lm.fuse"),
+        (("--adapter-path", "adapters"), "--adapter-path: adapter path does not exist: adapters"),
+        (("--lora", "a.gguf"), "--lora: a.gguf is a GGUF LoRA, which only llama.cpp applies"),
+        (("--lora-scaled", "a.gguf", "0.5"), "--lora-scaled: a.gguf is a GGUF LoRA"),
         (("--use-default-chat-template",), "--chat-template chatml"),
         (("--chat-templ", "chatml"), "did you mean --chat-template?"),  # no abbreviations
         (("--max-token", "5"), "did you mean --max-tokens?"),

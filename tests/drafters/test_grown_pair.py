@@ -19,8 +19,9 @@ from app.profiles.schema import AdaptiveSettings, DrafterSettings, Settings
 from app.sampling import SamplingParams
 from ops.bench.prompts import HELD_OUT_CODE
 from ops.models.grown import BLOCK_DRAFTERS, EMBEDDED, Growth, build_grown, quantized_copy
+from tests.support.batched import run_rows
 
-pytestmark = pytest.mark.slow  # five drafters' loops on two targets over the held-out prompts: ~40 s
+pytestmark = pytest.mark.slow  # five drafters' loops on two targets over the held-out prompts
 
 SMALL = {"hidden": 384, "heads": 6, "kv_heads": 3, "intermediate": 768, "layers": 16}
 GREEDY = SamplingParams(temperature=0.0)
@@ -38,14 +39,17 @@ def grown_target(grown) -> LoadedModel:
     return load_model(grown.target)
 
 
-def decode(builder: LoopBuilder, prompt: list[int]) -> tuple[list[int], int, int, int]:
-    """Greedy tokens, and the acceptance counters: rounds, positions tested, accepted."""
-    generation = builder.build(RowRequest(prompt, GREEDY, max_tokens=TOKENS, ignore_eos=True))
-    generation.prefill()
-    while not generation.finished:
-        generation.step()
-    stats = generation.stats.acceptance
-    return generation.emitted, stats.rounds, stats.positions_tested, stats.accepted
+def decode(builder: LoopBuilder, prompts: list[list[int]]) -> list[tuple[list[int], int, int, int]]:
+    """Each prompt's greedy tokens and acceptance counters (rounds, positions tested, accepted),
+    the rows stepping together: each emits and counts what it would alone (its widths are its own,
+    never the batch's), for a fraction of the forwards."""
+    rows = run_rows([builder.build(RowRequest(p, GREEDY, max_tokens=TOKENS, ignore_eos=True)) for p in prompts])
+    return [(r.emitted, r.stats.acceptance.rounds, r.stats.acceptance.positions_tested, r.stats.acceptance.accepted)
+            for r in rows]  # fmt: skip
+
+
+def greedy(builder: LoopBuilder, prompts: list[list[int]]) -> list[list[int]]:
+    return [tokens for tokens, *_ in decode(builder, prompts)]
 
 
 def builder_for(target: LoadedModel, kind: str, drafters: dict[str, Path], draft_model: LoadedModel) -> LoopBuilder:
@@ -77,10 +81,9 @@ def test_a_growth_that_changes_the_grouping_is_refused() -> None:
 
 
 def test_grown_target_decodes_the_embedded_targets_greedy_tokens(embedded_target, grown_target) -> None:
-    for text in HELD_OUT_CODE:
-        prompt = embedded_target.tokenizer.encode(text)
-        expected = decode(LoopBuilder(embedded_target, None, LoopPlan()), prompt)[0]
-        assert decode(LoopBuilder(grown_target, None, LoopPlan()), prompt)[0] == expected, text
+    prompts = [embedded_target.tokenizer.encode(text) for text in HELD_OUT_CODE]
+    expected = greedy(LoopBuilder(embedded_target, None, LoopPlan()), prompts)
+    assert greedy(LoopBuilder(grown_target, None, LoopPlan()), prompts) == expected
 
 
 def test_the_4bit_copy_decodes_the_embedded_4bit_copys_greedy_tokens(grown, tmp_path: Path) -> None:
@@ -90,10 +93,9 @@ def test_the_4bit_copy_decodes_the_embedded_4bit_copys_greedy_tokens(grown, tmp_
     quantized = load_model(quantized_copy(grown.target, tmp_path / "grown-4bit"))
     assert quantized.config["quantization"] == {"group_size": 64, "bits": 4, "mode": "affine"}
     reference = load_model(quantized_copy(EMBEDDED / "target", tmp_path / "embedded-4bit", dtype="float32"))
-    for text in HELD_OUT_CODE:
-        prompt = reference.tokenizer.encode(text)
-        expected = decode(LoopBuilder(reference, None, LoopPlan()), prompt)[0]
-        assert decode(LoopBuilder(quantized, None, LoopPlan()), prompt)[0] == expected, text
+    prompts = [reference.tokenizer.encode(text) for text in HELD_OUT_CODE]
+    expected = greedy(LoopBuilder(reference, None, LoopPlan()), prompts)
+    assert greedy(LoopBuilder(quantized, None, LoopPlan()), prompts) == expected
 
 
 @pytest.mark.parametrize("kind", ["draft-model", *BLOCK_DRAFTERS])
@@ -105,15 +107,14 @@ def test_every_drafter_keeps_its_acceptance_on_the_grown_target(
         "embedded": builder_for(embedded_target, kind, embedded_drafters, embedded_drafter),
         "grown": builder_for(grown_target, kind, grown.drafters, embedded_drafter),
     }
-    tested, accepted, outputs = dict.fromkeys(pairs, 0), dict.fromkeys(pairs, 0), {name: [] for name in pairs}
-    for text in HELD_OUT_CODE:
-        prompt = embedded_target.tokenizer.encode(text)
-        for name, builder in pairs.items():
-            tokens, rounds, positions, hits = decode(builder, prompt)
-            assert rounds > 0, f"{kind} on the {name} target never drafted"
-            outputs[name].append(tokens)
-            tested[name] += positions
-            accepted[name] += hits
+    prompts = [embedded_target.tokenizer.encode(text) for text in HELD_OUT_CODE]
+    tested, accepted, outputs = {}, {}, {}
+    for name, builder in pairs.items():
+        rows = decode(builder, prompts)
+        assert all(rounds > 0 for _, rounds, _, _ in rows), f"{kind} on the {name} target: a row never drafted"
+        outputs[name] = [tokens for tokens, *_ in rows]
+        tested[name] = sum(positions for _, _, positions, _ in rows)
+        accepted[name] = sum(hits for *_, hits in rows)
     acceptance = {name: accepted[name] / tested[name] for name in pairs}
     assert abs(acceptance["grown"] - acceptance["embedded"]) <= TOLERANCE, acceptance
     assert outputs["grown"] == outputs["embedded"]  # T = 0 speculation is the target's greedy decoding

@@ -5,13 +5,19 @@ its rounds hold several tokens."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import openai
+import pytest
 
 from app.execution.runner import PREFILL_CHUNK
+from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
 from tests.support.caching import restored
-from tests.support.server import sse_frames
+from tests.support.derived_models import with_context
+from tests.support.server import serve, sse_frames
 
 PROMPT = "def fibonacci(n):"
+SHORT_CONTEXT = 512
 
 
 def test_a_drafted_stream_sends_one_token_per_frame_with_live_counts(default_server) -> None:
@@ -40,9 +46,14 @@ def test_openai_chunks_carry_one_token_each(default_server) -> None:
     assert "".join(chunk.choices[0].text for chunk in chunks) == whole.text
 
 
-def test_a_prompt_over_the_context_answers_exceed_context_size_error(default_server) -> None:
-    with default_server.client() as http:
+@pytest.mark.slow
+def test_a_prompt_over_the_context_answers_exceed_context_size_error(tmp_path: Path) -> None:
+    """On the default pair with the target's context cut to SHORT_CONTEXT (its own server): the
+    prompt that fits leaves one position, and the 4,096 of the shipped config cost 20 s of prefill."""
+    target = with_context(EMBEDDED_TARGET, tmp_path / "short-context", SHORT_CONTEXT)
+    with serve(tmp_path, "-m", str(target), "-md", str(EMBEDDED_DRAFTER)) as server, server.client() as http:
         n_ctx = http.get("/props").json()["default_generation_settings"]["n_ctx"]
+        assert n_ctx == SHORT_CONTEXT
         prompt = [5] * n_ctx  # token ids: exactly the context, leaving no room to generate
         for route, body in (
             ("/completion", {"prompt": prompt, "n_predict": 2}),
@@ -53,7 +64,7 @@ def test_a_prompt_over_the_context_answers_exceed_context_size_error(default_ser
             error = answer.json()["error"]
             assert error["type"] == "exceed_context_size_error"
             assert (error["n_prompt_tokens"], error["n_ctx"]) == (n_ctx, n_ctx)
-        fits = http.post("/completion", json={"prompt": prompt[:-1], "n_predict": 2})
+        fits = http.post("/completion", json={"prompt": prompt[:-1], "n_predict": 2, "temperature": 0})
     assert fits.status_code == 200 and fits.json()["tokens_predicted"] == 1  # the one position left
 
 

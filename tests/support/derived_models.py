@@ -19,6 +19,18 @@ def derive_model(src: Path, dst: Path, edit: Callable[[Weights], Weights]) -> Pa
     return dst
 
 
+def with_context(src: Path, dst: Path, positions: int) -> Path:
+    """The model at `src` with its context (`max_position_embeddings`, the server's n_ctx) set to
+    `positions`; its other files linked, not copied."""
+    dst.mkdir(parents=True)
+    for item in src.iterdir():
+        if item.name != "config.json":
+            (dst / item.name).symlink_to(item.resolve())
+    config = json.loads((src / "config.json").read_text()) | {"max_position_embeddings": positions}
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
 def anti_drafter(src: Path, dst: Path) -> Path:
     """Same model with its logits negated: its argmax is the target's argmin, so it never agrees."""
 

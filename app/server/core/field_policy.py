@@ -22,6 +22,8 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
+from app.profiles.schema import Settings
+from app.server.core import adapters
 from app.server.errors import ApiError
 
 Neutral = Callable[[Any], bool]
@@ -77,7 +79,8 @@ LLAMA_SERVER: dict[str, Unhonoured] = {
         equal(0), "the prompt cache reuses whole prompt prefixes only, never chunks moved by KV shifting; send 0"
     ),
     "image_data": Unhonoured(empty, f"older llama-server builds' image input: {TEXT_ONLY}"),
-    "lora": Unhonoured(empty, "adapters are fused offline and chosen by profile, not switched per request"),
+    # neutral where it asks for the loaded scales (`refuse_unhonoured` asks app/server/core/adapters.py)
+    "lora": Unhonoured(empty, "no adapter is loaded (target.adapter_path)"),
     "reasoning_budget_tokens": Unhonoured(at_most(-1), f"{TEMPLATE_ONLY}, so it has no budget; send -1"),
     "thinking_forced_open": Unhonoured(equal(False), f"{TEMPLATE_ONLY}; send false"),
     "chat_format": Unhonoured(equal(0), f"{TEMPLATE_ONLY}; send 0 (content only)"),
@@ -132,11 +135,18 @@ def _declared(cls: type[msgspec.Struct]) -> tuple[tuple[str, str], ...]:
     return tuple((f.name, f.encode_name) for f in fields if f.encode_name in EVERY_FIELD and f.type is Any)
 
 
-def refuse_unhonoured(request: msgspec.Struct) -> None:
+def refuse_unhonoured(request: msgspec.Struct, settings: Settings) -> None:
     """400 for the first declared field set to a value that asks for something this server does not do."""
     for attribute, name in _declared(type(request)):
         value = getattr(request, attribute)
-        if value is UNSET or value is None or EVERY_FIELD[name].neutral(value):
+        if value is UNSET or value is None:
+            continue
+        if name == "lora":  # the profile's adapter, fused at load: its own scales ask for nothing
+            problem = adapters.problem(value, settings)
+            if problem is not None:
+                raise ApiError(400, f"lora: not supported: {problem}")
+            continue
+        if EVERY_FIELD[name].neutral(value):
             continue
         if name == "best_of" and value == getattr(request, "n", 1):
             continue  # OpenAI: best_of = n returns every choice it generated, which n alone does

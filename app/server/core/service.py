@@ -263,7 +263,7 @@ async def start_rows(
     """Submit `n` rows per prompt (choice j of a prompt seeded by resolve_seed (app/sampling/rng.py)); the
     request's grammar (or a forced tool call's schema, `forced_call`) is compiled once (in the
     grammar worker, off the event loop), and each row follows it with its own matcher."""
-    field_policy.refuse_unhonoured(data)
+    field_policy.refuse_unhonoured(data, engine.settings)
     check_rows(len(prompts), n, engine.settings)
     rows = len(prompts) * n
     # Once per request, off the event loop: logit_bias keys that are text are tokenized.

@@ -16,6 +16,8 @@ from app.decoding.plan import LoopPlan, SamplerClass
 from app.drafters.kinds import DrafterKind
 from app.loading import chat_template
 from app.profiles.schema import AdaptiveSettings, GovernorSettings, Settings
+from app.server.core import adapters
+from app.server.core.adapters import LoraAdapter
 from app.server.core.shaping import model_alias, shown_path
 from app.server.engine_view import EngineView, RowView
 from app.server.native.settings import (
@@ -54,6 +56,7 @@ class DrafterInfo(msgspec.Struct, kw_only=True):
     governor: GovernorSettings | None  # prompt lookup only
     env_overrides: dict[str, str]
     exact: bool  # execution.exact: batch-invariant kernels (false: MLX's own, a row may depend on its batch-mates)
+    lora_adapters: list[LoraAdapter]  # fused into the target at load, as GET /lora-adapters lists them
 
 
 class Modalities(msgspec.Struct, kw_only=True):
@@ -142,6 +145,7 @@ def drafter_info(settings: Settings, plan: LoopPlan) -> DrafterInfo:
         governor=settings.governor if plan.drafter_kind is DrafterKind.PROMPT_LOOKUP else None,
         env_overrides=dict(settings.env),
         exact=settings.execution.exact,
+        lora_adapters=adapters.listing(settings),
     )
 
 

@@ -1,6 +1,6 @@
-"""llama-server's native routes: /completion, /infill, /health, /props, /slots, /metrics, /tokenize,
-/detokenize and /apply-template; mlxcel's POST /admin/reload; and the llama-server routes answered
-with a clear 501 (compat/ records why)."""
+"""llama-server's native routes: /completion, /infill, /health, /props, /slots, /lora-adapters,
+/metrics, /tokenize, /detokenize and /apply-template; mlxcel's POST /admin/reload; and the
+llama-server routes answered with a clear 501 (compat/ records why)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from app.server import offload
 from app.server.auth import require_server_key, tenant_of
 from app.server.chat import template
-from app.server.core import infill, requests
+from app.server.core import adapters, infill, requests
 from app.server.core import prompts as prompt_shapes
+from app.server.core.adapters import LoraAdapter, LoraApplied
 from app.server.core.bodies import encoded, json_response, too_large
 from app.server.core.logprobs import logprobs_for
 from app.server.core.service import start_rows
@@ -160,6 +161,21 @@ class IntrospectionController(Controller):
         """Refused (here, not with the other refusals: two controllers cannot share a path)."""
         raise ApiError(501, "/props: settings change per profile at startup, not at run time", "not_supported_error")
 
+    @get("/lora-adapters", name="lora-adapters", guards=[require_ready])
+    async def lora_adapters(self, engine: NamedDependency[EngineView]) -> list[LoraAdapter]:
+        """llama-server's loaded adapters: the profile's one (target.adapter_path), fused into the
+        target at load, as id 0; none without one."""
+        return adapters.listing(engine.settings)
+
+    @post("/lora-adapters", status_code=200, name="lora-adapters-set", guards=[require_ready])
+    async def set_lora_adapters(self, engine: NamedDependency[EngineView], data: JSONBody[Any]) -> LoraApplied:
+        """llama-server's scale setting: 200 where the scales asked are the loaded ones, 400 otherwise
+        (the adapter is fused at load; another scale would change every request's answer)."""
+        problem = adapters.problem(data, engine.settings)
+        if problem is not None:
+            raise ApiError(400, f"/lora-adapters: {problem}")
+        return LoraApplied()
+
     @get("/slots", name="slots", guards=[require_ready])
     async def slots(self, request: Request, engine: NamedDependency[EngineView]) -> list[Slot]:
         """One entry per row; a busy row of the caller's tenant shows its request's settings and
@@ -285,7 +301,6 @@ REASONS = {
     "/models/unload": "a [router] profile unloads models by its memory budget and idle time (docs/deployment.md)",
 }
 SLOT_ACTIONS = "slot save/restore/erase is not supported: rows hold no reusable prompt cache"
-LORA = "adapters are fused offline (mlx_lm.fuse) and selected by profile; they cannot be switched at run time"
 
 
 def refuse(request: Request, reason: str) -> ApiError:
@@ -302,7 +317,3 @@ class UnsupportedController(Controller):
     @route("/slots/{id_slot:int}", http_method=["POST"], status_code=501, name="slot-actions")
     async def slot_actions(self, request: Request) -> None:
         raise refuse(request, SLOT_ACTIONS)
-
-    @route("/lora-adapters", http_method=["GET", "POST"], status_code=501, name="lora-adapters")
-    async def lora_adapters(self, request: Request) -> None:
-        raise refuse(request, LORA)
