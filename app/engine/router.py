@@ -65,6 +65,12 @@ class Route:
         self.last_used = 0.0  # time.monotonic() of its last hold's start or end
 
     @property
+    def serving(self) -> Engine | None:
+        """Its current engine while that serves (READY); None unloaded, loading or failed."""
+        switch = self.switch  # read once: an unload may clear it meanwhile
+        return switch.current if switch is not None and switch.current.state is EngineState.READY else None
+
+    @property
     def status(self) -> Status:
         if self.switch is None:
             return Status.UNLOADED

@@ -41,6 +41,8 @@ from app.engine.switch import EngineSwitch
 from app.profiles.schema import Settings
 from app.server.errors import ApiError
 
+LOAD_POLL_S = 0.02  # how often a request waiting for its model's load looks again
+
 __all__ = [
     "Delta",
     "Engine",
@@ -195,9 +197,6 @@ async def body_model(request: Request) -> str | None:
     return model if isinstance(model, str) else None
 
 
-LOAD_POLL_S = 0.02
-
-
 async def loaded(router: Router, route: Route, engine: Engine) -> None:
     """Until the held engine serves; 503 with Retry-After past `router.load_wait_s`, or for a load
     that failed. It loads on its own thread: other models serve meanwhile."""
@@ -229,7 +228,7 @@ def served_metrics(state: State) -> Metrics | dict[str, Metrics]:
     router: Router | None = state.router
     if router is None:
         return EngineView(state.engines.current).metrics
-    return {m.settings.server.model_alias or "": m.engine.metrics for m in listed(state) if m.engine is not None}
+    return {route.name: EngineView(engine).metrics for route in router.routes if (engine := route.serving)}
 
 
 async def reload_model(state: State, request: Request, trigger: str) -> EngineView:
@@ -258,12 +257,10 @@ def listed(state: State) -> list[Listed]:
     if router is None:
         view = EngineView(state.engines.current)
         return [Listed(view.settings, None, view if view.unavailable is None else None)]
-    views = []
-    for route in router.routes:
-        switch, status = route.switch, route.status
-        engine = EngineView(switch.current) if switch is not None and status is Status.LOADED else None
-        views.append(Listed(route.settings, status, engine if engine and engine.unavailable is None else None))
-    return views
+    return [
+        Listed(route.settings, route.status, EngineView(engine) if (engine := route.serving) else None)
+        for route in router.routes
+    ]
 
 
 def engine_lifespan(engines: EngineSwitch | Router) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
