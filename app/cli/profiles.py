@@ -11,6 +11,7 @@ import msgspec
 from app.cli.serve import listen_problem
 from app.profiles import ProfileError, check_models, origin, resolve, shipped_profiles
 from app.profiles.loader import leaves, profile_path
+from app.profiles.routing import routed_profiles
 
 MASKED = "********"
 
@@ -73,6 +74,7 @@ def check_profiles(args: argparse.Namespace) -> int:
         resolved = resolve(name)
         settings = resolved.settings
         check_models(settings, resolved.sources)
+        routed_profiles(resolved)  # a router's models, each checked as serve checks them
         address = (settings.server.host, settings.server.port)
         if settings.server.port and address in listeners:
             raise ProfileError(

@@ -22,6 +22,7 @@ from app.cli.exit_codes import EXIT_CONFIG
 from app.events import serve as events
 from app.profiles import add_profile_flags, origin, settled
 from app.profiles.loader import flags_of, resolve
+from app.profiles.routing import routed_profiles
 from app.runtime.logging import configure_logging, log_stream
 
 
@@ -130,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(log.level, fmt=log.format, stream=log_stream(log.destination))
     resolved = settled(resolved)
     settings = resolved.settings
+    routed = routed_profiles(resolved)  # read and checked before MLX loads, as the profile itself
     rank = None
     if settings.target.parallel == "tensor":
         rank = tensor_launch.launched_rank()
@@ -150,5 +152,5 @@ def run(args: argparse.Namespace) -> int:
         stop_early()  # rank 0: the signals it inherited ignored are its own again
     from app.cli.serving import serve
 
-    status = serve(settings, lambda: settled(resolve(args.profile, flags_of(args))))
+    status = serve(settings, lambda: settled(resolve(args.profile, flags_of(args))), routed)
     exit_process(tensor_launch.record_status(status) if rank == 0 else status)

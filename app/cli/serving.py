@@ -13,15 +13,18 @@ from collections.abc import Callable
 import uvicorn
 
 from app.cli.exit_codes import EXIT_CONFIG, EXIT_FAILURE
-from app.engine.engine import Engine, EngineState
+from app.engine.engine import Engine
 from app.engine.host import startup
 from app.engine.reload import Reloader
+from app.engine.router import Router
 from app.engine.switch import EngineSwitch
 from app.events import serve as events
 from app.events.speculation import Startup, acceptance_rule_active
 from app.loading import ModelLoadError
 from app.profiles import Resolved
+from app.profiles.routing import RoutedProfile
 from app.profiles.schema import Settings
+from app.profiles.tenants import Tenants
 from app.server.access import with_access_log
 from app.server.app import create_app
 from app.server.protocol import bounded_protocol, connection_cap
@@ -43,7 +46,7 @@ class DrainingServer(uvicorn.Server):
     signal again within REPEAT_WINDOW_S is the first one delivered twice, and is ignored.
     """
 
-    def __init__(self, config: uvicorn.Config, engines: EngineSwitch) -> None:
+    def __init__(self, config: uvicorn.Config, engines: EngineSwitch | Router) -> None:
         super().__init__(config)
         self.engines = engines  # the serving engine, and any a reload replaced that still finish requests
         self.drain_deadline: float | None = None
@@ -57,7 +60,7 @@ class DrainingServer(uvicorn.Server):
                 return
             events.forced_exit(signal=signal.Signals(sig).name)
             os._exit(128 + sig)
-        timeout = self.engines.current.settings.server.drain_timeout_s
+        timeout = self.engines.drain_timeout_s
         self._first = sig, now
         self.engines.drain()
         self.drain_deadline = now + timeout
@@ -68,7 +71,7 @@ class DrainingServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         if self.drain_deadline is not None and not self.should_exit:
-            if self.engines.current.state is not EngineState.DRAINING or self.engines.idle:
+            if not self.engines.draining:
                 self.should_exit = True
             elif time.monotonic() >= self.drain_deadline:
                 events.drain_timed_out(rows=self.engines.running_rows)
@@ -98,13 +101,16 @@ def listen(config: uvicorn.Config) -> socket.socket:
     return sock
 
 
-def serve(settings: Settings, resolve: Callable[[], Resolved]) -> int:
+def serve(settings: Settings, resolve: Callable[[], Resolved], routed: list[RoutedProfile] | None = None) -> int:
     """Load the models behind the HTTP app and serve until drained; the process's exit status.
 
     `resolve` reads the profile again from the same file, environment and flags: SIGHUP (and
-    POST /admin/reload where the profile allows it) swaps in an engine built from it."""
+    POST /admin/reload where the profile allows it) swaps in an engine built from it. With
+    `routed` profiles, a Router serves them, each loaded on its first request; SIGHUP reloads
+    every loaded one."""
     server: uvicorn.Server | None = None
     loaded = False
+    died: list[BaseException] = []
 
     def on_ready(engine: Engine) -> None:
         nonlocal loaded
@@ -112,12 +118,20 @@ def serve(settings: Settings, resolve: Callable[[], Resolved]) -> int:
         announce(engine, address)
 
     def on_failure(exc: BaseException) -> None:
+        died.append(exc)
         if server is not None:
             server.should_exit = True
 
-    engines = EngineSwitch(Engine(settings, on_failure=on_failure, on_ready=on_ready))
-    engines.on_swap.append(lambda engine: acceptance_rule_active(**startup_fields(engine, address)))
-    reloader = Reloader(engines, resolve, on_failure)
+    engines: EngineSwitch | Router
+    if routed:
+        engines = Router(routed, settings, Tenants.of(settings.server), on_failure)
+        app, reload_all = create_app(engines), engines.reload_in_background
+        loaded = True  # a model that fails to load is that model's 503; only a serving engine's death ends the server
+    else:
+        engines = EngineSwitch(Engine(settings, on_failure=on_failure, on_ready=on_ready))
+        engines.on_swap.append(lambda engine: acceptance_rule_active(**startup_fields(engine, address)))
+        reloader = Reloader(engines, resolve, on_failure)
+        app, reload_all = create_app(engines, reloader), reloader.reload_in_background
     limits = settings.server
     max_connections = connection_cap(limits.max_connections)
     if max_connections < limits.max_connections:
@@ -126,7 +140,7 @@ def serve(settings: Settings, resolve: Callable[[], Resolved]) -> int:
             reason="the descriptor limit (ulimit -n) leaves room for no more",
         )  # fmt: skip
     config = uvicorn.Config(
-        with_access_log(create_app(engines, reloader)),
+        with_access_log(app),
         host=settings.server.host,
         port=settings.server.port,
         log_config=None,  # uvicorn's records go to the root handler app/runtime/logging.py installs
@@ -141,13 +155,15 @@ def serve(settings: Settings, resolve: Callable[[], Resolved]) -> int:
     address = sock.getsockname()[:2]
     server = DrainingServer(config, engines)
     if hasattr(signal, "SIGHUP"):  # not on Windows
-        signal.signal(signal.SIGHUP, lambda *_: reloader.reload_in_background("SIGHUP"))
+        signal.signal(signal.SIGHUP, lambda *_: reload_all("SIGHUP"))
     try:
         server.run(sockets=[sock])
     finally:
         for engine in engines.engines:
             engine.host.stop_followers()
-    failure = next((engine.failure for engine in engines.engines if engine.failure is not None), None)
+    failure = died[0] if routed and died else None
+    if not routed:
+        failure = next((engine.failure for engine in engines.engines if engine.failure is not None), None)
     if failure is None:
         return 0
     if loaded:

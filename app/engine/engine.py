@@ -13,6 +13,7 @@ gets a 503, and `on_failure` lets the process exit so a supervisor restarts it.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ class Engine:
         on_ready: Callable[[Engine], None] | None = None,
         prepare_drafter: bool = False,
         tenants: Tenants | None = None,
+        load_niceness: int = 0,
     ) -> None:
         self.settings = settings
         # the API keys, read once: the key file as it was when this engine was built (a reload
@@ -49,6 +51,8 @@ class Engine:
         self.tenants = Tenants.of(settings.server) if tenants is None else tenants
         # a reload's engine: load a block drafter and run its exactness probes before turning READY
         self.prepare_drafter = prepare_drafter
+        # a router's load beside serving models: loaded on a thread of lower CPU priority (`niced`)
+        self.load_niceness = load_niceness
         self.host = ModelHost(settings)
         self.plan = self.host.plan
         self.reporter = Reporter(settings.profile)
@@ -119,6 +123,12 @@ class Engine:
         return self.state is EngineState.READY
 
     def _load(self) -> None:
+        if self.load_niceness:
+            niced(self._load_models, self.load_niceness)
+        else:
+            self._load_models()
+
+    def _load_models(self) -> None:
         self.host.load()
         if self.prepare_drafter or self.host.warms:  # a warm-up's block rows would load the drafter anyway
             self.reporter.prepared(self.host.prepare())
@@ -159,3 +169,25 @@ class Engine:
         )
         if self.on_failure is not None:
             self.on_failure(exc)
+
+
+def niced(work: Callable[[], None], niceness: int) -> None:
+    """`work` on a thread of its own whose CPU priority is lowered by `niceness` (Linux: a
+    thread's own nice value), so that models serving beside a load keep the cores they need
+    while it reads weights, probes and warms up. The thread ends with the work: the engine's own
+    thread serves at the priority it started with (raising a nice value back needs privileges)."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
+            with pooled_streams():  # a thread of its own, so streams of its own
+                work()
+        except BaseException as exc:  # raised again on the engine's thread, as a load's failure
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="mlxcel-load", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]

@@ -104,10 +104,13 @@ class Reloader:
         engines: EngineSwitch,
         resolve: Callable[[], Resolved],
         on_failure: Callable[[BaseException], None] | None = None,
+        tenants: Tenants | None = None,
     ) -> None:
         self.engines = engines
         self.resolve = resolve
         self.on_failure = on_failure  # the serving engine's: given to the new one once it serves
+        # a routed profile's: the keys are the router profile's, which no reload of one model changes
+        self.tenants = tenants
         self._busy = threading.Lock()
 
     def reload(self, trigger: str) -> Engine:
@@ -139,7 +142,7 @@ class Reloader:
             seconds=time.perf_counter() - started,
         )
         del replaced  # the release thread finds it among the retired: a reference here would keep it alive
-        threading.Thread(target=self._release, name="mlxcel-release", daemon=True).start()
+        release_in_background(self.engines)
         return engine
 
     def reload_in_background(self, trigger: str) -> None:
@@ -175,11 +178,7 @@ class Reloader:
         changed = restart_only_changes(current.settings, settings)
         if changed:
             raise ReloadRefusedError(f"{'; '.join(changed)}: only a restart changes these; nothing was reloaded")
-        try:
-            tenants = Tenants.of(settings.server)
-        except (OSError, UnicodeDecodeError) as exc:  # the key file went away since the profile was checked
-            raise ReloadRefusedError(f"server.api_key_file: cannot read the key file: {exc}") from exc
-        changed = access_changes(current, settings, tenants)
+        tenants, changed = self._access(current, settings)
         if changed and not settings.server.reload_may_change_auth:
             raise ReloadRefusedError(
                 f"{', '.join(changed)}: the new profile changes who may call or what they see; set "
@@ -201,17 +200,34 @@ class Reloader:
         engine.on_failure = self.on_failure
         return engine, changed
 
-    def _release(self) -> None:
-        """Stop each replaced engine once its requests end, then hand its memory back to the system.
+    def _access(self, current: Engine, settings: Settings) -> tuple[Tenants, list[str]]:
+        """The new engine's keys, and the access keys the new profile changes."""
+        if self.tenants is not None:
+            return self.tenants, []
+        try:
+            tenants = Tenants.of(settings.server)
+        except (OSError, UnicodeDecodeError) as exc:  # the key file went away since the profile was checked
+            raise ReloadRefusedError(f"server.api_key_file: cannot read the key file: {exc}") from exc
+        return tenants, access_changes(current, settings, tenants)
 
-        It holds no reference to an engine past the one that stops it, so the engine is freed
-        here (cycles and all, by gc) and MLX's cache and malloc's arenas can give its weights and
-        KV pool back: kept, they added ~80 MB to the first reload's RSS (`docs/reliability.md`)."""
-        while self.engines.retiring:  # another reload's thread may be the one that stops some
-            log_released(self.engines.release_finished())
-            time.sleep(POLL_S)
-        gc.collect()
-        release_buffers()
+
+def release_in_background(engines: EngineSwitch) -> threading.Thread:
+    thread = threading.Thread(target=release_retired, args=(engines,), name="mlxcel-release", daemon=True)
+    thread.start()
+    return thread
+
+
+def release_retired(engines: EngineSwitch) -> None:
+    """Stop each replaced engine once its requests end, then hand its memory back to the system.
+
+    It holds no reference to an engine past the one that stops it, so the engine is freed
+    here (cycles and all, by gc) and MLX's cache and malloc's arenas can give its weights and
+    KV pool back: kept, they added ~80 MB to the first reload's RSS (`docs/reliability.md`)."""
+    while engines.retiring:  # another reload's thread may be the one that stops some
+        log_released(engines.release_finished())
+        time.sleep(POLL_S)
+    gc.collect()
+    release_buffers()
 
 
 def log_released(engines: list[Engine]) -> None:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from app.engine.engine import Engine
+from app.engine.engine import Engine, EngineState
 
 
 class EngineSwitch:
@@ -28,7 +28,7 @@ class EngineSwitch:
     def engines(self) -> list[Engine]:
         """The current engine, then the replaced ones still finishing requests."""
         with self._lock:
-            return [self.current, *self._retired]
+            return list(dict.fromkeys([self.current, *self._retired]))  # a retired switch's current is both
 
     @property
     def retiring(self) -> bool:
@@ -59,6 +59,12 @@ class EngineSwitch:
             listener(engine)
         return replaced
 
+    def retire(self) -> None:
+        """Send no more requests here (the router unloads this model): the current engine joins the
+        replaced ones, stopped once no request holds it and no row runs on it."""
+        with self._lock:
+            self._retired.append(self.current)
+
     def release_finished(self) -> list[Engine]:
         """Stop the replaced engines no request holds and no row runs on; those stopped."""
         with self._releasing:  # a caller returns once the engines another caller is stopping have stopped too
@@ -85,6 +91,15 @@ class EngineSwitch:
     def abort(self, message: str) -> None:
         for engine in self.engines:
             engine.abort(message)
+
+    @property
+    def drain_timeout_s(self) -> float:
+        return self.current.settings.server.drain_timeout_s
+
+    @property
+    def draining(self) -> bool:
+        """A SIGTERM's drain is still waiting on rows (the engine drains, and some row runs)."""
+        return self.current.state is EngineState.DRAINING and not self.idle
 
     @property
     def idle(self) -> bool:

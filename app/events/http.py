@@ -20,8 +20,10 @@ def http_request(
     predicted_n: int,
     profile: str,
     tenant: str | None,
+    model: str | None,
 ) -> None:
-    """Every HTTP request answered, any route and status."""
+    """Every HTTP request answered, any route and status (`model`: the router's name for the
+    model it reached; None without a router)."""
     _log.info(
         "http_request",
         request_id=request_id,
@@ -34,6 +36,7 @@ def http_request(
         predicted_n=predicted_n,
         profile=profile,
         tenant=tenant,
+        model=model,
     )
 
 

@@ -53,6 +53,7 @@ PATH_KEYS = (
     "server.chat_template_file",
     "server.api_key_file",
     "target.adapter_path",
+    "router.models_dir",
 )
 
 
@@ -282,6 +283,12 @@ SERVER_FLAGS = [
         "server.reasoning_format",
         "how chat answers' thinking blocks are parsed by default",
         {"choices": get_args(ReasoningFormatName)},
+    ),
+    Flag(
+        ("--models-dir",),
+        "router.models_dir",
+        "serve every profile (*.toml) of DIR, each named by its file's name, chosen by a request's model",
+        {"metavar": "DIR"},
     ),
     Flag(("--no-warmup",), "server.warmup", "skip the warm-up before ready", _set("off")),
     Flag(

@@ -267,6 +267,23 @@ class LoggingSettings(Group):
     destination: str = "stdout"  # stdout, stderr, or a file path (appended)
 
 
+class RoutedModel(Group):
+    profile: str  # a shipped profile's name, or a path to a .toml file (relative to this profile's)
+    name: str | None = None  # the `model` requests send to reach it (default: the profile's file name)
+    aliases: list[str] = msgspec.field(default_factory=list)  # other names for it
+
+
+class RouterSettings(Group):
+    """Many profiles behind one server (app/engine/router.py); off while `models` and `models_dir` are unset."""
+
+    models: list[RoutedModel] = msgspec.field(default_factory=list)
+    models_dir: str | None = None  # every *.toml of this directory too, each named by its file's name
+    memory_budget_mb: Annotated[int, msgspec.Meta(ge=0)] = 0  # the models' weights on disk, at most; 0: no bound
+    idle_unload_s: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0  # unload a model unused this long; 0: never
+    # a request waits this long for its model to load, then gets 503 with Retry-After
+    load_wait_s: Annotated[float, msgspec.Meta(gt=0.0, le=3600.0)] = 60.0
+
+
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything that says what a server is. `profile` and `source` describe where it came from."""
 
@@ -281,5 +298,6 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     grammar: GrammarSettings = msgspec.field(default_factory=GrammarSettings)
     logging: LoggingSettings = msgspec.field(default_factory=LoggingSettings)
+    router: RouterSettings = msgspec.field(default_factory=RouterSettings)
     profile: str = "flags"
     source: str = "command line"

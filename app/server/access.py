@@ -117,6 +117,7 @@ class AccessLog:
                 predicted_n=usage.predicted_n,
                 profile=self.app.state.settings.profile,
                 tenant=scope.get("state", {}).get("tenant"),  # the auth guard's (app/server/auth.py), never the key
+                model=scope.get("state", {}).get("model"),  # the router's name (app/server/engine_view.py)
             )
 
 

@@ -18,7 +18,7 @@ from app.server.body import StrictJsonRequest
 from app.server.core.grammars import Grammars
 from app.server.core.shaping import RULE_HEADER
 from app.server.embeddings.routes import EmbeddingsController
-from app.server.engine_view import Engine, EngineSwitch, Reloader, engine_lifespan, provide_engine
+from app.server.engine_view import Engine, EngineSwitch, Reloader, Router, engine_lifespan, provide_engine
 from app.server.errors import HANDLERS, ErrorEnvelope
 from app.server.metrics import HttpMetrics
 from app.server.native.routes import (
@@ -101,12 +101,17 @@ def grammar_lifespan(grammars: Grammars) -> Callable[[Litestar], AbstractAsyncCo
     return run
 
 
-def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) -> Litestar:
+def create_app(engine: Engine | EngineSwitch | Router, reloader: Reloader | None = None) -> Litestar:
     """The app takes its engine as an argument: the listener comes up at once while the engine
     loads models on its own thread, answering 503 until they are ready. With a `reloader` (on
-    the same EngineSwitch), POST /admin/reload can swap in a new engine when the profile allows it."""
-    engines = engine if isinstance(engine, EngineSwitch) else EngineSwitch(engine)
-    settings = engines.current.settings
+    the same EngineSwitch), POST /admin/reload can swap in a new engine when the profile allows it.
+    A Router serves many profiles, each loaded on its first request (app/engine/router.py)."""
+    engines: EngineSwitch | None = None
+    if isinstance(engine, Router):
+        router, serving, settings, tenants = engine, engine, engine.settings, engine.tenants
+    else:
+        router, engines = None, engine if isinstance(engine, EngineSwitch) else EngineSwitch(engine)
+        serving, settings, tenants = engines, engines.current.settings, engines.current.tenants
     finish_handlers(CONTROLLERS)
     grammars = Grammars()  # compiles requests' grammars in a worker process (started on the first)
     app = Litestar(
@@ -114,7 +119,7 @@ def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) 
         dependencies={"engine": Provide(provide_engine)},  # a generator: held until the handler returns
         exception_handlers=HANDLERS,
         guards=[require_api_key],
-        lifespan=[engine_lifespan(engines), grammar_lifespan(grammars), offload.reclaim_lifespan()],
+        lifespan=[engine_lifespan(serving), grammar_lifespan(grammars), offload.reclaim_lifespan()],
         openapi_config=openapi_config(),
         request_class=StrictJsonRequest,
         request_max_body_size=settings.server.max_body_bytes,
@@ -122,9 +127,11 @@ def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) 
         logging_config=None,  # Litestar's records reach the root handler of app/runtime/logging.py as they are
     )
     app.state.engines = engines
+    app.state.router = router
     app.state.reloader = reloader
     app.state.settings = settings  # the live profile's: the API key and JSON depth follow a reload
-    app.state.tenants = engines.current.tenants  # its keys (a reload's engine read the key file again)
+    # its keys (a reload's engine read the key file again); a router's are its own profile's, fixed
+    app.state.tenants = tenants
     app.state.grammars = grammars
     # /v1/responses kept for previous_response_id, each tenant's apart; outlives reloads
     app.state.responses = ResponseStore(settings.server.responses_stored, settings.server.responses_store_mb << 20)
@@ -134,5 +141,6 @@ def create_app(engine: Engine | EngineSwitch, reloader: Reloader | None = None) 
         app.state.settings = new.settings
         app.state.tenants = new.tenants
 
-    engines.on_swap.append(follow)
+    if engines is not None:
+        engines.on_swap.append(follow)
     return app

@@ -5,18 +5,24 @@ target or the event types are held) is absorbed here and no route changes with i
 
 The app serves whichever engine `app.state.engines` (an EngineSwitch) holds as current: a hot
 reload swaps it. Each request's handler gets a view of the engine current when it began, held
-until the handler returns, so a request never spans two engines.
+until the handler returns, so a request never spans two engines. With a router
+(`app.state.router`, app/engine/router.py) the request's `model` (its body's, or the query's on a
+GET) picks the model whose engine it holds, waiting up to `router.load_wait_s` for its load.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, ExitStack, asynccontextmanager
+from dataclasses import dataclass
 
-from litestar import Litestar
+from litestar import Litestar, Request
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
+from litestar.exceptions import SerializationException
 from litestar.handlers import BaseRouteHandler
 from litestar.types import Receive
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -28,11 +34,14 @@ from app.engine.engine import Engine, EngineState, UnavailableError, unavailable
 from app.engine.host import ModelInfo
 from app.engine.metrics import Metrics
 from app.engine.reload import Reloader, ReloadRefusedError
+from app.engine.router import ClosedError, Route, Router, Status
 from app.engine.row import Job
 from app.engine.snapshot import RowView
 from app.engine.switch import EngineSwitch
 from app.profiles.schema import Settings
 from app.server.errors import ApiError
+
+LOAD_POLL_S = 0.02  # how often a request waiting for its model's load looks again
 
 __all__ = [
     "Delta",
@@ -43,16 +52,22 @@ __all__ = [
     "Failed",
     "Finished",
     "Job",
+    "Listed",
     "Metrics",
     "Progress",
     "ReloadRefusedError",
     "Reloader",
+    "Route",
+    "Router",
     "RowView",
     "Started",
     "Timings",
     "engine_lifespan",
+    "listed",
     "provide_engine",
+    "reload_model",
     "require_ready",
+    "served_metrics",
 ]
 
 
@@ -141,21 +156,114 @@ async def _disconnect(receive: Receive) -> None:
         pass
 
 
-def provide_engine(state: State) -> Iterator[EngineView]:
-    """The `engine` dependency of every handler that asks for one: the current engine, held
-    until the handler returns (its rows are submitted by then, and keep the engine running)."""
-    with state.engines.hold() as engine:
+async def provide_engine(request: Request, state: State) -> AsyncIterator[EngineView]:
+    """The `engine` dependency of every handler that asks for one: the current engine (of the
+    model the request names, with a router), held until the handler returns (its rows are
+    submitted by then, and keep the engine running)."""
+    router: Router | None = state.router
+    if router is None:
+        with state.engines.hold() as engine:
+            yield EngineView(engine)
+        return
+    route = await requested_route(request, router)
+    request.scope["state"]["model"] = route.name  # the access event's `model` (app/server/access.py)
+    with ExitStack() as held:
+        try:  # off the event loop: an unloaded model's engine is built there
+            engine = await asyncio.to_thread(held.enter_context, router.hold(route))
+        except ClosedError as exc:
+            raise ApiError(503, unavailable_message(EngineState.DRAINING)) from exc
+        await loaded(router, route, engine)
         yield EngineView(engine)
 
 
+async def requested_route(request: Request, router: Router) -> Route:
+    """The route the request's `model` names (a GET's query, else the JSON body's); 404 if none."""
+    model = request.query_params.get("model") if request.method in ("GET", "HEAD") else await body_model(request)
+    route = router.find(model)
+    if route is None:
+        known = ", ".join(repr(name) for name in router.names)
+        raise ApiError(404, f"model {model!r} not found; this server serves {known}", "not_found_error")
+    return route
+
+
+async def body_model(request: Request) -> str | None:
+    """The body's `model` string, if it has one; a body that is no JSON object names none (the
+    route's own decoding answers it as before)."""
+    try:
+        body = await request.json()
+    except SerializationException:
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
+
+
+async def loaded(router: Router, route: Route, engine: Engine) -> None:
+    """Until the held engine serves; 503 with Retry-After past `router.load_wait_s`, or for a load
+    that failed. It loads on its own thread: other models serve meanwhile."""
+    deadline = time.monotonic() + router.load_wait_s
+    while engine.state is EngineState.LOADING:
+        if time.monotonic() >= deadline:
+            retry = str(math.ceil(router.load_wait_s))
+            raise ApiError(503, f"model {route.name!r} is loading; try again", headers={"Retry-After": retry})
+        await asyncio.sleep(LOAD_POLL_S)
+    if engine.state is EngineState.FAILED:
+        raise ApiError(503, f"model {route.name!r} did not load: {engine.failure}", headers={"Retry-After": "1"})
+
+
 def require_ready(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    """Guard: 503 in llama-server's envelope while the engine loads, drains or after it failed."""
+    """Guard: 503 in llama-server's envelope while the engine loads, drains or after it failed
+    (with a router: while it drains; a model's load is its requests' wait, `loaded`)."""
+    router: Router | None = connection.app.state.router
+    if router is not None:
+        if router.closing:
+            raise ApiError(503, unavailable_message(EngineState.DRAINING))
+        return
     reason = EngineView(connection.app.state.engines.current).unavailable
     if reason is not None:
         raise ApiError(503, reason)
 
 
-def engine_lifespan(engines: EngineSwitch) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
+def served_metrics(state: State) -> Metrics | dict[str, Metrics]:
+    """The engine's metrics; with a router, each loaded model's by its name."""
+    router: Router | None = state.router
+    if router is None:
+        return EngineView(state.engines.current).metrics
+    return {route.name: EngineView(engine).metrics for route in router.routes if (engine := route.serving)}
+
+
+async def reload_model(state: State, request: Request, trigger: str) -> EngineView:
+    """POST /admin/reload: the profile reloaded (with a router, the model the body names, else the
+    first); ReloadRefusedError if refused."""
+    router: Router | None = state.router
+    if router is None:
+        return EngineView(await asyncio.to_thread(state.reloader.reload, trigger))
+    route = await requested_route(request, router)
+    return EngineView(await asyncio.to_thread(router.reload, route, trigger))
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One served model as the listings show it: its profile, whether it is loaded (None: no
+    router, the one model is always the server's), and its engine while it serves."""
+
+    settings: Settings
+    status: Status | None
+    engine: EngineView | None
+
+
+def listed(state: State) -> list[Listed]:
+    """Every model the server serves, loaded or not, in the router's order; none is loaded for it."""
+    router: Router | None = state.router
+    if router is None:
+        view = EngineView(state.engines.current)
+        return [Listed(view.settings, None, view if view.unavailable is None else None)]
+    return [
+        Listed(route.settings, route.status, EngineView(engine) if (engine := route.serving) else None)
+        for route in router.routes
+    ]
+
+
+def engine_lifespan(engines: EngineSwitch | Router) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
     """The engine's thread runs while the app does (and a reload's, until they are replaced)."""
 
     @asynccontextmanager

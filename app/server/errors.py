@@ -45,12 +45,20 @@ class ErrorEnvelope(msgspec.Struct, kw_only=True):
 class ApiError(Exception):
     """An error answered as `{"error": {"code", "message", "type"}}`."""
 
-    def __init__(self, code: int, message: str, kind: str | None = None, counts: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        kind: str | None = None,
+        counts: dict[str, int] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.kind = kind or TYPES.get(code, "server_error")
         self.counts = counts or {}  # ErrorDetail's optional counts (n_prompt_tokens, n_ctx)
+        self.headers = headers  # a 503's Retry-After
 
 
 def envelope_body(code: int, message: str, kind: str | None = None, counts: dict[str, int] | None = None) -> bytes:
@@ -74,7 +82,7 @@ def envelope(
 
 
 def on_api_error(_: Request, exc: ApiError) -> Response:
-    return envelope(exc.code, exc.message, exc.kind, counts=exc.counts)
+    return envelope(exc.code, exc.message, exc.kind, exc.headers, exc.counts)
 
 
 def on_validation_error(_: Request, exc: ValidationException) -> Response:

@@ -110,9 +110,30 @@ def counts_histogram(metric: tuple[str, str], counts: list[int]) -> HistogramMet
     return HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=total)
 
 
-def exposition(metrics: Metrics, http: HttpMetrics) -> bytes:
+class RoutedCollector:
+    """Each loaded model's metrics in one family per name, every sample labelled with its `model`:
+    the names the router's table gives, so the label's values are bounded by the profile."""
+
+    def __init__(self, metrics: dict[str, Metrics]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for model, metrics in self.metrics.items():
+            for family in EngineCollector(metrics).collect():
+                samples = [sample._replace(labels={"model": model, **sample.labels}) for sample in family.samples]
+                if family.name in families:
+                    families[family.name].samples += samples
+                else:
+                    family.samples = samples
+                    families[family.name] = family
+        yield from families.values()
+
+
+def exposition(metrics: Metrics | dict[str, Metrics], http: HttpMetrics) -> bytes:
+    """The exposition of one engine's metrics, or (a router's) each loaded model's, labelled."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(metrics))
+    registry.register(RoutedCollector(metrics) if isinstance(metrics, dict) else EngineCollector(metrics))
     registry.register(http.requests)
     ProcessCollector(registry=registry)  # process_cpu_seconds_total, memory, open fds (Linux)
     return generate_latest(registry)

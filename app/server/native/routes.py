@@ -4,7 +4,6 @@ llama-server routes answered with a clear 501 (compat/ records why)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from litestar import Controller, Request, Response, get, post, route
@@ -26,7 +25,7 @@ from app.server.core.logprobs import logprobs_for
 from app.server.core.service import start_rows
 from app.server.core.shaping import rule_header
 from app.server.core.streaming import sse
-from app.server.engine_view import EngineView, ReloadRefusedError, require_ready
+from app.server.engine_view import EngineView, ReloadRefusedError, reload_model, require_ready, served_metrics
 from app.server.errors import ApiError
 from app.server.metrics import CONTENT_TYPE, exposition
 from app.server.native import props
@@ -184,10 +183,11 @@ class IntrospectionController(Controller):
         return props.slots(engine, tenant_of(request))
 
     @get("/metrics", name="metrics", guards=[require_ready], media_type=CONTENT_TYPE)
-    async def metrics(self, request: Request, engine: NamedDependency[EngineView]) -> bytes:
+    async def metrics(self, state: State) -> bytes:
         """Prometheus text: llama-server's metric names, the speculative counters, latency
-        histograms, requests by route and status, process metrics (docs/operations.md)."""
-        return exposition(engine.metrics, request.app.state.http_metrics)
+        histograms, requests by route and status, process metrics (docs/operations.md); with a
+        router, each loaded model's engine metrics labelled `model`."""
+        return exposition(served_metrics(state), state.http_metrics)
 
 
 # --- text and tokens: /tokenize, /detokenize and /apply-template (the chat template's prompt) ---
@@ -270,21 +270,21 @@ class AdminController(Controller):
             409: error("refused: the old profile goes on serving; the message is the one-line reason"),
         },
     )
-    async def reload(self, state: State) -> Reloaded:
+    async def reload(self, request: Request, state: State) -> Reloaded:
         """Re-read the profile (file, environment, flags), build its engine beside the serving one,
-        then send new requests to it; in-flight requests finish on the old one. Answers when done."""
-        reloader = state.reloader
-        if reloader is None or not state.settings.server.admin_reload:
+        then send new requests to it; in-flight requests finish on the old one. Answers when done.
+        With a router: the loaded model the body's `model` names (else the first) alone."""
+        if (state.reloader is None and state.router is None) or not state.settings.server.admin_reload:
             raise ApiError(
                 403,
                 "reload over HTTP is off: set server.admin_reload = true (with server.api_key), or send SIGHUP",
                 "permission_error",
             )
         try:
-            engine = await asyncio.to_thread(reloader.reload, "http")
+            engine = await reload_model(state, request, "http")
         except ReloadRefusedError as exc:
             raise ApiError(409, f"reload refused: {exc}", "invalid_request_error") from exc
-        return props.reloaded(EngineView(engine))
+        return props.reloaded(engine)
 
 
 # --- llama-server routes answered with a clear 501 (compat/ records why) ----------------------
@@ -296,9 +296,9 @@ REASONS = {
     "/reranking": NO_RERANKER,
     "/v1/rerank": NO_RERANKER,
     "/v1/reranking": NO_RERANKER,
-    # by design: one process, one profile
-    "/models/load": "one server serves one profile; start another profile instead (docs/deployment.md)",
-    "/models/unload": "one server serves one profile; stop its process instead (docs/deployment.md)",
+    # by design: a router loads on use and unloads by its budget and idle time
+    "/models/load": "a [router] profile loads each model on the first request that names it (docs/deployment.md)",
+    "/models/unload": "a [router] profile unloads models by its memory budget and idle time (docs/deployment.md)",
 }
 SLOT_ACTIONS = "slot save/restore/erase is not supported: rows hold no reusable prompt cache"
 

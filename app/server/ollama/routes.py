@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
+from litestar.datastructures import State
 from litestar.di import NamedDependency
 from litestar.enums import MediaType
 from litestar.openapi import ResponseSpec
@@ -28,6 +29,7 @@ from msgspec import UNSET
 
 from app.loading import chat_template
 from app.loading.model_facts import ModelFacts, model_facts, parameter_size
+from app.profiles.schema import Settings
 from app.sampling.logprobs import TokenLogprob
 from app.server import offload
 from app.server.chat import conversation, reasoning, template
@@ -45,7 +47,7 @@ from app.server.core.streaming import HEADERS
 from app.server.embeddings import requests as embedding_requests
 from app.server.embeddings.requests import EmbeddingRequest
 from app.server.embeddings.routes import answer as embedding_answer
-from app.server.engine_view import Delta, EngineView, Finished, Progress, require_ready
+from app.server.engine_view import Delta, EngineView, Finished, Progress, listed, require_ready
 from app.server.errors import HANDLERS, ApiError
 from app.server.native.requests import CompletionRequest
 from app.server.ollama import requests, shapes
@@ -117,17 +119,22 @@ class OllamaController(Controller):
         return Version(version=OLLAMA_VERSION)
 
     @get("/api/tags", name="ollama-tags", opt={"public": True})
-    async def list_models(self, engine: NamedDependency[EngineView]) -> Tags:
-        """The one model this server serves (public, as /v1/models)."""
-        return Tags(models=[await tag_entry(engine)])
+    async def list_models(self, state: State) -> Tags:
+        """The models this server serves, loaded or not (public, as /v1/models)."""
+        return Tags(models=[await tag_entry(model.settings) for model in listed(state)])
 
     @get("/api/ps", name="ollama-ps")
-    async def running(self, engine: NamedDependency[EngineView]) -> Running:
-        """The model in memory: the served one."""
-        entry = await tag_entry(engine)
-        fields = msgspec.structs.asdict(entry)
-        loaded = RunningEntry(**fields, expires_at=FOREVER, size_vram=entry.size, context_length=engine.context_limit)
-        return Running(models=[loaded])
+    async def running(self, state: State) -> Running:
+        """The models in memory: the served one (with a router, those loaded)."""
+        loaded = []
+        for model in listed(state):
+            if model.engine is not None:
+                fields = msgspec.structs.asdict(await tag_entry(model.settings))
+                context = model.engine.context_limit
+                loaded.append(
+                    RunningEntry(**fields, expires_at=FOREVER, size_vram=fields["size"], context_length=context)
+                )
+        return Running(models=loaded)
 
     @post("/api/show", status_code=200, name="ollama-show")
     async def show(self, engine: NamedDependency[EngineView], data: JSONBody[OllamaShowRequest]) -> Show:
@@ -307,8 +314,7 @@ def served_names(engine: EngineView) -> set[str]:
     return names | {f"{name}:latest" for name in names}
 
 
-async def tag_entry(engine: EngineView) -> TagEntry:
-    settings = engine.settings
+async def tag_entry(settings: Settings) -> TagEntry:
     facts = await asyncio.to_thread(model_facts, settings.target.model)
     name = model_alias(settings)
     return TagEntry(name=name, model=name, modified_at=facts.modified_at, size=facts.size,

@@ -4,6 +4,7 @@ llama-server's spelling without /v1 where it serves one)."""
 from __future__ import annotations
 
 from litestar import Controller, Request, Response, get, post
+from litestar.datastructures import State
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
@@ -19,7 +20,7 @@ from app.server.core.logprobs import logprobs_for
 from app.server.core.service import start_rows
 from app.server.core.shaping import rule_header
 from app.server.core.streaming import sse
-from app.server.engine_view import EngineView, require_ready
+from app.server.engine_view import EngineView, listed, require_ready
 from app.server.errors import ApiError
 from app.server.openai import chat_shapes, shapes
 from app.server.openai.chat_shapes import ChatCompletion
@@ -34,23 +35,25 @@ class ModelsController(Controller):
 
     # public, as in llama-server: a client may list the model before it has the key
     @get(["/v1/models", "/models"], name="models", opt={"public": True})
-    async def models(self, engine: NamedDependency[EngineView]) -> ModelList:
-        """The one model this server serves (its size facts once it is loaded)."""
-        return shapes.model_list(engine)
+    async def models(self, state: State) -> ModelList:
+        """The models this server serves, loaded or not (their size facts while loaded)."""
+        return shapes.model_list(listed(state))
 
     @get(
         "/v1/models/{model_id:path}",
         name="model",
         opt={"public": True},
-        responses={404: error("an id other than the served model's")},
+        responses={404: error("an id other than a served model's")},
     )
-    async def model(self, engine: NamedDependency[EngineView], model_id: FromPath[str]) -> ModelEntry:
-        """OpenAI's models.retrieve: the served model by its id; any other id is a 404."""
-        entry = shapes.model_entry(engine)
+    async def model(self, state: State, model_id: FromPath[str]) -> ModelEntry:
+        """OpenAI's models.retrieve: a served model by its id; any other id is a 404."""
+        entries = [shapes.model_entry(model) for model in listed(state)]
         wanted = model_id.removeprefix("/")
-        if wanted != entry.id:
-            raise ApiError(404, f"The model {wanted!r} does not exist; this server serves {entry.id!r}")
-        return entry
+        found = next((entry for entry in entries if entry.id == wanted), None)
+        if found is None:
+            served = ", ".join(repr(entry.id) for entry in entries)
+            raise ApiError(404, f"The model {wanted!r} does not exist; this server serves {served}")
+        return found
 
 
 class OpenAICompletionController(Controller):

@@ -13,7 +13,7 @@ from msgspec import UNSET, UnsetType
 from app import __version__
 from app.server.core.logprobs import Logprobs, TextLogprobs
 from app.server.core.shaping import PromptProgress, model_alias, prompt_progress, shown_path, speculative_biased
-from app.server.engine_view import EngineView, Finished, Progress, Timings
+from app.server.engine_view import Finished, Listed, Progress, Timings
 
 # --- models -----------------------------------------------------------------------------------
 
@@ -24,12 +24,17 @@ class ModelMeta(msgspec.Struct, kw_only=True):
     n_ctx_train: int | UnsetType = UNSET
 
 
+class ModelStatus(msgspec.Struct, kw_only=True):
+    value: str  # loaded, loading, unloaded (llama-server's router mode)
+
+
 class ModelEntry(msgspec.Struct, kw_only=True):
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "mlxcel"
     meta: ModelMeta
+    status: ModelStatus | UnsetType = UNSET  # with a router only
 
 
 class ModelName(msgspec.Struct, kw_only=True):
@@ -45,19 +50,21 @@ class ModelList(msgspec.Struct, kw_only=True):
     models: list[ModelName]
 
 
-def model_list(engine: EngineView) -> ModelList:
-    entry = model_entry(engine)
-    return ModelList(data=[entry], models=[ModelName(name=entry.id, model=entry.id)])
+def model_list(models: list[Listed]) -> ModelList:
+    entries = [model_entry(model) for model in models]
+    return ModelList(data=entries, models=[ModelName(name=entry.id, model=entry.id) for entry in entries])
 
 
-def model_entry(engine: EngineView) -> ModelEntry:
-    """The one model served, as OpenAI's model object (its size facts once it is loaded)."""
-    settings = engine.settings
+def model_entry(model: Listed) -> ModelEntry:
+    """A served model as OpenAI's model object (its size facts while it is loaded; with a
+    router, its status as llama-server's router mode gives it)."""
+    settings, engine = model.settings, model.engine
     path = shown_path(settings, settings.target.model)
     meta = ModelMeta(path=path)
-    if engine.unavailable is None:
+    if engine is not None:
         meta = ModelMeta(path=path, n_vocab=engine.vocab_size, n_ctx_train=engine.context_limit)
-    return ModelEntry(id=model_alias(settings), created=int(time.time()), meta=meta)
+    status = UNSET if model.status is None else ModelStatus(value=str(model.status))
+    return ModelEntry(id=model_alias(settings), created=int(time.time()), meta=meta, status=status)
 
 
 # --- what every body and chunk repeats --------------------------------------------------------
