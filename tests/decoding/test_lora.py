@@ -20,8 +20,7 @@ from app.execution.model import load_model
 from app.loading import ModelLoadError
 from app.profiles import resolve, settled
 from app.sampling import SamplingParams
-from tests.profiles.test_adapter import RANK, write_adapter
-from tests.support.lora import SCALE, build_adapter, greedy_tokens, mlx_lm_fused
+from tests.support.lora import RANK, SCALE, build_adapter, greedy_tokens, mlx_lm_fused, write_adapter
 
 PROMPTS = ["def merge_sorted(left, right):\n", "class LRUCache:\n    def __init__(self, capacity):\n"]
 N_PREDICT = 48

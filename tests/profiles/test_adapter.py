@@ -4,9 +4,6 @@ loads: checked from the adapter's files and the weights' headers (app/loading/ad
 
 from __future__ import annotations
 
-import json
-import math
-import struct
 from pathlib import Path
 
 import pytest
@@ -14,25 +11,9 @@ import pytest
 from app.loading import EMBEDDED_TARGET
 from app.profiles import ProfileError, resolve, settled
 from tests.cli.test_migration_flags import parsed
+from tests.support.lora import RANK, write_adapter
 
-RANK = 4
 Q_PROJ = "model.layers.13.self_attn.q_proj"  # the embedded target's: 256 in, 256 out
-
-
-def write_adapter(root: Path, tensors: dict[str, list[int]], config: dict | None = None) -> Path:
-    """An adapter directory in mlx-lm's layout; its safetensors header written by hand (zero tensors)."""
-    root.mkdir(parents=True)
-    header, offset = {}, 0
-    for name, shape in tensors.items():
-        size = 4 * math.prod(shape)
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    (root / "adapters.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
-    lora = {"rank": RANK, "scale": 20.0, "dropout": 0.0}
-    (root / "adapter_config.json").write_text(json.dumps(config or {"num_layers": 1, "lora_parameters": lora}))
-    return root
 
 
 def fitting(root: Path) -> Path:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import struct
 from pathlib import Path
 
 import mlx.core as mx
@@ -59,3 +61,19 @@ def greedy_tokens(model, tokenizer, prompt: list[int], max_tokens: int) -> list[
     from mlx_lm.generate import stream_generate
 
     return [r.token for r in stream_generate(model, tokenizer, prompt, max_tokens=max_tokens)][:max_tokens]
+
+
+def write_adapter(root: Path, tensors: dict[str, list[int]], config: dict | None = None) -> Path:
+    """An adapter directory in mlx-lm's layout; its safetensors header written by hand (zero tensors)."""
+    root.mkdir(parents=True)
+    header, offset = {}, 0
+    for name, shape in tensors.items():
+        size = 4 * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    (root / "adapters.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+    lora = {"rank": RANK, "scale": SCALE, "dropout": 0.0}
+    (root / "adapter_config.json").write_text(json.dumps(config or {"num_layers": 1, "lora_parameters": lora}))
+    return root
