@@ -18,6 +18,7 @@ from ops.bench.common import machine, stage  # first: sets up MLX's BLAS
 # isort: on
 import argparse
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -28,7 +29,7 @@ from typing import NamedTuple
 import httpx
 
 from app.profiles import resolve
-from ops.bench.spawn import spawned_server
+from ops.bench.spawn import spawned
 from ops.models.grown import quantized_copy
 
 PROMPT = "def fibonacci(n):\n"
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
         router = write_profiles(Path(tmp))
         paces = []
         for round_ in range(args.rounds):
-            with spawned_server(str(router)) as (url, _):
+            command = [sys.executable, "-m", "app", "serve", "--profile", str(router)]
+            with spawned(command, {"MLXCEL_LOGGING__DESTINATION": "stderr"}) as (url, _):
                 for model in ("default", "plain"):
                     httpx.post(f"{url}/completion", json=BODY | {"model": model, "n_predict": 1}, timeout=120)
                 pace = pace_during_load(url, "plain", "small", args.tokens)
