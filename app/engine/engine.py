@@ -181,7 +181,7 @@ def niced(work: Callable[[], None], niceness: int) -> None:
     def run() -> None:
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
-            with pooled_streams():  # a thread of its own, so streams of its own
+            with pooled_streams("loading"):  # their workers are niced too: never a serving engine's
                 work()
         except BaseException as exc:  # raised again on the engine's thread, as a load's failure
             failure.append(exc)

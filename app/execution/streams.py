@@ -11,6 +11,12 @@ as long as it runs and given back when it ends. A stream is never shared by two 
 (MLX does not guard a stream against concurrent evaluation), so the pool holds as many streams as
 engines ever ran at once: during a reload's overlap, the old engine finishing its requests and the
 new one serving.
+
+A router's load runs on a thread of lower CPU priority (app/engine/engine.py `niced`), and a CPU
+stream's worker thread, started by the first evaluation on the stream, takes the priority of the
+thread that evaluated. So a stream's worker starts when the stream is made, from the thread that
+takes it, and loads take streams from a pool of their own: serving engines' forwards ran on
+workers at the load's priority, sharing the cores evenly with the next load.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from contextlib import contextmanager
 
 import mlx.core as mx
 
-_free: dict[str, list[mx.Stream]] = {}  # by device: streams no running engine holds
+_free: dict[tuple[str, str], list[mx.Stream]] = {}  # by pool and device: streams no running thread holds
 _lock = threading.Lock()
 
 
@@ -31,28 +37,31 @@ def _devices() -> list[mx.Device]:
     return [default] if default.type == mx.DeviceType.cpu else [default, mx.Device(mx.cpu)]
 
 
-def _take(device: mx.Device) -> mx.Stream:
+def _take(pool: str, device: mx.Device) -> mx.Stream:
     with _lock:
-        free = _free.setdefault(str(device), [])
+        free = _free.setdefault((pool, str(device)), [])
         if free:
             return free.pop()
-    return mx.new_thread_unsafe_stream(device)  # usable from any thread, which a pooled stream must be
+    stream = mx.new_thread_unsafe_stream(device)  # usable from any thread, which a pooled stream must be
+    mx.eval(mx.zeros((1,), stream=stream))  # its worker starts now, at this thread's priority
+    return stream
 
 
-def _give_back(stream: mx.Stream) -> None:
+def _give_back(pool: str, stream: mx.Stream) -> None:
     with _lock:
-        _free[str(stream.device)].append(stream)
+        _free[(pool, str(stream.device))].append(stream)
 
 
 @contextmanager
-def pooled_streams() -> Iterator[None]:
-    """Within this block, the calling thread computes on pooled streams (its whole life: enter it
-    before its first MLX operation, and leave it when the thread is done with MLX)."""
-    streams = [_take(device) for device in _devices()]
+def pooled_streams(pool: str = "serving") -> Iterator[None]:
+    """Within this block, the calling thread computes on streams of `pool` (its whole life: enter
+    it before its first MLX operation, and leave it when the thread is done with MLX). A thread of
+    lowered priority names a pool of its own ("loading")."""
+    streams = [_take(pool, device) for device in _devices()]
     for stream in streams:
         mx.set_default_stream(stream)
     try:
         yield
     finally:
         for stream in streams:
-            _give_back(stream)
+            _give_back(pool, stream)
