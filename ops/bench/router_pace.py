@@ -7,7 +7,11 @@ again while a request for `small` makes the router load it (unloading `default`)
 the median gap during the load over the median gap alone; a fresh server per round, so each
 round's load is a first load.
 
-    python -m ops.bench.router_pace [--rounds 3] [--tokens 100]
+    python -m ops.bench.router_pace [--rounds 3] [--tokens 100] [--log server.jsonl]
+
+With `--log`, the servers' events go to that file, and the router's load and unload times (its
+`router_model_loaded` and `router_model_unloaded` events: decision to ready, or to stopped) are
+listed after the rounds.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from ops.bench.common import machine, stage  # first: sets up MLX's BLAS
 
 # isort: on
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -131,14 +136,16 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=100, help="the idle stream's tokens")
+    parser.add_argument("--log", type=Path, help="the servers' event log (then their load and unload times)")
     args = parser.parse_args(argv)
+    log = str(args.log.resolve()) if args.log else "stderr"
     with tempfile.TemporaryDirectory() as tmp:
         stage("writing the router profile and its 4-bit copy")
         router = write_profiles(Path(tmp))
         paces = []
         for round_ in range(args.rounds):
             command = [sys.executable, "-m", "app", "serve", "--profile", str(router)]
-            with spawned(command, {"MLXCEL_LOGGING__DESTINATION": "stderr"}) as (url, _):
+            with spawned(command, {"MLXCEL_LOGGING__DESTINATION": log}) as (url, _):
                 for model in ("default", "plain"):
                     httpx.post(f"{url}/completion", json=BODY | {"model": model, "n_predict": 1}, timeout=120)
                 pace = pace_during_load(url, "plain", "small", args.tokens)
@@ -146,6 +153,20 @@ def main(argv: list[str] | None = None) -> None:
             paces.append(pace)
     ratios = sorted(pace.ratio for pace in paces)
     print(f"{machine()}\nratio of medians over {args.rounds} rounds: {', '.join(f'{r:.2f}x' for r in ratios)}")
+    if args.log:
+        print_router_times(args.log)
+
+
+def print_router_times(log: Path) -> None:
+    """Each model's load and unload seconds, from the router's events in `log`."""
+    times: dict[tuple[str, str], list[float]] = {}
+    for line in log.read_text().splitlines():
+        event = json.loads(line) if line.startswith("{") else {}
+        kind = {"router_model_loaded": "load", "router_model_unloaded": "unload"}.get(event.get("event"))
+        if kind:
+            times.setdefault((event["model"], kind), []).append(event["seconds"])
+    for (model, kind), seconds in sorted(times.items()):
+        print(f"{model} {kind}: " + ", ".join(f"{s:.2f}" for s in sorted(seconds)) + " s")
 
 
 if __name__ == "__main__":
