@@ -6,8 +6,17 @@ them to finish (two clients of `n = 8` with an ambiguous grammar kept a canary w
 against 0.2 s idle). So the next row admitted is the earliest queued row of the request that
 holds the fewest rows (every waiting request's first row before any request's second), and a
 request's extra rows never take the last `reserved_rows` free rows: those stay for requests
-that hold none yet, queued now or arriving later. A lone request of `n = max_rows` therefore
-runs most of its rows together and the rest as rows free up.
+that hold none yet, queued now or arriving later.
+
+The reserve is two shares of the rows (two in every eight; at least two, short of every row),
+for two newcomers:
+a request arriving while another's extra rows filled every row up to the reserve takes one of
+it with its first row, and a row is still free for the request after it. One share was not
+enough: one client's `n = 8` took seven of eight rows, a second client's first row took the
+eighth, and a canary arriving milliseconds after them waited 2–3 s for one of their rows to end
+(issue 45's attack, whose canary was sometimes first and sometimes last). A lone request of
+`n = max_rows` therefore runs most of its rows together (six of eight) and the rest as rows
+free up.
 """
 
 from __future__ import annotations
@@ -17,12 +26,13 @@ from collections.abc import Iterable, Sequence
 
 from app.engine.row import Job
 
-RESERVED_SHARE = 8  # one free row in every eight is kept for other requests' first rows
+RESERVED_SHARE = 8  # a share: one row in every eight (at least one)
+RESERVED_SHARES = 2  # free shares kept for other requests' first rows: two newcomers find a row
 
 
 def reserved_rows(max_rows: int) -> int:
     """Free rows a request's extra rows may not take (none with a single row: it must run)."""
-    return min(max_rows - 1, max(1, max_rows // RESERVED_SHARE))
+    return min(max_rows - 1, RESERVED_SHARES * max(1, max_rows // RESERVED_SHARE))
 
 
 def request_of(job: Job) -> str:
