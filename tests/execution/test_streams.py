@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,12 +54,12 @@ def test_a_serving_streams_worker_keeps_its_takers_priority_whoever_evaluates_fi
     before = threads()
     taken: list[mx.Stream] = []
 
-    def serve() -> None:  # an engine thread: it takes its streams, then a niced load computes
-        with pooled_streams():
+    def engine_thread() -> None:  # it takes its streams, then a niced load computes on them first
+        with pooled_streams(f"serving-{uuid.uuid4()}"):  # a pool of its own: a stream made now
             taken.append(mx.default_stream(mx.default_device()))
             on_thread(lambda: mx.eval(mx.add(mx.ones((4,), stream=taken[0]), 1, stream=taken[0])), niceness=10)
 
-    on_thread(serve)
+    on_thread(engine_thread)
     started = {tid: nice for tid, nice in threads().items() if tid not in before and tid not in PYTHON_THREADS}
     assert started and set(started.values()) == {0}, started
 
