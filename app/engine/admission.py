@@ -9,14 +9,13 @@ request's extra rows never take the last `reserved_rows` free rows: those stay f
 that hold none yet, queued now or arriving later.
 
 The reserve is two shares of the rows (two in every eight; at least two, short of every row),
-for two newcomers:
-a request arriving while another's extra rows filled every row up to the reserve takes one of
-it with its first row, and a row is still free for the request after it. One share was not
-enough: one client's `n = 8` took seven of eight rows, a second client's first row took the
-eighth, and a canary arriving milliseconds after them waited 2–3 s for one of their rows to end
-(issue 45's attack, whose canary was sometimes first and sometimes last). A lone request of
-`n = max_rows` therefore runs most of its rows together (six of eight) and the rest as rows
-free up.
+for two newcomers: a request arriving while another's extra rows filled every row up to the
+reserve takes one of it with its first row, and a row is still free for the request after it.
+One share was not enough: one client's `n = 8` took seven of eight rows, a second client's
+first row took the eighth, and a canary arriving milliseconds after them waited 2–3 s for one of
+their rows to end (issue 45's attack, whose canary was sometimes first and sometimes last). A
+lone request of `n = max_rows` therefore runs most of its rows together (six of eight) and the
+rest as rows free up.
 """
 
 from __future__ import annotations
