@@ -106,6 +106,12 @@ def stream_gaps(client: httpx.Client, model: str, n: int, until: threading.Event
     return gaps
 
 
+def load_models(url: str, models: tuple[str, ...]) -> list[int]:
+    """Load `models` one after another (a one-token request each); their answers' statuses."""
+    body = BODY | {"n_predict": 1}
+    return [httpx.post(f"{url}/completion", json=body | {"model": model}, timeout=120).status_code for model in models]
+
+
 def pace_during_load(url: str, streamed: str, loaded: str, idle_tokens: int) -> Pace:
     """`streamed`'s gaps alone, then while a one-token request for `loaded` (not loaded yet) waits
     for its load; the stream starts before that request is sent and stops once it is answered."""
@@ -146,8 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         for round_ in range(args.rounds):
             command = [sys.executable, "-m", "app", "serve", "--profile", str(router)]
             with spawned(command, {"MLXCEL_LOGGING__DESTINATION": log}) as (url, _):
-                for model in ("default", "plain"):
-                    httpx.post(f"{url}/completion", json=BODY | {"model": model, "n_predict": 1}, timeout=120)
+                load_models(url, ("default", "plain"))
                 pace = pace_during_load(url, "plain", "small", args.tokens)
             print(f"round {round_ + 1}: {pace.summary()}")
             paces.append(pace)

@@ -15,7 +15,7 @@ from litestar.testing import TestClient
 from app.profiles import resolve, settled
 from app.server.app import create_app
 from app.server.engine_view import Engine
-from ops.bench.router_pace import BODY, pace_during_load, write_profiles
+from ops.bench.router_pace import BODY, load_models, pace_during_load, write_profiles
 from tests.support.server import RunningServer, serve
 
 pytestmark = pytest.mark.slow
@@ -64,9 +64,7 @@ def test_a_load_unloads_the_least_recently_used_while_another_model_keeps_servin
     """While plain streams, small loads: the budget unloads default (the least recently used that
     no request holds), and plain's tokens keep coming all through the load. Its pace against idle
     is a measurement, not a test's bound: `python -m ops.bench.router_pace` (docs/benchmarks.md)."""
-    with server.client() as client:
-        for model in ("default", "plain"):
-            assert client.post("/completion", json=BODY | {"model": model, "n_predict": 1}).status_code == 200
+    assert load_models(server.url, ("default", "plain")) == [200, 200]
     assert statuses(server) == {"default": "loaded", "plain": "loaded", "small": "unloaded"}
     pace = pace_during_load(server.url, "plain", "small", PACE_TOKENS)
     print(pace.summary())
