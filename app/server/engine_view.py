@@ -39,7 +39,7 @@ from app.engine.row import Job
 from app.engine.snapshot import RowView
 from app.engine.switch import EngineSwitch
 from app.profiles.schema import Settings
-from app.server.errors import ApiError
+from app.server.errors import ApiError, quoted
 
 LOAD_POLL_S = 0.02  # how often a request waiting for its model's load looks again
 
@@ -182,7 +182,7 @@ async def requested_route(request: Request, router: Router) -> Route:
     route = router.find(model)
     if route is None:
         known = ", ".join(repr(name) for name in router.names)
-        raise ApiError(404, f"model {model!r} not found; this server serves {known}", "not_found_error")
+        raise ApiError(404, f"model {quoted(model)} not found; this server serves {known}", "not_found_error")
     return route
 
 

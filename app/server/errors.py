@@ -27,6 +27,18 @@ TYPES = {
 }
 
 
+SHOWN_CHARS = 100  # of a client's own string echoed in a message (a model name, a Host header)
+
+
+def quoted(text: str | None) -> str:
+    """A client's string as an error message shows it: repr-quoted, cut to SHOWN_CHARS characters
+    (a body of megabytes may name a "model" of any length; the message names it, not copies it)."""
+    if text is None:
+        return "None"
+    shown = repr(text[:SHOWN_CHARS])
+    return shown if len(text) <= SHOWN_CHARS else f"{shown}... ({len(text)} characters)"
+
+
 class ErrorDetail(msgspec.Struct, kw_only=True):
     code: int
     message: str

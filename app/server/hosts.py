@@ -21,10 +21,9 @@ from litestar import Litestar
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from app.profiles.schema import ServerSettings
-from app.server.errors import envelope_body
+from app.server.errors import envelope_body, quoted
 
 LOOPBACK_NAME = "localhost"
-SHOWN_CHARS = 100  # of a refused Host in the message (the header is the client's, of any length)
 
 
 def is_loopback(host: str) -> bool:
@@ -93,7 +92,7 @@ class HostCheck:
             return
         await refuse(
             send,
-            f"Host {header[:SHOWN_CHARS]!r} is not a name of this server; add it to server.allowed_hosts "
+            f"Host {quoted(header)} is not a name of this server; add it to server.allowed_hosts "
             "(a proxy's public name), or name the server by localhost or its IP address",
         )
 

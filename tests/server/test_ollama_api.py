@@ -163,6 +163,18 @@ def test_errors_are_ollamas_shape(default_server, path: str, body: dict, status:
     assert needle in response.json()["error"]
 
 
+def test_an_unknown_model_name_is_named_not_copied(default_server) -> None:
+    """A 404 for a model name of any length (a body may carry megabytes) quotes its first 100
+    characters and says how long it was, on Ollama's and OpenAI's model routes alike."""
+    name = "m" * 20_000
+    with default_server.client() as http:
+        shown = http.post("/api/show", json={"model": name})
+        retrieved = http.get(f"/v1/models/{name}")
+    for answer in (shown, retrieved):
+        assert answer.status_code == 404, answer.text
+        assert len(answer.text) < 600 and "(20000 characters)" in answer.text
+
+
 def test_malformed_json_is_an_ollama_error(default_server) -> None:
     response = default_server.client().post("/api/chat", content=b"{not json")
     assert response.status_code == 400 and list(response.json()) == ["error"]

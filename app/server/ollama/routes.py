@@ -48,7 +48,7 @@ from app.server.embeddings import requests as embedding_requests
 from app.server.embeddings.requests import EmbeddingRequest
 from app.server.embeddings.routes import answer as embedding_answer
 from app.server.engine_view import Delta, EngineView, Finished, Progress, listed, require_ready
-from app.server.errors import HANDLERS, ApiError
+from app.server.errors import HANDLERS, ApiError, quoted
 from app.server.native.requests import CompletionRequest
 from app.server.ollama import requests, shapes
 from app.server.ollama.requests import (
@@ -144,7 +144,7 @@ class OllamaController(Controller):
         if not wanted:
             raise ApiError(400, "model is required")
         if wanted not in served_names(engine):
-            raise ApiError(404, f"model '{wanted}' not found; this server serves {model_alias(settings)!r}")
+            raise ApiError(404, f"model {quoted(wanted)} not found; this server serves {model_alias(settings)!r}")
         facts = await asyncio.to_thread(model_facts, settings.target.model)
         arch = facts.architecture
         model_info = {

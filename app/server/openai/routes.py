@@ -21,7 +21,7 @@ from app.server.core.service import start_rows
 from app.server.core.shaping import rule_header
 from app.server.core.streaming import sse
 from app.server.engine_view import EngineView, listed, require_ready
-from app.server.errors import ApiError
+from app.server.errors import ApiError, quoted
 from app.server.openai import chat_shapes, shapes
 from app.server.openai.chat_shapes import ChatCompletion
 from app.server.openai.frames import chat_frames, echoed_frames
@@ -52,7 +52,7 @@ class ModelsController(Controller):
         found = next((entry for entry in entries if entry.id == wanted), None)
         if found is None:
             served = ", ".join(repr(entry.id) for entry in entries)
-            raise ApiError(404, f"The model {wanted!r} does not exist; this server serves {served}")
+            raise ApiError(404, f"The model {quoted(wanted)} does not exist; this server serves {served}")
         return found
 
 
