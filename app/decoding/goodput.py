@@ -25,10 +25,14 @@ due after a gap of `PROBE_FIRST` or more waits for the next tick that is a multi
 `PROBE_FIRST`, so the held rows probe together: on the other ticks every held row's plain step is
 queued a tick ahead (`WidthOffer.then_plain`), and a tick's forwards overlap the host only when
 all of them were queued. Every
-`SURVEY_EVERY`-th tick runs the load-free rows at half their widths, and the next such tick at
-their own widths, so every record keeps seeing more than one width (a fit needs two) and the
-widths not chosen lately are timed afresh (a cost measured while another process held the cores
-must not keep them out for good). Neither is logged: the width in force has not moved.
+`SURVEY_EVERY`-th tick runs the load-free rows at half their widths, the next such tick at their
+own widths and the one after at width 0, so every record keeps seeing more than one width (a fit
+needs two) and the widths not chosen lately are timed afresh (a cost measured while another
+process held the cores must not keep them out for good). The plain survey matters most: while
+every row drafts, every row also verifies, so the host's fit cannot tell a row's own work from
+its verifying and charges a plain tick for both (on the CPU, 8 rows of the embedded pair: a
+plain tick priced at 32 ms that took 15 to 21, so drafting at 0.84x target-only's throughput
+looked like a gain). None is logged: the width in force has not moved.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ LEAVE_GAIN = 1.05  # and the rows' own widths by 5 %: a model's small gain is wi
 PROBE_FIRST = 4  # ticks at width 0 before a row's first probe round
 PROBE_MAX = 16  # the longest gap between two probe rounds of a row
 PROMISING = 0.9  # the acceptance a probe could show at best (what decides whether probing can matter)
-SURVEY_EVERY = 16  # ticks between two that run the load-free rows at half, then at their own widths
+SURVEY_EVERY = 16  # ticks between two that run the load-free rows at half, then at their own widths, then at 0
+SURVEYS = 3  # the survey widths in turn: half the chosen, the rows' own, none
 
 
 @dataclass(frozen=True)
@@ -263,6 +268,7 @@ class Goodput:
     # measured over predicted seconds: of a tick with no row drafting, and of what drafting adds
     plain_scale: float = 1.0
     drafting_scale: float = 1.0
+    plain_ticks: int = 0  # ticks that calibrated `plain_scale` (rare while every row drafts)
     _fitted: dict[int, TickPrices | None] = field(default_factory=dict, repr=False)  # by rows' bit length
     _expected: tuple[float, float] | None = field(default=None, repr=False)  # the latest tick's (plain, drafting)
     # what the choice keeps of each row (held width, probes), for as long as the row lives
@@ -329,7 +335,7 @@ class Goodput:
         seconds, tokens = tick.seconds(best), tick.tokens(best)
         for i in free:
             if self.ticks % SURVEY_EVERY == 0:
-                applied[i] = best[i] // 2 if self.ticks % (2 * SURVEY_EVERY) else wanted[i]
+                applied[i] = (best[i] // 2, wanted[i], 0)[(self.ticks // SURVEY_EVERY - 1) % SURVEYS]
             elif best[i] == 0 and holds[i].probe(
                 self.ticks, _promising(tick, best, i, seconds, tokens), rows[i].acceptance
             ):
@@ -376,17 +382,23 @@ class Goodput:
         plain, drafting = self._expected
         self._expected = None
         if drafting <= PLAIN_TICK * plain:
-            self.plain_scale = _rescaled(self.plain_scale, seconds / plain if plain > 0 else 1.0)
+            # Plain ticks may come one in SURVEYS * SURVEY_EVERY while rows draft: their first few
+            # weigh as a running mean's, or the price of width 0 would trail the truth for hundreds
+            # of ticks (and what drafting is weighed against with it).
+            self.plain_ticks += 1
+            weight = max(CALIBRATION, 1.0 / self.plain_ticks)
+            self.plain_scale = _rescaled(self.plain_scale, seconds / plain if plain > 0 else 1.0, weight)
         elif drafting > 0:
-            self.drafting_scale = _rescaled(self.drafting_scale, (seconds - plain) / drafting)
+            self.drafting_scale = _rescaled(self.drafting_scale, (seconds - plain) / drafting, CALIBRATION)
         return plain + drafting
 
 
-def _rescaled(scale: float, ratio: float) -> float:
-    """`scale` moved toward `scale * ratio`, the ratio bounded (one tick is one noisy measurement)
-    and a rise weighed half a fall (timing noise only adds, as app/execution/cost.py's buckets)."""
+def _rescaled(scale: float, ratio: float, weight: float) -> float:
+    """`scale` moved by `weight` toward `scale * ratio`, the ratio bounded (one tick is one noisy
+    measurement) and a rise weighed half a fall (timing noise only adds, as app/execution/cost.py's
+    buckets)."""
     bounded = min(max(ratio, 1 / SCALE_STEP), SCALE_STEP)
-    weight = CALIBRATION / 2 if bounded > 1 else CALIBRATION
+    weight = weight / 2 if bounded > 1 else weight
     return min(max(scale + weight * (scale * bounded - scale), SCALE_RANGE[0]), SCALE_RANGE[1])
 
 

@@ -226,6 +226,22 @@ def test_the_whole_ticks_time_calibrates_what_the_fits_leave_out() -> None:
     assert sum(widths_after(goodput, rows)) < sum(before)
 
 
+def test_one_plain_tick_measured_cheap_reprices_width_0_at_once() -> None:
+    """Rows that draft every tick see a plain tick only at the plain survey. When that tick costs
+    far less than its price (on the CPU a plain tick of 8 rows priced at 44 ms took 16), the
+    first one halves the plain scale, not 5 % of the way, and the rows then draft less."""
+    rows = [policy(alpha=0.7) for _ in range(8)]
+    goodput = Goodput(lambda: measured(0.02, 0.0005))
+    drafting = sum(widths_after(goodput, rows))
+    assert drafting > 0
+    while goodput.plain_ticks == 0:
+        goodput.choose(rows)
+        plain, drafted = goodput._expected
+        goodput.measured(0.3 * plain if drafted == 0 else plain + drafted)
+    assert goodput.ticks <= 3 * SURVEY_EVERY and goodput.plain_scale == pytest.approx(0.5)
+    assert sum(widths_after(goodput, rows)) < drafting
+
+
 def test_held_rows_keep_their_width_and_lone_rows_are_chosen_too() -> None:
     held = [policy(alpha=0.05, load_free=False) for _ in range(4)]
     free = [policy(alpha=0.05) for _ in range(4)]
@@ -329,11 +345,15 @@ def test_held_rows_probe_together_and_queue_their_plain_steps_between_probes() -
     assert queued_ticks >= 2 * SURVEY_EVERY  # at least every other tick fully queued
 
 
-def test_every_sixteenth_tick_surveys_half_the_widths_then_the_rows_own() -> None:
+def test_every_sixteenth_tick_surveys_half_the_widths_then_the_rows_own_then_none() -> None:
+    """The third survey is a plain tick: while every row drafts, every row verifies too, and only
+    a tick with none verifying tells the host's fit what a plain tick costs."""
     rows = [policy(alpha=0.9) for _ in range(4)]
     goodput = Goodput(lambda: measured(0.05, 0.00001))
-    limits = [widths_after(goodput, rows)[0] for _ in range(SURVEY_EVERY)]
-    assert limits[: SURVEY_EVERY - 1] == [7] * (SURVEY_EVERY - 1) and limits[-1] == 3
+    limits = [widths_after(goodput, rows)[0] for _ in range(3 * SURVEY_EVERY)]
+    assert limits[: SURVEY_EVERY - 1] == [7] * (SURVEY_EVERY - 1) and limits[SURVEY_EVERY - 1] == 3
+    assert limits[2 * SURVEY_EVERY - 1] == 7 and limits[3 * SURVEY_EVERY - 1] == 0
+    assert limits[2 * SURVEY_EVERY : 3 * SURVEY_EVERY - 1] == [7] * (SURVEY_EVERY - 1)
     narrow = [policy(alpha=0.05) for _ in range(4)]
     goodput = Goodput(lambda: measured(0.001, 0.001))
     limits = [widths_after(goodput, narrow)[0] for _ in range(2 * SURVEY_EVERY)]
