@@ -18,9 +18,10 @@ one is within the model's error) and moves widths in force only for 2 % more (`A
 
 A row the choice holds at width 0 still learns: a probe round of one verified draft comes after
 `PROBE_FIRST` ticks, again at once after a probe that was accepted (its acceptance is recovering),
-and after twice the gap (up to `PROBE_MAX`) after one that was not. A row held at 0 that even an
-acceptance of `PROMISING` would not get drafting again (the tick's costs hold it there, not its
-acceptance) probes only every `PROBE_MAX` ticks: probes then cost more than they can tell. A probe
+and after twice the gap (up to `PROBE_MAX`) after one that was not. A row held at 0 that even the
+acceptance an accepted probe would leave it (`Acceptance.hopeful`) would not get drafting again
+(the tick's costs hold it there, or its rate rests on too many positions for one probe to move
+it) probes only every `PROBE_MAX` ticks: probes then cost more than they can tell. A probe
 due after a gap of `PROBE_FIRST` or more waits for the next tick that is a multiple of
 `PROBE_FIRST`, so the held rows probe together: on the other ticks every held row's plain step is
 queued a tick ahead (`WidthOffer.then_plain`), and a tick's forwards overlap the host only when
@@ -51,7 +52,6 @@ ADOPT_GAIN = 1.02  # new widths must beat the widths in force by 2 % of expected
 LEAVE_GAIN = 1.05  # and the rows' own widths by 5 %: a model's small gain is within its error
 PROBE_FIRST = 4  # ticks at width 0 before a row's first probe round
 PROBE_MAX = 16  # the longest gap between two probe rounds of a row
-PROMISING = 0.9  # the acceptance a probe could show at best (what decides whether probing can matter)
 SURVEY_EVERY = 16  # ticks between two that run the load-free rows at half, then at their own widths, then at 0
 SURVEYS = 3  # the survey widths in turn: half the chosen, the rows' own, none
 
@@ -337,7 +337,7 @@ class Goodput:
             if self.ticks % SURVEY_EVERY == 0:
                 applied[i] = (best[i] // 2, wanted[i], 0)[(self.ticks // SURVEY_EVERY - 1) % SURVEYS]
             elif best[i] == 0 and holds[i].probe(
-                self.ticks, _promising(tick, best, i, seconds, tokens), rows[i].acceptance
+                self.ticks, _promising(tick, best, i, seconds, tokens, rows[i].acceptance), rows[i].acceptance
             ):
                 applied[i] = 1
             elif best[i]:
@@ -446,10 +446,13 @@ def _best(tick: Tick, wanted: list[int], free: list[int]) -> list[int]:
     return best
 
 
-def _promising(tick: Tick, widths: list[int], index: int, seconds: float, tokens: float) -> bool:
-    """Whether one draft of row `index`, accepted at `PROMISING`, would raise the tick's rate (of
-    `tokens` in `seconds` at `widths`)."""
-    return seconds > 0 and (tokens + PROMISING) / (seconds + tick.added(widths, index, 1)) > tokens / seconds
+def _promising(
+    tick: Tick, widths: list[int], index: int, seconds: float, tokens: float, acceptance: Acceptance
+) -> bool:
+    """Whether one draft of row `index`, accepted at the rate a probe could show at best
+    (`Acceptance.hopeful`), would raise the tick's rate (of `tokens` in `seconds` at `widths`)."""
+    hopeful = acceptance.hopeful()
+    return seconds > 0 and (tokens + hopeful) / (seconds + tick.added(widths, index, 1)) > tokens / seconds
 
 
 def _share(tick: Tick, widths: list[int], index: int, plain: float, width: int) -> float:

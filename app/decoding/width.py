@@ -97,6 +97,12 @@ class Acceptance:
     def rate(self) -> float:
         return self.accepted / self.tested
 
+    def hopeful(self) -> float:
+        """The rate one more verified round with its one draft accepted would leave: what a probe
+        can show at best. Little for a row whose rate rests on many positions (its rate is
+        known), much for one whose recent rounds are few."""
+        return min(MAX_ACCEPTANCE, (FORGET * self.accepted + 1) / (FORGET * self.tested + 1))
+
     def observe(self, accepted: int, tested: int) -> None:
         self.accepted = FORGET * self.accepted + accepted
         self.tested = FORGET * self.tested + tested

@@ -277,9 +277,10 @@ def observe_probe(row: WidthPolicy, offer: WidthOffer, accepted: bool) -> None:
 
 
 def test_a_row_held_at_width_0_probes_and_comes_back_when_its_acceptance_recovers() -> None:
-    """Held at 0, a row verifies one draft after four ticks; a probe that misses doubles the gap,
-    one that is accepted probes again the next tick, and once its acceptance has recovered the
-    choice gives it its width back (with one event each way)."""
+    """Held at 0, a row verifies one draft after four ticks; after a probe that misses, one
+    accepted could not lift the row's rate to a width that pays, so the next waits `PROBE_MAX`
+    ticks; one that is accepted probes again the next tick, and once its acceptance has recovered
+    the choice gives it its width back (with one event each way)."""
     row = policy(alpha=0.02)
     goodput = Goodput(lambda: measured(0.001, 0.001))
 
@@ -292,9 +293,10 @@ def test_a_row_held_at_width_0_probes_and_comes_back_when_its_acceptance_recover
             row.decide(budget=100, limit=offer.limit, price=offer.price)
         return offer.limit, choice.changes
 
-    first = [tick(accepted=False) for _ in range(12)]
-    assert [limit for limit, _ in first] == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1]  # after 4 ticks, then after 8
-    assert [bool(changes) for _, changes in first] == [True] + [False] * 11  # held at 0: one event
+    first = [tick(accepted=False) for _ in range(24)]
+    # after 4 ticks, then 16 held ticks later on the probes' grid (the survey tick 16 is no held tick)
+    assert [limit for limit, _ in first] == [0, 0, 0, 1] + [0] * 19 + [1]
+    assert [bool(changes) for _, changes in first] == [True] + [False] * 23  # held at 0: one event
     later = []
     while goodput.held_at(row) == 0 and len(later) < 40:
         later.append(tick(accepted=True))
