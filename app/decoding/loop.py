@@ -168,21 +168,37 @@ def decide_lazily(state: RowState, logits: mx.array) -> mx.array:
     return state.sampler.distribution(last).draw(state.rng.next_key())
 
 
+@dataclass(frozen=True)
+class Queued:
+    """A plain step's forward sent a tick ahead: the step's token decided lazily on its logits, and
+    the request, whose hook rows (a block drafter's) the tick that served it left in `features`."""
+
+    token: mx.array
+    request: Forward
+
+
 def plain_step(
-    target: ModelRunner, state: RowState, current: mx.array | None, queue_next: bool
-) -> Steps[tuple[int, mx.array | None]]:
+    target: ModelRunner, state: RowState, current: Queued | None, queue_next: bool, hook: FeatureHook | None = None
+) -> Steps[tuple[int, mx.array | None, Queued | None]]:
     """One plain step of a row that `can_pipeline`: its forward, unless the step before queued it
-    (`current`, this step's token decided lazily on it); `queue_next`: the next step's forward
-    goes in this tick too, before this token is read, so it computes while the host reads and
-    streams this one. The token, and the next step's lazy token (None: not queued). Keys are
-    drawn in the same order either way: the output does not depend on it."""
+    (`current`); `queue_next`: the next step's forward goes in this tick too, before this token is
+    read, so it computes while the host reads and streams this one. Each forward carries `hook`
+    (a block drafter's). The token, the hook's rows of the position it was decided at (None
+    without a hook: what the row's proposer is owed, as a verify of no drafts owes it), and the
+    next step queued (None: not queued). Keys are drawn in the same order either way: the output
+    does not depend on it."""
     if current is None:
-        current = decide_lazily(state, (yield Forward(target, state.tokens[target.length :])))
-    ahead = decide_lazily(state, (yield Forward(target, current, ahead=True))) if queue_next else None
-    yield Evaluate((current,))  # every row's token of the tick in one wait
-    token = int(current.item())
+        request = Forward(target, state.tokens[target.length :], hook=hook)
+        current = Queued(decide_lazily(state, (yield request)), request)
+    ahead = None
+    if queue_next:
+        request = Forward(target, current.token, ahead=True, hook=hook)
+        ahead = Queued(decide_lazily(state, (yield request)), request)
+    yield Evaluate((current.token,))  # every row's token of the tick in one wait
+    token = int(current.token.item())
     state.decide([token])
-    return token, ahead
+    features = current.request.features
+    return token, (features[0][:, :1] if features else None), ahead
 
 
 class TargetLoop:
@@ -199,7 +215,7 @@ class TargetLoop:
 
     def __init__(self, target: ModelRunner) -> None:
         self.target = target
-        self._ahead: mx.array | None = None  # the next step's token, decided lazily on the queued forward
+        self._ahead: Queued | None = None  # the next step, queued a tick ahead
 
     def prefill_chunk(self, state: RowState) -> int | None:
         return run_alone(self.prefilling(state))
@@ -219,7 +235,7 @@ class TargetLoop:
         current, self._ahead = self._ahead, None
         if current is None and not pipelined:
             return RoundOutcome((*forced, *(yield from decode_one(self.target, state))), jumped=len(forced))
-        token, self._ahead = yield from plain_step(self.target, state, current, pipelined and budget > 1)
+        token, _, self._ahead = yield from plain_step(self.target, state, current, pipelined and budget > 1)
         return RoundOutcome((token,))
 
     def positions(self, state: RowState) -> int:
@@ -238,9 +254,11 @@ class SpeculativeLoop:
     (`WidthOffer.then_plain`), decodes as a target-only row does: its next step's forward is
     queued before this token is read (`plain_step`), so under load a drafting profile's plain
     rows lose nothing to target-only's. Only where that changes no token: load-free rows (their
-    tokens are the target stream's at every width), a proposer with no hook (a block drafter
-    reads the target's rows of every position), a row that `can_pipeline`. The queued step is
-    plain whatever the next tick offers (a release from the hold, or a probe, waits one tick).
+    tokens are the target stream's at every width), a row that `can_pipeline`. A block drafter's
+    rows queue their plain steps too: each forward carries the drafter's hook, and the row's
+    proposer is owed the hook's row of each decided position, as a verify of no drafts owes it.
+    The queued step is plain whatever the next tick offers (a release from the hold, or a probe,
+    waits one tick).
     """
 
     def __init__(self, target: ModelRunner, drafting: Drafting, speculation: Speculation) -> None:
@@ -250,7 +268,7 @@ class SpeculativeLoop:
         self.widths = drafting.widths
         self.speculation = speculation
         self._first: int | None = None  # the first token, decided before the proposer's prefill ends
-        self._ahead: mx.array | None = None  # the next plain step's token, decided lazily on its queued forward
+        self._ahead: Queued | None = None  # the next plain step, queued a tick ahead
         self._prompt_features: list[mx.array] = []  # the hook's rows of the prefill chunks so far
 
     def prefill_chunk(self, state: RowState) -> int | None:
@@ -288,8 +306,10 @@ class SpeculativeLoop:
         width = self.widths.decide(budget - len(forced), 0 if ahead is not None else offer.limit, offer.price)
         queue_next = budget - len(forced) > 1 and self._pipelines(state, offer)
         if ahead is not None or (width == 0 and queue_next):
-            token, self._ahead = yield from plain_step(self.target, state, ahead, queue_next)
-            self.proposer.settle(state, base, Proposal.empty(), None, None)
+            token, features, self._ahead = yield from plain_step(
+                self.target, state, ahead, queue_next, self.proposer.hook
+            )
+            self.proposer.settle(state, base, Proposal.empty(), None, features)
             notes = self.widths.observe([*forced, token], 0, None, time.perf_counter() - started)
             return RoundOutcome((*forced, token), jumped=len(forced), width=0, notes=notes)
         proposal = (yield from self.proposer.proposing(state, width)) if width > 0 else Proposal.empty()
@@ -324,4 +344,4 @@ class SpeculativeLoop:
     def _pipelines(self, state: RowState, offer: WidthOffer) -> bool:
         """Whether a plain round may queue the next one (the class docstring says when; the offer
         says `then_plain` to load-free rows only)."""
-        return offer.then_plain and self.proposer.hook is None and can_pipeline(state)
+        return offer.then_plain and can_pipeline(state)

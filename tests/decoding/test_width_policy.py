@@ -438,10 +438,37 @@ def test_rows_emit_target_only_tokens_at_every_width_the_policy_picks(embedded_t
                 raise outcome
         queued += any(g.loop._ahead is not None for g in live)
     assert [g.emitted for g in rows] == expected
-    # held rows' plain steps were pipelined as target-only's are; a block drafter's never (its hook)
-    assert bool(queued) == (kind != "mtp")
+    assert queued  # held rows' plain steps were pipelined as target-only's are, a block drafter's too
     assert all(g.stats.plain_steps and g.stats.widths for g in rows)  # width 0 and wider, every row
     assert len(set().union(*(g.stats.widths for g in rows))) >= 2  # and more than one width drafted
+
+
+def test_an_mtp_rows_pipelined_plain_steps_owe_its_drafter_what_unqueued_ones_do(embedded_target) -> None:
+    """Two MTP rows of one prompt held at width 0 for thirteen ticks, one offered its plain steps
+    queued a tick ahead (`then_plain`) and one not, then drafting again: each plain step owes the
+    head the target's hidden row of its position, queued or not, so from the release on the two
+    propose the same drafts and keep the same verdicts, round for round."""
+    builder = builder_of("mtp", embedded_target, embedded_target)
+    request = RowRequest(embedded_target.tokenizer.encode(PROMPTS[0]), GREEDY, max_tokens=40, ignore_eos=True)
+    queued, unqueued = builder.build(request), builder.build(request)
+    rounds: dict[int, list[tuple]] = {id(queued): [], id(unqueued): []}
+    for generation in (queued, unqueued):
+        generation.prefill()
+    for tick in range(30):
+        held = tick < 12
+        # the queued row's last queued step runs at tick 12 whatever the offer: the other waits too
+        offers = {id(queued): WidthOffer(0, then_plain=True), id(unqueued): WidthOffer(0)} if held else {}
+        offers |= {id(unqueued): WidthOffer(0)} if tick == 12 else {}
+        live = [g for g in (queued, unqueued) if not g.finished]
+        run_together([g.steps(offers.get(id(g), OWN_WIDTH)) for g in live])
+        for g in live:
+            seen = g.stats.acceptance
+            rounds[id(g)].append((len(g.emitted), seen.rounds, seen.proposed, seen.accepted))
+    assert queued.loop._ahead is None or queued.finished
+    assert rounds[id(queued)][:13] == rounds[id(unqueued)][:13]  # plain, token for token
+    assert rounds[id(queued)][13:] == rounds[id(unqueued)][13:]
+    assert rounds[id(queued)][-1][1] > 0  # drafted and verified after the release
+    assert queued.emitted == unqueued.emitted
 
 
 def test_governor_pauses_reach_the_rows_stats_as_notes(embedded_target) -> None:
