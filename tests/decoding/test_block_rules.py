@@ -41,7 +41,9 @@ P_AT_T = [p / sum(TEMPERED) for p in TEMPERED]  # what every emitted token must 
 GREEDY = SamplingParams(temperature=0.0)
 KINDS = ("mtp", "dflash", "muse")
 CODE = "def merge_sorted(left, right):\n    result = []\n"
-ACCEPTANCE_ROWS = 4  # a closed-form run's rows per batch (run alone, one after another, until issue 44)
+# a closed-form run's rows per batch and their tokens: its positions (700 per drafter) come from 16
+# rows stepping together (4 rows of 256 tokens until issue 44's fifth wave; run alone before it)
+ACCEPTANCE_ROWS, ACCEPTANCE_TOKENS = 16, 64
 PROMPTS = [CODE, "class LRUCache:\n    def __init__(self, capacity):\n", "import json\n\n\ndef load_config(path):\n"]
 
 
@@ -122,7 +124,7 @@ def acceptance_run(target: LoadedModel, drafter: str, stochastic: bool, position
     tested = accepted = diagnosed = 0
     weighted = 0.0
     sampling = SamplingParams(temperature=TEMPERATURE)
-    for row in seeded_rows(builder, PROMPTS, sampling, ACCEPTANCE_ROWS):  # seeds 0, 1, ... to `positions`
+    for row in seeded_rows(builder, PROMPTS, sampling, ACCEPTANCE_ROWS, ACCEPTANCE_TOKENS):  # seeds 0, 1, ...
         assert row.speculation.rule is rule and row.speculation.coupled is not stochastic
         stats = row.stats.acceptance
         tested, accepted = tested + stats.positions_tested, accepted + stats.accepted
