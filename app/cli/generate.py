@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     if plan.drafter_kind is DrafterKind.DRAFT_MODEL:
         drafter = load_model(settings.drafter.model, role="drafter", exact=plan.exact)
     builder = LoopBuilder(target, drafter, plan)
-    acceptance_rule_active(**startup(settings, plan, ModelInfo.of(builder, settings), None))
+    # no tool probe: its greedy row would cost this one request's time and tell it nothing
+    acceptance_rule_active(**startup(settings, plan, ModelInfo.of(builder, settings, probe_tools=False), None))
     try:
         generation = builder.build(row_request(settings, target.tokenizer, args))
     except DrafterUnavailableError as exc:  # the server answers this request 503 and goes on

@@ -45,9 +45,10 @@ class ModelInfo:
     calls_tools: bool | None  # the model answered the load-time tool probe with a call (None: not probed)
 
     @classmethod
-    def of(cls, builder: LoopBuilder, settings: Settings) -> ModelInfo:
+    def of(cls, builder: LoopBuilder, settings: Settings, probe_tools: bool = True) -> ModelInfo:
         """What the builder's target is, with the profile's chat template; where the template
-        renders tools, whether the model calls them (app/engine/tool_probe.py: a short greedy row)."""
+        renders tools and `probe_tools` (a server's load, not `mlxcel generate`'s one request),
+        whether the model calls them (app/engine/tool_probe.py: a short greedy row)."""
         target, template_file = builder.target, settings.server.chat_template_file
         named = settings.server.chat_template
         template = chat_template.chosen(target.tokenizer, template_file, named)
@@ -55,7 +56,7 @@ class ModelInfo:
         variables = dict(getattr(target.tokenizer, "special_tokens_map", {}))
         caps = None if template is None else chat_template.capabilities(template, limits, variables)
         calls = None
-        if template is not None and caps is not None and caps.supports_tools:
+        if probe_tools and template is not None and caps is not None and caps.supports_tools:
             calls = tool_probe.calls_tools(builder, template, limits, variables)
             forget(target.model)  # the probe's forwards were compiling: the width policy prices what serving measures
         return cls(

@@ -23,6 +23,7 @@ BODY = {"prompt": PROMPT, "n_predict": TOKENS, "temperature": 0, "seed": 3}
 FIXED_WIDTHS = {"MLXCEL_ADAPTIVE__UNDER_LOAD": "false", "MLXCEL_ADAPTIVE__ENABLED": "false"}
 # The server runs every profile in turn from one file, reloaded: its name and path are the file's.
 NAMED = {"profile", "profile_file"}
+PROBED = "model_calls_tools"  # the server's load probes the model with tools; `mlxcel generate` never does
 SUMMARY = re.compile(r"^\[Speculative acceptance\] rule=(\S+) rounds=(\d+) proposed=(\d+) positions_tested=(\d+) "
                      r"accepted=(\d+) ", re.MULTILINE)  # fmt: skip
 
@@ -78,7 +79,8 @@ def test_every_shipped_profile_generates_what_its_server_serves(
             (startup,) = [e for e in served if e["event"] == "acceptance_rule_active"]
             (cli_startup,) = [e for e in events if e["event"] == "acceptance_rule_active"]
             assert (cli_startup["profile"], cli_startup["host"], cli_startup["port"]) == (profile, None, None)
-            same = set(startup) - {"host", "port", "timestamp", *NAMED}
+            assert cli_startup[PROBED] is None  # no probe row decoded before the one request
+            same = set(startup) - {"host", "port", "timestamp", PROBED, *NAMED}
             assert {k: cli_startup[k] for k in same} == {k: startup[k] for k in same}, profile
             # the server's for the row: those naming a request (a reload's engine names none), but the access line
             row = [e for e in served if "request_id" in e and e["event"] != "http_request"]
