@@ -53,8 +53,7 @@ class PositionKeys:
 
     def draw(self, p: Distribution) -> mx.array:
         """One token per row of p `[R]` (lazy); a forced row's is its only candidate left, p's top."""
-        rows = [p[i].draw(key) if key is not None else p[i].ids[:, 0] for i, key in enumerate(self.draws)]
-        return mx.concatenate(rows)
+        return p.draw_each(self.draws)
 
     def consume(self, positions: int) -> None:
         self.rng.advance(sum(self.spans[:positions]))

@@ -38,7 +38,7 @@ def stochastic(drafts: list[int], p: Distribution, q: Distribution, rng: RowRng)
 
 
 def matching(drafts: list[int], p: Distribution, keys: PositionKeys) -> Verdict:
-    return run_alone(judging_sampler_match(mx.array(drafts, dtype=mx.int32), p, keys))
+    return run_alone(judging_sampler_match(mx.array(drafts, dtype=mx.int32), keys.draw(p), keys))
 
 
 def draw(row: mx.array, rng: RowRng) -> int:
