@@ -171,7 +171,7 @@ def test_position_keys_are_the_keys_target_only_decoding_draws(xtc: float) -> No
     together = RowRng(21)
     keys = position_keys(together, [sampled for _, sampled in plan], sampler.uses_coin)
     stacked = mx.concatenate([row for row, _ in plan])
-    drawn = keys.draw(sampler.distribution(stacked, None, keys.coins)).tolist()
+    drawn = sampler.distribution(stacked, None, keys.coins).draw_each(keys.draws).tolist()
     keys.consume(len(plan))
     assert drawn == one_by_one and one_by_one[1] == 7
     assert together.next_key().tolist() == after_one_by_one
