@@ -62,7 +62,7 @@ def sampler_match(drafts: Sequence[int], drawn: Sequence[int]) -> Verdict:
 
     Lossless: every emitted token is a fresh conditional draw from the target. Accepts with
     probability sum_x p(x) q(x). `drawn` holds the k + 1 draws (the bonus included), made in one
-    evaluation from p at the target stream's keys of those positions (`PositionKeys.draw`). The
+    evaluation from p at the target stream's keys of those positions (`Distribution.draw_each`). The
     caller consumes the keys of the positions emitted (`len(verdict.tokens)`) and no more: each
     emitted token is the draw target-only decoding makes there, so a seeded row emits
     target-only's tokens whatever drafted them.

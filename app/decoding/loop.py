@@ -24,6 +24,7 @@ from app.drafters.base import Proposal, Proposer
 from app.execution.runner import PREFILL_CHUNK, ModelRunner
 from app.execution.steps import Evaluate, Forward, Steps, run_alone
 from app.execution.target_taps import FeatureHook
+from app.sampling.draws import sampling
 from app.sampling.grammar import Constraint, masked
 from app.sampling.state import RowState
 from app.sampling.streams import sampled_rows
@@ -76,7 +77,7 @@ def sample_next(state: RowState, logits: mx.array, greedy: bool = False) -> Step
         drawn, p = state.sampler.greedy(row, contexts)[:1], None
     else:
         forced = mask is not None and not sampled_rows(mask, 1)[0]
-        drawn, p = state.sampler.sample(row, contexts, state.rng, forced)
+        drawn, p = yield from sampling(state.sampler, row, contexts, state.rng, forced)
     yield Evaluate((drawn,))
     token = int(drawn.item())
     state.decide([token], p)
@@ -159,13 +160,12 @@ def can_pipeline(state: RowState) -> bool:
     return not state.sampler.needs_context and not state.sampler.uses_coin and host_free
 
 
-def decide_lazily(state: RowState, logits: mx.array) -> mx.array:
+def decide_lazily(state: RowState, logits: mx.array) -> Steps[mx.array]:
     """The token after the last of `logits`' rows, left on the device: the draw `sample_next`
-    makes (the same key of the row's stream), without reading it."""
-    last = logits[-1:]
-    if state.sampler.is_greedy:
-        return state.sampler.greedy(last)
-    return state.sampler.distribution(last).draw(state.rng.next_key())
+    makes (the same key of the row's stream, its `Sample` served with the tick's others), without
+    reading it."""
+    token, _ = yield from sampling(state.sampler, logits[-1:], None, state.rng)
+    return token
 
 
 @dataclass(frozen=True)
@@ -189,11 +189,11 @@ def plain_step(
     does not depend on it."""
     if current is None:
         request = Forward(target, state.tokens[target.length :], hook=hook)
-        current = Queued(decide_lazily(state, (yield request)), request)
+        current = Queued((yield from decide_lazily(state, (yield request))), request)
     ahead = None
     if queue_next:
         request = Forward(target, current.token, ahead=True, hook=hook)
-        ahead = Queued(decide_lazily(state, (yield request)), request)
+        ahead = Queued((yield from decide_lazily(state, (yield request))), request)
     yield Evaluate((current.token,))  # every row's token of the tick in one wait
     token = int(current.token.item())
     state.decide([token])

@@ -26,6 +26,7 @@ from app.drafters.base import Proposal, Proposer
 from app.execution.runner import ModelRunner
 from app.execution.steps import Evaluate, Forward, Steps
 from app.sampling import Distribution, RowRng
+from app.sampling.draws import Sample
 from app.sampling.grammar import masked
 from app.sampling.state import RowState
 from app.sampling.streams import PositionKeys, position_keys, sampled_rows, xtc_coins
@@ -98,18 +99,19 @@ def judging(
         yield Evaluate((proposal.tokens, argmax))
         return ARGMAX_RULES[rule](proposal.tokens.tolist(), argmax.tolist()), None
     rows = proposal.k + 1
+    # p (and its draws) asked for as a `Sample`: the tick's rows of like samplers share one pass
     if rule is Rule.STOCHASTIC and proposal.q is not None:
-        p = sampler.distribution(logits, contexts, xtc_coins(state.rng, rows, sampler.uses_coin))
+        coins = xtc_coins(state.rng, rows, sampler.uses_coin)
+        _, p = yield Sample(logits, sampler, contexts, coins)
         return (yield from judging_stochastic(proposal.tokens, p, proposal.q, state.rng)), p
     keys = position_keys(state.rng, sampled_rows(masks, rows), sampler.uses_coin)
-    p = sampler.distribution(logits, contexts, keys.coins)
-    return (yield from judging_sampler_match(proposal.tokens, p, keys)), p
+    drawn, p = yield Sample(logits, sampler, contexts, keys.coins, tuple(keys.draws))
+    return (yield from judging_sampler_match(proposal.tokens, drawn, keys)), p
 
 
-def judging_sampler_match(drafts: mx.array, p: Distribution, keys: PositionKeys) -> Steps[Verdict]:
-    """Sampler-match over `drafts` `[k]` against p `[k+1]`: the draws at `keys` read in one
-    evaluation, and the keys of the emitted positions consumed (target-only's, no more)."""
-    drawn = keys.draw(p)
+def judging_sampler_match(drafts: mx.array, drawn: mx.array, keys: PositionKeys) -> Steps[Verdict]:
+    """Sampler-match over `drafts` `[k]` against the target's draws `drawn` `[k+1]` at `keys`, read
+    in one evaluation, and the keys of the emitted positions consumed (target-only's, no more)."""
     yield Evaluate((drafts, drawn))
     verdict = rules.sampler_match(drafts.tolist(), drawn.tolist())
     keys.consume(len(verdict.tokens))

@@ -37,6 +37,7 @@ from app.execution.target_taps import FINAL, FeatureHook, TargetTaps
 from app.loading import CheckpointKind, ModelLoadError, read_checkpoint
 from app.loading.pairing import require_pairing
 from app.sampling import Distribution
+from app.sampling.draws import Sample
 from app.sampling.streams import DraftKeys, draft_keys
 
 if TYPE_CHECKING:
@@ -200,15 +201,15 @@ class BlockProposer:
         """
         return draft_keys(state.rng, state.drafter_rng, width, state.sampler.uses_coin, self.coupled)
 
-    def pick(self, logits: mx.array, state: RowState, keys: DraftKeys) -> tuple[mx.array, Distribution | None]:
+    def pick(self, logits: mx.array, state: RowState, keys: DraftKeys) -> Steps[tuple[mx.array, Distribution | None]]:
         """One draft per row of `logits` `[R, V]` (lazy), each with its position's keys, and the
-        rows q they were drawn from."""
+        rows q they were drawn from (asked for as a `Sample`: the tick's rows of like samplers
+        share one pass)."""
         if not self.sampled or state.sampler.is_greedy:
             return mx.argmax(logits, axis=-1), None
         taken = [keys.take() for _ in range(logits.shape[0])]
         coins = mx.concatenate([coin for coin, _ in taken]) if state.sampler.uses_coin else None
-        q = state.sampler.distribution(logits, None, coins)
-        return mx.concatenate([q[i].draw(key) for i, (_, key) in enumerate(taken)]), q
+        return (yield Sample(logits, state.sampler, None, coins, tuple(key for _, key in taken)))
 
     def propose(self, state: RowState, width: int) -> Proposal:
         return run_alone(self.proposing(state, width))
@@ -283,11 +284,11 @@ class DFlashDrafter(BlockProposer):
         )
         keys = self.keys(state, width)
         if not dspark:
-            drafts, q = self.pick(logits[1:], state, keys)
+            drafts, q = yield from self.pick(logits[1:], state, keys)
             return proposal_of([drafts], [q])
         drafts, qs, previous = [], [], mx.array([anchor])
         for j in range(width):
-            previous, q = self.pick(logits[j : j + 1] + self.model.markov_bias(previous), state, keys)
+            previous, q = yield from self.pick(logits[j : j + 1] + self.model.markov_bias(previous), state, keys)
             drafts.append(previous)
             qs.append(q)
         return proposal_of(drafts, qs)
@@ -345,7 +346,7 @@ class MtpDrafter(BlockProposer):
         for step in range(width):
             if step:
                 out, logits = yield self._pass(out, self.bound.taps.embed_tokens(drafts[-1][None]), self.draws(state))
-            draft, q = self.pick(logits, state, keys)
+            draft, q = yield from self.pick(logits, state, keys)
             drafts.append(draft)
             qs.append(q)
         self.chained = width - 1

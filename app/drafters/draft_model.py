@@ -12,6 +12,7 @@ from app.drafters.passes import DrafterPasses, PassShape
 from app.execution.runner import ModelRunner
 from app.execution.steps import Evaluate, Forward, Steps, run_alone
 from app.sampling import Distribution
+from app.sampling.draws import Sample
 from app.sampling.grammar import masked
 from app.sampling.streams import draft_keys
 
@@ -98,10 +99,10 @@ class DraftModelDrafter:
                 adjusted = sampler.adjust(logits, contexts)
                 draft = mx.argmax(adjusted, axis=-1).astype(mx.int32)
                 q = Distribution.from_dense(mx.softmax(adjusted, axis=-1)) if self.p_min > 0.0 else None
-            else:
+            else:  # asked for as a `Sample`: the tick's rows of like samplers share one pass
                 coin, key = keys.take(sampled)
-                q = sampler.distribution(logits, contexts, coin)
-                draft = q.draw(key).astype(mx.int32)
+                drawn, q = yield Sample(logits, sampler, contexts, coin, (key,))
+                draft = drawn.astype(mx.int32)
             if needs_host:  # read with every row's draft of this step, in one wait
                 likelihood = q.prob_of(draft) if q is not None and self.p_min > 0.0 else None
                 yield Evaluate((draft,) if likelihood is None else (draft, likelihood))

@@ -5,10 +5,13 @@ and the two ways they are served, a lone row's (`run_alone`) and many rows' toge
 Every round, the rows waiting are grouped by model and each group goes through one `forward`
 (app/execution/forward.py) or one call of its passes' `serve`; drafting (a draft model's step j of
 every row, a block drafter's pass of every row) is served before any target forward, so all rows'
-target forwards of a tick end up in one pass. What rows read on the host (`Evaluate`) is
-evaluated for every waiting row at once, after the drafting and before the target's forwards. Each
-row judges, samples and draws keys in its own generator in the order it would alone, so its output
-never depends on its batch-mates (evaluating arrays together changes no value in them).
+target forwards of a tick end up in one pass. The rows' sampler work (`Draw`: a distribution and
+its draws) is served next, one call for every row of a kind, and what rows read on the host
+(`Evaluate`) is evaluated for every waiting row at once, after the drafting and the draws and
+before the target's forwards. Each row draws keys in its own generator in the order it would
+alone and gets its own rows of a draw served with its batch-mates', which are its lone rows bit
+for bit, so its output never depends on its batch-mates (evaluating arrays together changes no
+value in them either).
 
 `run_together` returns the tick as a value, a `TickResult`: each row's outcome in the rows' order
 and the tick's parts timed (app/execution/cost.py `TickClock`: the drafting phase, the target
@@ -21,8 +24,9 @@ the rows of that group (their caches may be half advanced).
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections import defaultdict
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -83,13 +87,33 @@ class DraftPass(Protocol):
         ...
 
 
-# A step asks for forwards (logits come back), block drafters' passes (their results come back) and
-# evaluations (None comes back: its arrays are evaluated).
-Steps = Generator[Forward | DraftPass | Evaluate, Any, T]
+class Draw(ABC):
+    """Sampler work one row's step asks for (app/sampling/draws.py `Sample`): the tick's waiting
+    draws of one `kind` are served with one `serve`, each row sent its own result, so the work
+    over the vocabulary runs once per kind of row and not once per row (on a GPU each of its
+    dozens of operations is a launch). Lazy, like a drafting pass: served once the drafting
+    passes are, before the evaluations that read what it drew."""
+
+    drafting = False
+
+    @property
+    @abstractmethod
+    def kind(self) -> Hashable:
+        """Draws of equal kinds share one `serve`."""
+
+    @staticmethod
+    @abstractmethod
+    def serve(draws: Sequence[Draw]) -> list[object]:
+        """Every draw's result, in order (lazy)."""
+
+
+# A step asks for forwards (logits come back), block drafters' passes and draws (their results come
+# back) and evaluations (None comes back: its arrays are evaluated).
+Steps = Generator[Forward | DraftPass | Draw | Evaluate, Any, T]
 
 
 def run_alone(steps: Steps[T]) -> T:
-    """Serve each forward or pass a step asks for on its own; the step's result."""
+    """Serve each forward, pass or draw a step asks for on its own; the step's result."""
     try:
         request = next(steps)
         while True:
@@ -120,7 +144,7 @@ def run_together(steps: Sequence[Steps[T]]) -> TickResult[T]:
     """Run every step to its end, their forwards batched; the tick as a value (`TickResult`)."""
     started = time.perf_counter()
     results: list[T | Exception | None] = [None] * len(steps)
-    waiting: dict[int, Forward | DraftPass | Evaluate] = {}
+    waiting: dict[int, Forward | DraftPass | Draw | Evaluate] = {}
     clock = TickClock()
 
     def resume(index: int, logits: object) -> None:
@@ -135,16 +159,27 @@ def run_together(steps: Sequence[Steps[T]]) -> TickResult[T]:
         resume(index, None)
     while waiting:
         drafting = [i for i, request in waiting.items() if request.drafting]
-        # evaluations before the forwards: a row resumed may still ask for one that joins the others'
-        evaluating = [] if drafting else [i for i, request in waiting.items() if isinstance(request, Evaluate)]
-        if not drafting and not evaluating:
+        # draws once no drafting pass is left to serve (a drafting row's next asks for one, which
+        # joins the others'), then evaluations before the forwards (a row resumed may still ask
+        # for one that joins the others')
+        drawing = [] if drafting else [i for i, request in waiting.items() if isinstance(request, Draw)]
+        evaluating = [] if drafting or drawing else [i for i, r in waiting.items() if isinstance(r, Evaluate)]
+        if not drafting and not drawing and not evaluating:
             clock.drafts_read([r.tokens for r in waiting.values() if isinstance(r.tokens, mx.array)])
-        for group in [evaluating] if evaluating else _by_model(drafting or list(waiting), waiting):
+        if evaluating:
+            groups = [evaluating]
+        elif drawing:
+            groups = _grouped(drawing, waiting, lambda draw: draw.kind)
+        else:
+            groups = _grouped(drafting or list(waiting), waiting, _model)
+        for group in groups:
             requests = [waiting.pop(i) for i in group]
             try:
                 if evaluating:  # every waiting row's host reads in one wait
                     mx.eval(*[array for request in requests for array in request.arrays])
                     logits = [None] * len(requests)
+                elif drawing:  # lazy: the rows read their tokens with the tick's evaluations
+                    logits = requests[0].serve(requests)
                 elif drafting:
                     logits = _drafted(requests, clock)
                 elif all(request.ahead for request in requests):
@@ -189,10 +224,14 @@ def _size(tokens: object) -> int:
     return int(tokens.size) if isinstance(tokens, mx.array) else len(tokens)
 
 
-def _by_model(indices: list[int], waiting: dict[int, Forward | DraftPass]) -> list[list[int]]:
-    """The rows' indices grouped by the model their forward (or pass) runs on (one call per model)."""
-    groups: dict[int, list[int]] = defaultdict(list)
+def _model(request: Forward | DraftPass) -> int:
+    """Which model a forward (or pass) runs on: one call per model."""
+    return id(request.runner.model if isinstance(request, Forward) else request.module)
+
+
+def _grouped(indices: list[int], waiting: dict, key: Callable[[Any], Hashable]) -> list[list[int]]:
+    """The rows' indices grouped by `key` of their request, each group served by one call."""
+    groups: dict[Hashable, list[int]] = defaultdict(list)
     for i in indices:
-        request = waiting[i]
-        groups[id(request.runner.model if isinstance(request, Forward) else request.module)].append(i)
+        groups[key(waiting[i])].append(i)
     return list(groups.values())

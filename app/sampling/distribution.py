@@ -7,6 +7,7 @@ rows become dense only where a rule needs p and q aligned (the residual, the clo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -60,8 +61,28 @@ class Distribution:
         agrees with the target's draw wherever their distributions are close (app/sampling/streams.py).
         A tie goes to the lowest id, so the token does not depend on the candidates' order either.
         """
-        noise = mx.take_along_axis(mx.random.gumbel(shape=(self.rows, self.vocab), key=key), self.ids, axis=-1)
-        scores = mx.log(self.probs) + noise
+        return self._gumbel_max(mx.random.gumbel(shape=(self.rows, self.vocab), key=key))
+
+    def draw_each(self, keys: Sequence[mx.array | None]) -> mx.array:
+        """One token per row `[R]` (lazy), row r drawn with its own key `keys[r]` exactly as
+        `self[r].draw(keys[r])` draws it, every row in one graph (a tick's rows of like samplers,
+        app/sampling/draws.py); None: a forced row, which takes its top candidate.
+
+        The rows' noises come from one vectorised draw: MLX's random bits of a stack of keys are
+        each key's own bits, so row r's noise is its lone `[1, V]` draw's, bit for bit."""
+        # a forced row's key is any other's: its draw is discarded for its top candidate
+        stand_in = next((key for key in keys if key is not None), None)
+        if stand_in is None:
+            return self.ids[:, 0]
+        stacked = mx.stack([stand_in if key is None else key for key in keys])
+        noise = mx.vmap(lambda key: mx.random.gumbel(shape=(1, self.vocab), key=key))(stacked)
+        drawn = self._gumbel_max(noise.reshape(self.rows, self.vocab))
+        forced = [key is None for key in keys]
+        return mx.where(mx.array(forced), self.ids[:, 0], drawn) if any(forced) else drawn
+
+    def _gumbel_max(self, noise: mx.array) -> mx.array:
+        """The argmax of log p + noise over each row's candidates, `noise` `[R, V]` by token id."""
+        scores = mx.log(self.probs) + mx.take_along_axis(noise, self.ids, axis=-1)
         best = mx.max(scores, axis=-1, keepdims=True)
         return mx.min(mx.where(scores == best, self.ids, self.vocab), axis=-1)
 

@@ -16,7 +16,8 @@ lossless for any chain.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from functools import cached_property
 
 import mlx.core as mx
 import numpy as np
@@ -27,8 +28,6 @@ from app.sampling.dry import dry_penalties
 from app.sampling.infill import infill_rows
 from app.sampling.mirostat import MirostatState
 from app.sampling.params import SamplingParams
-from app.sampling.rng import RowRng
-from app.sampling.streams import position_keys
 
 # Stages that read the candidates in descending order (top-p's and XTC's prefixes, and ties
 # broken the same way wherever the chain puts them); the others act on any order.
@@ -151,6 +150,18 @@ class SamplerPipeline:
     def needs_context(self) -> bool:
         """Whether rows need their history windows (otherwise pass `contexts=None`)."""
         return self.params.context_length != 0
+
+    @cached_property
+    def kind(self) -> Hashable | None:
+        """What the rows of a tick whose samplers share one pass of the chain agree on
+        (app/sampling/draws.py): every setting and the vocabulary. None for a sampler with state of
+        its own (mirostat's mu, the history's penalties and DRY, infill's tables), served alone."""
+        p = self.params
+        if self.mirostat is not None or self.needs_context or p.infill is not None:
+            return None
+        # every field, not the ones the stages read today: a new stage's setting is in it already
+        fields = (getattr(p, name) for name in p.__struct_fields__)
+        return (self.vocab_size, *(tuple(sorted(f.items())) if isinstance(f, dict) else f for f in fields))
 
     def observe(self, rows: Distribution | None, tokens: Sequence[int]) -> None:
         """The row decided `tokens`, in order, from `rows` (None: greedily, or forced by a grammar)."""
@@ -299,18 +310,3 @@ class SamplerPipeline:
             logits = np.log(probs).astype(np.float32)
         rows.replace(mx.array(ids), mx.array(logits))
         rows.ordered = False
-
-    def sample(
-        self, logits: mx.array, contexts: Sequence[Sequence[int]] | None, rng: RowRng, forced: bool = False
-    ) -> tuple[mx.array, Distribution | None]:
-        """Decide one token from one row of logits `[1, V]`; returns (the token `[1]`, lazy: the
-        caller reads it with its batch-mates' in one wait; p or None if greedy). Its key is consumed
-        now. `forced`: the grammar allows one token here, which is decided drawing nothing
-        (app/sampling/streams.py)."""
-        if self.is_greedy:
-            return self.greedy(logits, contexts)[:1], None
-        keys = position_keys(rng, [not forced], self.uses_coin)
-        p = self.distribution(logits, contexts, keys.coins)
-        token = keys.draw(p)
-        keys.consume(1)
-        return token, p

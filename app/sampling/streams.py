@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from app.sampling.distribution import Distribution
 from app.sampling.rng import KEY_RANGE, RowRng
 
 # Any fixed odd 64-bit constant keeps the drafter's keys apart from the target's (2**64 / golden ratio).
@@ -48,13 +47,8 @@ class PositionKeys:
 
     rng: RowRng
     coins: mx.array | None  # [R] XTC coins (None: XTC off); 1.0 at a forced row, which has nothing to exclude
-    draws: list[mx.array | None]  # the categorical key of each row; None at a forced row
+    draws: list[mx.array | None]  # each row's draw key (`Distribution.draw_each`); None at a forced row
     spans: list[int]  # keys each position takes
-
-    def draw(self, p: Distribution) -> mx.array:
-        """One token per row of p `[R]` (lazy); a forced row's is its only candidate left, p's top."""
-        rows = [p[i].draw(key) if key is not None else p[i].ids[:, 0] for i, key in enumerate(self.draws)]
-        return mx.concatenate(rows)
 
     def consume(self, positions: int) -> None:
         self.rng.advance(sum(self.spans[:positions]))

@@ -38,7 +38,7 @@ def stochastic(drafts: list[int], p: Distribution, q: Distribution, rng: RowRng)
 
 
 def matching(drafts: list[int], p: Distribution, keys: PositionKeys) -> Verdict:
-    return run_alone(judging_sampler_match(mx.array(drafts, dtype=mx.int32), p, keys))
+    return run_alone(judging_sampler_match(mx.array(drafts, dtype=mx.int32), p.draw_each(keys.draws), keys))
 
 
 def draw(row: mx.array, rng: RowRng) -> int:
@@ -137,7 +137,7 @@ def test_sampler_match_emits_the_draw_on_both_branches() -> None:
     one_hot = Distribution.from_dense(mx.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]))
     for drafts, verdict in (([1, 0], Verdict(accepted=1, tokens=[1, 2], tested=2)),
                             ([1, 2], Verdict(accepted=2, tokens=[1, 2, 0], tested=2))):  # fmt: skip
-        assert sampler_match(drafts, plain_keys(3).draw(one_hot).tolist()) == verdict
+        assert sampler_match(drafts, one_hot.draw_each(plain_keys(3).draws).tolist()) == verdict
 
 
 def test_sampler_match_emits_and_consumes_exactly_target_only_draws() -> None:

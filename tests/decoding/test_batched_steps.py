@@ -16,7 +16,7 @@ from app.execution import forward as forward_module
 from app.execution.steps import TickResult, run_together
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
-from app.sampling import SamplingParams
+from app.sampling import SamplerPipeline, SamplingParams
 from tests.support.batched import Arrival, run_batched, run_rows
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -124,7 +124,7 @@ def waiting_builders(builders, embedded_target, embedded_drafter) -> dict[str, L
 @pytest.mark.parametrize("kind", ["target-only", "draft-model", "draft-model-stochastic", "mtp"])
 @pytest.mark.parametrize("sampling", [GREEDY, WARM, PENALISED], ids=["greedy", "sampled", "penalised"])
 def test_a_tick_waits_for_the_device_as_often_with_sixteen_rows_as_with_one(
-    waiting_builders, embedded_target, monkeypatch, kind, sampling
+    waiting_builders, monkeypatch, kind, sampling
 ) -> None:
     """What each row reads on the host after its forward is evaluated for every row at once
     (`Evaluate`), and a draft model's chain is queued per pass, not per row: on a GPU each wait and
@@ -132,26 +132,45 @@ def test_a_tick_waits_for_the_device_as_often_with_sixteen_rows_as_with_one(
     seeded T = 0.7, and penalties (the unpipelined plain step, drafts read for the history); the
     stochastic rule too. Host reads outside an `Evaluate` are ruled out by
     tests/project/test_host_reads.py, so counting `mx.eval` counts the waits."""
-    tokenizer = embedded_target.tokenizer
-
-    def waits_per_tick(count: int) -> int:
-        rows = [waiting_builders[kind].build(RowRequest(tokenizer.encode(PROMPTS[i % len(PROMPTS)]), sampling, 64,
-                                                        seed=i, ignore_eos=True)) for i in range(count)]  # fmt: skip
-        for generation in rows:
-            generation.prefill()
-        run_together([g.ticking() for g in rows])  # a target-only row's first step queues the next
-        calls = []
-        for name in ("eval", "async_eval"):
-            real = getattr(mx, name)
-            monkeypatch.setattr(mx, name, lambda *arrays, real=real, name=name: calls.append(name) or real(*arrays))
-        run_together([g.ticking() for g in rows])
-        monkeypatch.undo()
-        assert all(g.emitted for g in rows)
-        return len(calls)
-
-    one, sixteen = waits_per_tick(1), waits_per_tick(16)
+    waits = [(mx, "eval"), (mx, "async_eval")]
+    one, sixteen = (calls_in_a_tick(waiting_builders[kind], sampling, rows, waits, monkeypatch) for rows in (1, 16))
     assert sixteen == one, (one, sixteen)
     assert calls_are_few(one, kind)
+
+
+# (the MTP plan judges sampled rows by argmax-against-argmax: no pass to count)
+@pytest.mark.parametrize("kind", ["target-only", "draft-model", "draft-model-stochastic"])
+def test_a_tick_builds_as_many_sampler_passes_with_sixteen_rows_as_with_one(
+    waiting_builders, kind, monkeypatch
+) -> None:
+    """Seeded T = 0.7 rows of one sampler share one pass of the chain per phase (app/sampling/draws.py:
+    the target's p of every row, each draft step's q of every row), not one pass per row: on a GPU
+    each pass is dozens of launches (top-k's partition, the ordering, softmax, top-p, the draw)."""
+    passes = [(SamplerPipeline, "distribution")]
+    one, sixteen = (calls_in_a_tick(waiting_builders[kind], WARM, rows, passes, monkeypatch) for rows in (1, 16))
+    assert sixteen == one, (one, sixteen)
+    assert 0 < one <= (5 if kind.startswith("draft-model") else 1), one  # a draft model: its width of q passes and p
+
+
+def calls_in_a_tick(builder: LoopBuilder, sampling: SamplingParams, count: int, watched, monkeypatch) -> int:
+    """The calls of `watched` (owner, name) in one tick of `count` seeded rows, past their first
+    decode tick (where a target-only row queues the next)."""
+    tokenizer = builder.target.tokenizer
+    rows = [builder.build(RowRequest(tokenizer.encode(PROMPTS[i % len(PROMPTS)]), sampling, 64, seed=i,
+                                     ignore_eos=True)) for i in range(count)]  # fmt: skip
+    for generation in rows:
+        generation.prefill()
+    run_together([g.ticking() for g in rows])
+    calls = []
+    for owner, name in watched:
+        real = getattr(owner, name)
+        monkeypatch.setattr(
+            owner, name, lambda *args, real=real, name=name, **kw: calls.append(name) or real(*args, **kw)
+        )
+    run_together([g.ticking() for g in rows])
+    monkeypatch.undo()
+    assert all(g.emitted for g in rows)
+    return len(calls)
 
 
 def calls_are_few(calls: int, kind: str) -> bool:

@@ -6,7 +6,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from app.execution.steps import run_alone
 from app.sampling import Distribution, RowRng, SamplerPipeline, SamplingParams, chain
+from app.sampling.draws import sampling
 from app.sampling.streams import drafter_stream, position_keys, xtc_coins
 from tests.support.pipelines import VOCAB, pipeline, rows
 from tests.support.reference_sampler import chained, final_distribution, penalise
@@ -106,7 +108,7 @@ def test_greedy_is_argmax_of_adjusted_logits_and_draws_nothing(params: dict) -> 
     sampler = SamplerPipeline(SamplingParams(**params, repeat_penalty=1.5), VOCAB)
     context = [int(np.argmax(logits[0]))]
     rng = RowRng(5)
-    token, p = sampler.sample(mx.array(logits), [context], rng)
+    token, p = run_alone(sampling(sampler, mx.array(logits), [context], rng))
     want = int(np.argmax(penalise(logits[0], context, 1.5, 0.0, 0.0)))
     assert (token.item(), p) == (want, None)
     assert rng.uniform() == RowRng(5).uniform()  # the stream was not touched
@@ -124,8 +126,8 @@ def test_row_stream_replays_mlx_default_stream() -> None:
 def test_seeded_draws_reproduce() -> None:
     sampler = pipeline(top_k=20, temperature=0.8)
     logits = mx.array(rows(1, n=1))
-    first = [sampler.sample(logits, None, rng)[0].item() for rng in [RowRng(42)] for _ in range(20)]
-    again = [sampler.sample(logits, None, rng)[0].item() for rng in [RowRng(42)] for _ in range(20)]
+    first = [run_alone(sampling(sampler, logits, None, rng))[0].item() for rng in [RowRng(42)] for _ in range(20)]
+    again = [run_alone(sampling(sampler, logits, None, rng))[0].item() for rng in [RowRng(42)] for _ in range(20)]
     assert first == again
     assert len(set(first)) > 1
 
@@ -164,12 +166,12 @@ def test_position_keys_are_the_keys_target_only_decoding_draws(xtc: float) -> No
     plan = [(logits[0:1], True), (only_seven, False), (logits[1:2], True), (logits[2:3], True)]
     one_by_one, rng = [], RowRng(21)
     for row, sampled in plan:
-        one_by_one.append(sampler.sample(row, None, rng, forced=not sampled)[0].item())
+        one_by_one.append(run_alone(sampling(sampler, row, None, rng, forced=not sampled))[0].item())
     after_one_by_one = rng.next_key().tolist()
     together = RowRng(21)
     keys = position_keys(together, [sampled for _, sampled in plan], sampler.uses_coin)
     stacked = mx.concatenate([row for row, _ in plan])
-    drawn = keys.draw(sampler.distribution(stacked, None, keys.coins)).tolist()
+    drawn = sampler.distribution(stacked, None, keys.coins).draw_each(keys.draws).tolist()
     keys.consume(len(plan))
     assert drawn == one_by_one and one_by_one[1] == 7
     assert together.next_key().tolist() == after_one_by_one

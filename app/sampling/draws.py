@@ -1,0 +1,90 @@
+"""A row's sampler work as a request its step yields (`Sample`), so that a tick's rows of like
+samplers share one pass of the chain over their stacked rows.
+
+A row's distribution on its own is a dozen or more operations over the vocabulary (the bias, top-k's
+partition, the ordering, softmax, top-p's cumulative sum, min-p, the temperature, the draw); on a
+GPU each is a launch, so sixteen rows each building their own cost several times one greedy
+argmax each. Rows whose samplers agree on every setting (`SamplerPipeline.kind`) are served with
+one `distribution` over their rows stacked `[R, V]` and one draw, each row with its own keys
+(`Distribution.draw_each`). Every operation of the chain works along each row alone, so a row's
+probabilities and token are its lone pass's bit for bit (tests/sampling/test_draws.py); a sampler
+with state of its own (mirostat, the history's penalties and DRY, infill) is served alone, as is
+any row without batch-mates (`run_alone`), through the same `serve`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import mlx.core as mx
+
+from app.execution.steps import Draw, Steps
+from app.sampling.distribution import Distribution
+from app.sampling.pipeline import SamplerPipeline
+from app.sampling.rng import RowRng
+from app.sampling.streams import position_keys
+
+
+@dataclass(frozen=True, eq=False)
+class Sample(Draw):
+    """One row's rows of a distribution, and their draws: `logits` `[R, V]` through `sampler`
+    (with the rows' history windows `contexts` and XTC `coins`, as `SamplerPipeline.distribution`
+    takes them); `keys`: each row's draw key (None at a forced row, which takes its top candidate),
+    or None to draw nothing. Served as (the tokens `[R]`, None without keys; p)."""
+
+    logits: mx.array
+    sampler: SamplerPipeline
+    contexts: Sequence[Sequence[int]] | None = None
+    coins: mx.array | None = None
+    keys: tuple[mx.array | None, ...] | None = None
+
+    @property
+    def kind(self) -> Hashable:
+        shared = self.sampler.kind
+        if shared is None:  # state of its own: served alone
+            return id(self)
+        return (shared, self.logits.dtype, self.logits.shape[-1], self.coins is None, self.keys is None)
+
+    @staticmethod
+    def serve(draws: Sequence[Draw]) -> list[object]:
+        samples = cast("list[Sample]", list(draws))  # one kind: all Samples
+        first = samples[0]
+        if len(samples) == 1:
+            return [first.drawn(first.logits, first.coins, first.keys)]
+        coins = None if first.coins is None else mx.concatenate([s.coins for s in samples if s.coins is not None])
+        keys = None if first.keys is None else tuple(key for s in samples for key in s.keys or ())
+        tokens, p = first.drawn(mx.concatenate([s.logits for s in samples]), coins, keys)
+        served, start = [], 0
+        for sample in samples:
+            end = start + sample.logits.shape[0]
+            served.append((None if tokens is None else tokens[start:end], p[start:end]))
+            start = end
+        return served
+
+    def drawn(
+        self, logits: mx.array, coins: mx.array | None, keys: tuple[mx.array | None, ...] | None
+    ) -> tuple[mx.array | None, Distribution]:
+        """The distribution of `logits` under this row's sampler, and its rows drawn at `keys`."""
+        p = self.sampler.distribution(logits, self.contexts, coins)
+        return (None if keys is None else p.draw_each(keys)), p
+
+
+def sampling(
+    sampler: SamplerPipeline,
+    logits: mx.array,
+    contexts: Sequence[Sequence[int]] | None,
+    rng: RowRng,
+    forced: bool = False,
+) -> Steps[tuple[mx.array, Distribution | None]]:
+    """Decide one token from one row of logits `[1, V]`, its draw asked for as a `Sample`; returns
+    (the token `[1]`, lazy: the caller reads it with its batch-mates' in one wait; p or None if
+    greedy). Its keys are consumed here. `forced`: the grammar allows one token here, which is
+    decided drawing nothing (app/sampling/streams.py)."""
+    if sampler.is_greedy:
+        return sampler.greedy(logits, contexts)[:1], None
+    keys = position_keys(rng, [not forced], sampler.uses_coin)
+    token, p = yield Sample(logits, sampler, contexts, keys.coins, tuple(keys.draws))
+    keys.consume(1)
+    return token, p

@@ -1,0 +1,88 @@
+"""A tick's rows of like samplers share one pass of the chain (app/sampling/draws.py), and each row
+gets exactly its lone pass's bits: tokens, candidates and probabilities."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from app.execution.steps import Steps, run_alone, run_together
+from app.sampling import RowRng, SamplerPipeline, SamplingParams
+from app.sampling.draws import Sample
+from app.sampling.streams import position_keys
+
+VOCAB = 2048
+# every stage of the chain that reads no history, and some of them together, in more than one order
+SETTINGS = [
+    {"temperature": 0.7},  # llama-server's defaults: top-k 40, top-p 0.95, min-p 0.05
+    {"temperature": 0.7, "top_k": 0, "top_p": 0.9, "min_p": 0.0},
+    {"temperature": 1.3, "top_k": 0, "top_p": 1.0, "min_p": 0.1},
+    {"temperature": 0.9, "typical_p": 0.8},
+    {"temperature": 0.8, "xtc_probability": 0.6, "xtc_threshold": 0.05},
+    {"temperature": 1.0, "top_k": 0, "top_n_sigma": 1.5},
+    {"temperature": 0.8, "dynatemp_range": 0.5, "dynatemp_exponent": 1.5},
+    {"temperature": 0.6, "top_k": 0, "top_p": 1.0, "min_p": 0.0},  # the temperature alone
+    {"temperature": 0.7, "samplers": ("temperature", "min_p", "top_p", "top_k"), "logit_bias": {5: 4.0, 9: -2.0}},
+]
+
+
+def logits(seed: int, n: int) -> mx.array:
+    """Rows as a model's output: bfloat16, so many logits tie."""
+    return mx.array(np.random.default_rng(seed).normal(0.0, 4.0, size=(n, VOCAB)).astype(np.float32)).astype(
+        mx.bfloat16
+    )
+
+
+def sample(settings: dict, seed: int, positions: int, forced: int | None = None) -> Sample:
+    """A row's `positions` rows (a verify round's when more than one) with its keys, in
+    target-only's layout; `forced`: a position the grammar forces, which draws nothing."""
+    sampler = SamplerPipeline(SamplingParams(**settings), VOCAB)
+    keys = position_keys(RowRng(seed), [i != forced for i in range(positions)], sampler.uses_coin)
+    return Sample(logits(seed, positions), sampler, None, keys.coins, tuple(keys.draws))
+
+
+def served(request: Sample) -> Steps[tuple[mx.array, object]]:
+    return (yield request)
+
+
+def bits(array: mx.array) -> bytes:
+    return np.array(array).tobytes()
+
+
+def test_rows_of_a_tick_draw_their_lone_bits_with_one_pass_per_kind(monkeypatch) -> None:
+    """Sixteen-odd rows of every stage mixed in one tick, one to four positions each (a forced one
+    among them): each row's tokens, candidates and probabilities are its lone pass's bit for bit,
+    and the chain runs once per kind of sampler, not once per row."""
+    requests = [
+        sample(settings, seed=10 * kind + copy, positions=1 + (copy % 3) * (kind % 2), forced=2 if copy == 2 else None)
+        for kind, settings in enumerate(SETTINGS)
+        for copy in range(3)
+    ]
+    alone = [run_alone(served(request)) for request in requests]
+    passes = []
+    real = SamplerPipeline.distribution
+    monkeypatch.setattr(SamplerPipeline, "distribution", lambda *a, **k: passes.append(1) or real(*a, **k))
+    together = run_together([served(request) for request in requests]).outcomes
+    assert len(passes) == len(SETTINGS)
+    mx.eval([array for (tokens, p) in (*alone, *together) for array in (tokens, p.ids, p.probs)])
+    for (lone_tokens, lone_p), (tokens, p) in zip(alone, together, strict=True):
+        assert bits(tokens) == bits(lone_tokens)
+        assert (bits(p.ids), bits(p.probs)) == (bits(lone_p.ids), bits(lone_p.probs))
+
+
+@pytest.mark.parametrize("state", [{"mirostat": 2}, {"repeat_penalty": 1.3}, {"dry_multiplier": 0.8}])
+def test_a_sampler_with_state_of_its_own_is_served_alone(state: dict) -> None:
+    sampler = SamplerPipeline(SamplingParams(temperature=0.7, **state), VOCAB)
+    assert sampler.kind is None
+    mates = [Sample(logits(seed, 1), sampler, [[1, 2, 3]]) for seed in range(2)]
+    assert mates[0].kind != mates[1].kind
+
+
+def test_a_row_draws_its_own_key_in_a_stack_as_alone() -> None:
+    """`draw_each` gives row r the draw of `p[r].draw(keys[r])`; a forced row its top candidate."""
+    p = SamplerPipeline(SamplingParams(temperature=1.0), VOCAB).distribution(logits(3, 5))
+    keys = [RowRng(seed).next_key() for seed in range(5)]
+    keys[3] = None
+    lone = [p[r].draw(key) if key is not None else p[r].ids[:, 0] for r, key in enumerate(keys)]
+    assert np.array(p.draw_each(keys)).tolist() == np.array(mx.concatenate(lone)).tolist()
