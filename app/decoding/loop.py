@@ -160,10 +160,12 @@ def can_pipeline(state: RowState) -> bool:
     return not state.sampler.needs_context and not state.sampler.uses_coin and host_free
 
 
-def decide_lazily(state: RowState, logits: mx.array) -> Steps[mx.array]:
+def decide_lazily(state: RowState, logits: mx.array, greedy: bool = False) -> Steps[mx.array]:
     """The token after the last of `logits`' rows, left on the device: the draw `sample_next`
     makes (the same key of the row's stream, its `Sample` served with the tick's others), without
-    reading it."""
+    reading it; `greedy`: the adjusted row's argmax whatever the sampler, as `sample_next`'s."""
+    if greedy:
+        return state.sampler.greedy(logits[-1:])
     token, _ = yield from sampling(state.sampler, logits[-1:], None, state.rng)
     return token
 
@@ -178,22 +180,28 @@ class Queued:
 
 
 def plain_step(
-    target: ModelRunner, state: RowState, current: Queued | None, queue_next: bool, hook: FeatureHook | None = None
+    target: ModelRunner,
+    state: RowState,
+    current: Queued | None,
+    queue_next: bool,
+    hook: FeatureHook | None = None,
+    greedy: bool = False,
 ) -> Steps[tuple[int, mx.array | None, Queued | None]]:
     """One plain step of a row that `can_pipeline`: its forward, unless the step before queued it
     (`current`); `queue_next`: the next step's forward goes in this tick too, before this token is
     read, so it computes while the host reads and streams this one. Each forward carries `hook`
-    (a block drafter's). The token, the hook's rows of the position it was decided at (None
-    without a hook: what the row's proposer is owed, as a verify of no drafts owes it), and the
-    next step queued (None: not queued). Keys are drawn in the same order either way: the output
-    does not depend on it."""
+    (a block drafter's); `greedy`: each token is the adjusted row's argmax, as the biased block
+    rule decides every position whatever the sampler. The token, the hook's rows of the position
+    it was decided at (None without a hook: what the row's proposer is owed, as a verify of no
+    drafts owes it), and the next step queued (None: not queued). Keys are drawn in the same order
+    either way: the output does not depend on it."""
     if current is None:
         request = Forward(target, state.tokens[target.length :], hook=hook)
-        current = Queued((yield from decide_lazily(state, (yield request))), request)
+        current = Queued((yield from decide_lazily(state, (yield request), greedy)), request)
     ahead = None
     if queue_next:
         request = Forward(target, current.token, ahead=True, hook=hook)
-        ahead = Queued((yield from decide_lazily(state, (yield request))), request)
+        ahead = Queued((yield from decide_lazily(state, (yield request), greedy)), request)
     yield Evaluate((current.token,))  # every row's token of the tick in one wait
     token = int(current.token.item())
     state.decide([token])
@@ -306,8 +314,9 @@ class SpeculativeLoop:
         width = self.widths.decide(budget - len(forced), 0 if ahead is not None else offer.limit, offer.price)
         queue_next = budget - len(forced) > 1 and self._pipelines(state, offer)
         if ahead is not None or (width == 0 and queue_next):
+            greedy = self.speculation.rule is Rule.ARGMAX_AGAINST_ARGMAX  # its stream is the argmax one
             token, features, self._ahead = yield from plain_step(
-                self.target, state, ahead, queue_next, self.proposer.hook
+                self.target, state, ahead, queue_next, self.proposer.hook, greedy
             )
             self.proposer.settle(state, base, Proposal.empty(), None, features)
             notes = self.widths.observe([*forced, token], 0, None, time.perf_counter() - started)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 import mlx.nn as nn
 import pytest
@@ -443,13 +444,17 @@ def test_rows_emit_target_only_tokens_at_every_width_the_policy_picks(embedded_t
     assert len(set().union(*(g.stats.widths for g in rows))) >= 2  # and more than one width drafted
 
 
-def test_an_mtp_rows_pipelined_plain_steps_owe_its_drafter_what_unqueued_ones_do(embedded_target) -> None:
+@pytest.mark.parametrize("sampling", [GREEDY, HOT], ids=["T0", "seeded-T0.7"])
+def test_an_mtp_rows_pipelined_plain_steps_owe_its_drafter_what_unqueued_ones_do(embedded_target, sampling) -> None:
     """Two MTP rows of one prompt held at width 0 for thirteen ticks, one offered its plain steps
     queued a tick ahead (`then_plain`) and one not, then drafting again: each plain step owes the
     head the target's hidden row of its position, queued or not, so from the release on the two
-    propose the same drafts and keep the same verdicts, round for round."""
+    propose the same drafts and keep the same verdicts, round for round. At T = 0.7 the shipped
+    MTP profile's rule is the biased argmax-against-argmax, whose every position is the argmax,
+    queued or not: both rows emit the greedy stream (a queued step once drew from the sampler)."""
     builder = builder_of("mtp", embedded_target, embedded_target)
-    request = RowRequest(embedded_target.tokenizer.encode(PROMPTS[0]), GREEDY, max_tokens=40, ignore_eos=True)
+    prompt = embedded_target.tokenizer.encode(PROMPTS[0])
+    request = RowRequest(prompt, sampling, max_tokens=40, seed=7, ignore_eos=True)
     queued, unqueued = builder.build(request), builder.build(request)
     rounds: dict[int, list[tuple]] = {id(queued): [], id(unqueued): []}
     for generation in (queued, unqueued):
@@ -469,6 +474,11 @@ def test_an_mtp_rows_pipelined_plain_steps_owe_its_drafter_what_unqueued_ones_do
     assert rounds[id(queued)][13:] == rounds[id(unqueued)][13:]
     assert rounds[id(queued)][-1][1] > 0  # drafted and verified after the release
     assert queued.emitted == unqueued.emitted
+    if sampling is HOT:
+        assert queued.speculation.rule is Rule.ARGMAX_AGAINST_ARGMAX
+        plain = LoopBuilder(embedded_target, None, LoopPlan())
+        greedy = replace(request, sampling=GREEDY)
+        assert queued.emitted == run_rows([plain.build(greedy)])[0].emitted
 
 
 def test_governor_pauses_reach_the_rows_stats_as_notes(embedded_target) -> None:
