@@ -64,6 +64,7 @@ def main() -> int:
     parser.add_argument("--tiles", action="store_true", help="also time the MMA block tilings")
     parser.add_argument("--no-invariance", action="store_true")
     parser.add_argument("--no-timing", action="store_true")
+    parser.add_argument("--bf16-only", action="store_true", help="invariance in bf16 alone (fewer compiles)")
     parser.add_argument("--samples", type=int, default=15)
     parser.add_argument("--batch", type=int, default=20)
     args = parser.parse_args()
@@ -76,7 +77,8 @@ def main() -> int:
     started = time.perf_counter()
     failures += guarded("smoke", smoke)
     if not args.no_invariance:
-        failures += guarded("invariance", lambda: invariance(shapes + EMBEDDED_SHAPES, args.quantized))
+        dtypes = (mx.bfloat16,) if args.bf16_only else (mx.bfloat16, mx.float16)
+        failures += guarded("invariance", lambda: invariance(shapes + EMBEDDED_SHAPES, args.quantized, dtypes))
     if not args.no_timing:
         failures += guarded("timing", lambda: timing(shapes, args))
         if args.tiles:
@@ -139,12 +141,12 @@ def kernels(weight: mx.array, layer: nn.QuantizedLinear | None) -> dict[str, Pro
     }
 
 
-def invariance(shapes: list[tuple[int, int]], quantized: bool) -> int:
+def invariance(shapes: list[tuple[int, int]], quantized: bool, dtypes: tuple[mx.Dtype, ...]) -> int:
     print("\n== invariance: row i of an M-row product against its 1-row product (bits), and accuracy", flush=True)
     print("   err = max |y - y_f32| / rms(y_f32), y_f32 a float32 product of the same (dequantized) inputs")
     failures = 0
     for k, n in shapes:
-        for dtype in (mx.bfloat16, mx.float16) if n < 100_000 else (mx.bfloat16,):
+        for dtype in dtypes if n < 100_000 else (mx.bfloat16,):
             x, weight = dense(k, n, dtype, seed=k + n)
             variants: list[tuple[str, nn.QuantizedLinear | None]] = [("dense", None)]
             if quantized and dtype == mx.bfloat16 and (k, n) in QUANTIZED_SHAPES:
