@@ -24,8 +24,8 @@ read once; each kernel object is made once, and its compile-time constants once 
 - the same products on the tensor cores (app/runtime/row_mma.cu, issue 48), behind the switch
   MLXCEL_ROW_MMA=1 (read once, at import; off by default until measured): `mma.sync` m16n8k16
   tiles, K in chunks of 32 split over KSPLIT warps of a block in a fixed order and added in a fixed
-  tree, so a row's bits depend on K alone, never on M; the weights are read once per launch for
-  up to 64 rows. It takes layers whose depth is a multiple of 32 (the others keep the row kernel),
+  tree, so a row's bits depend on K alone, never on M or on the block tiling picked by M. It
+  takes layers whose depth is a multiple of 32 (the others keep the row kernel),
   a choice made from the layer's shape alone. Its bits differ from the row kernel's (another sum
   order), never between row counts.
 
@@ -63,7 +63,9 @@ MMA_DEPTH_STEP = 32  # the MMA kernel walks K in chunks of 32
 # (row tiles of 16, column tiles of 8 per warp, column warps) per MMA block: how much one block does,
 # never a row's bits
 MMA_NARROW_TILES = (1, 1, 1)  # up to 16 rows: the most blocks over the weights
-MMA_WIDE_TILES = (4, 2, 1)  # more rows: 64 rows a block, so the weights are read once per 64 rows
+# more rows: 4 column tiles a warp (each x fragment serves 32 columns); on an H100 this beat 64-row
+# blocks (4, 2, 1) at 32 and 80 rows: the rows' reads from L2, not the weights', bound it there
+MMA_WIDE_TILES = (1, 4, 1)
 SOURCES = Path(__file__).resolve().parents[1] / "runtime"  # the .cu files, beside sgemm_rows.c
 
 
