@@ -21,6 +21,13 @@ read once; each kernel object is made once, and its compile-time constants once 
   block), up to the backend's `row_stable_rows`: what lets many rows' tokens share one tick.
   mlx-lm's affine 4- and 8-bit layers take the same walk, widening each weight from its group's
   scale and bias in registers.
+- the same products on the tensor cores (app/runtime/row_mma.cu, issue 48), behind the switch
+  MLXCEL_ROW_MMA=1 (read once, at import; off by default until measured): `mma.sync` m16n8k16
+  tiles, K in chunks of 32 split over KSPLIT warps of a block in a fixed order and added in a fixed
+  tree, so a row's bits depend on K alone, never on M or on the block tiling picked by M. It
+  takes layers whose depth is a multiple of 32 (the others keep the row kernel),
+  a choice made from the layer's shape alone. Its bits differ from the row kernel's (another sum
+  order), never between row counts.
 
 Anything else (float32 models, other quantizations, masks other than causal or a window) keeps
 MLX's kernels; the block loops' exactness probe then reports what remains.
@@ -28,6 +35,7 @@ MLX's kernels; the block loops' exactness probe then reports what remains.
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 import weakref
@@ -40,6 +48,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from app.execution.device import backend
+from app.runtime.env import truthy
 
 WARPS = 16
 ATTENTION_ROWS = 32  # queries per attention call of one row (wider ones keep MLX's kernel)
@@ -48,6 +57,15 @@ HEAD_DIMS = tuple(range(32, 257, 32))  # a lane takes HEAD_DIM / 32 values; a wa
 COLUMNS_PER_BLOCK = 8
 HALF_TYPES = (mx.bfloat16, mx.float16)
 QUANTIZED_BITS = (4, 8)  # packings whose chunks of 8 values are whole 32-bit words
+ROW_MMA = truthy(os.environ.get("MLXCEL_ROW_MMA"))  # the tensor-core products (row_mma.cu), read once
+KSPLIT = 8  # warps of an MMA block splitting K (part of a row's sum order: fixed for every M)
+MMA_DEPTH_STEP = 32  # the MMA kernel walks K in chunks of 32
+# (row tiles of 16, column tiles of 8 per warp, column warps) per MMA block: how much one block does,
+# never a row's bits
+MMA_NARROW_TILES = (1, 1, 1)  # up to 16 rows: the most blocks over the weights
+# more rows: 4 column tiles a warp (each x fragment serves 32 columns); on an H100 this beat 64-row
+# blocks (4, 2, 1) at 32 and 80 rows: the rows' reads from L2, not the weights', bound it there
+MMA_WIDE_TILES = (1, 4, 1)
 SOURCES = Path(__file__).resolve().parents[1] / "runtime"  # the .cu files, beside sgemm_rows.c
 
 
@@ -113,6 +131,31 @@ def _quantized_matmul_kernel(outputs: int = 1) -> Callable[..., list[mx.array]]:
         output_names=[f"out{i}" for i in range(outputs)],
         header=_source("row_matmul.cu"),
         source="mlxcel::row_quantized_matmul<T, BF16, MAX_ROWS, COLUMNS_PER_BLOCK, DEPTH, BITS, GROUP_SIZE>(x, "
+        f"x_shape[0], w, scales, biases, w_shape[0], {_outputs(outputs)}, SPLIT1, SPLIT2);",
+    )
+
+
+@cache
+def _mma_kernel(outputs: int = 1) -> Callable[..., list[mx.array]]:
+    return mx.fast.cuda_kernel(
+        name=f"mlxcel_row_mma_{outputs}",
+        input_names=["x", "w"],
+        output_names=[f"out{i}" for i in range(outputs)],
+        header=_source("row_mma.cu"),
+        source="mlxcel_mma::row_mma<T, BF16, DEPTH, KSPLIT, ROW_TILES, COLUMN_TILES, COLUMN_WARPS>(x, x_shape[0], w, "
+        f"w_shape[0], {_outputs(outputs)}, SPLIT1, SPLIT2);",
+    )
+
+
+@cache
+def _quantized_mma_kernel(outputs: int = 1) -> Callable[..., list[mx.array]]:
+    return mx.fast.cuda_kernel(
+        name=f"mlxcel_row_quantized_mma_{outputs}",
+        input_names=["x", "w", "scales", "biases"],
+        output_names=[f"out{i}" for i in range(outputs)],
+        header=_source("row_mma.cu"),
+        source="mlxcel_mma::row_quantized_mma<T, BF16, DEPTH, KSPLIT, ROW_TILES, COLUMN_TILES, COLUMN_WARPS, BITS, "
+        "GROUP_SIZE>(x, "
         f"x_shape[0], w, scales, biases, w_shape[0], {_outputs(outputs)}, SPLIT1, SPLIT2);",
     )
 
@@ -259,15 +302,30 @@ def quantized_matmul_applies(x: mx.array, layer: nn.QuantizedLinear | nn.Quantiz
     )
 
 
-def row_matmul(x: mx.array, weight: mx.array) -> mx.array:
-    """`x @ weight.T` for `x` `[..., K]` and `weight` `[N, K]`, each row reduced the same way."""
-    return _row_products(x, _matmul_kernel, [weight], [weight.shape[0]])[0]
+def row_matmul(x: mx.array, weight: mx.array, mma: bool | None = None) -> mx.array:
+    """`x @ weight.T` for `x` `[..., K]` and `weight` `[N, K]`, each row reduced the same way
+    (`mma`: the tensor-core kernel where the layer's depth allows it; None: as MLXCEL_ROW_MMA says)."""
+    return _row_products(x, _matmul_kernel, [weight], [weight.shape[0]], mma=mma)[0]
 
 
-def row_quantized_matmul(x: mx.array, layer: nn.QuantizedLinear | nn.QuantizedEmbedding) -> mx.array:
+def row_quantized_matmul(
+    x: mx.array, layer: nn.QuantizedLinear | nn.QuantizedEmbedding, mma: bool | None = None
+) -> mx.array:
     """`layer`'s `x @ dequantize(weight).T`, each row reduced the same way."""
     weights = [layer["weight"], layer["scales"], layer["biases"]]
-    return _row_products(x, _quantized_matmul_kernel, weights, [weights[0].shape[0]], _packing(layer))[0]
+    return _row_products(x, _quantized_matmul_kernel, weights, [weights[0].shape[0]], _packing(layer), mma=mma)[0]
+
+
+def mma_takes(depth: int) -> bool:
+    """Whether the tensor-core kernel can take a layer of this depth (its shape alone decides,
+    so a layer's rows have one kernel's bits at every row count)."""
+    return depth % MMA_DEPTH_STEP == 0
+
+
+def mma_tiles(rows: int) -> tuple[int, int, int]:
+    """(row tiles, column tiles, column warps) of an MMA block for a product of `rows` rows: the work one block
+    does, which changes no output bit (a row's sum order is K's chunks over KSPLIT warps)."""
+    return MMA_NARROW_TILES if rows <= 16 else MMA_WIDE_TILES
 
 
 def _packing(layer: nn.QuantizedLinear | nn.QuantizedEmbedding) -> list[tuple[str, int]]:
@@ -280,11 +338,29 @@ def _row_products(
     weights: list[mx.array],
     widths: list[int],
     extra: list[tuple[str, int]] | None = None,
+    mma: bool | None = None,
+    tiles: tuple[int, int, int] | None = None,
 ) -> list[mx.array]:
     """The product of `x` `[..., K]` by `weights` (whose rows are the output columns, in parts of
-    `widths` columns, one output each): one launch, MATMUL_ROWS rows of `x` to a thread block."""
+    `widths` columns, one output each): one launch, MATMUL_ROWS rows of `x` to a thread block, or
+    the tensor-core kernel's (`mma`, where the depth allows; `tiles` overrides its block's tiles)."""
     flat = x.reshape(-1, x.shape[-1])
     rows, columns = flat.shape[0], sum(widths)
+    if (ROW_MMA if mma is None else mma) and mma_takes(flat.shape[1]):
+        tiles = tiles or mma_tiles(rows)
+        row_tiles, column_tiles, column_warps = tiles
+        threads = 32 * KSPLIT * column_warps
+        mma_of = _quantized_mma_kernel if kernel_of is _quantized_matmul_kernel else _mma_kernel
+        template = _mma_template(flat.dtype, flat.shape[1], tuple(widths), tuple(extra or []), tiles)
+        parts = mma_of(len(widths))(
+            inputs=[flat, *weights],
+            template=template,
+            grid=(-(-columns // (8 * column_tiles * column_warps)) * threads, -(-rows // (16 * row_tiles)), 1),
+            threadgroup=(threads, 1, 1),
+            output_shapes=[(rows, width) for width in widths],
+            output_dtypes=[flat.dtype] * len(widths),
+        )
+        return [part.reshape(*x.shape[:-1], width) for part, width in zip(parts, widths, strict=True)]
     parts = kernel_of(len(widths))(
         inputs=[flat, *weights],
         template=_matmul_template(flat.dtype, flat.shape[1], tuple(widths), tuple(extra or [])),
@@ -299,6 +375,37 @@ def _row_products(
 MATMUL_THREADS = 32 * COLUMNS_PER_BLOCK  # a warp per output column
 
 
+def _splits(widths: tuple[int, ...]) -> list[int]:
+    """Where each output's columns start (SPLIT1, SPLIT2; the width where there are fewer outputs)."""
+    columns = sum(widths)
+    starts = [sum(widths[:i]) for i in range(1, len(widths))]
+    return [*starts, columns, columns][:2]
+
+
+@cache
+def _mma_template(
+    dtype: mx.Dtype,
+    depth: int,
+    widths: tuple[int, ...],
+    extra: tuple[tuple[str, int], ...],
+    tiles: tuple[int, int, int],
+) -> list[tuple[str, object]]:
+    """The MMA product's compile-time constants, made once per (dtype, depth, widths, packing, tiles)."""
+    splits = _splits(widths)
+    return [
+        ("T", dtype),
+        ("BF16", dtype == mx.bfloat16),
+        ("DEPTH", depth),
+        ("KSPLIT", KSPLIT),
+        ("ROW_TILES", tiles[0]),
+        ("COLUMN_TILES", tiles[1]),
+        ("COLUMN_WARPS", tiles[2]),
+        *extra,
+        ("SPLIT1", splits[0]),
+        ("SPLIT2", splits[1]),
+    ]
+
+
 @cache
 def _matmul_template(
     dtype: mx.Dtype, depth: int, widths: tuple[int, ...], extra: tuple[tuple[str, int], ...]
@@ -306,9 +413,7 @@ def _matmul_template(
     """A product's compile-time constants, made once per (dtype, depth, layer widths, packing):
     K as DEPTH (a fixed stride between rows: fewer registers), and where each output's columns
     start (SPLIT1, SPLIT2; the product's width where it has fewer outputs)."""
-    columns = sum(widths)
-    starts = [sum(widths[:i]) for i in range(1, len(widths))]
-    splits = [*starts, columns, columns][:2]
+    splits = _splits(widths)
     return [
         ("T", dtype),
         ("BF16", dtype == mx.bfloat16),

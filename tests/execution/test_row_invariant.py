@@ -90,6 +90,37 @@ def test_quantized_row_matmul_rows_do_not_depend_on_the_row_count(bits: int) -> 
 
 
 @gpu_only
+@pytest.mark.parametrize("dtype", row_invariant.HALF_TYPES)
+def test_tensor_core_products_rows_do_not_depend_on_the_row_count(dtype: mx.Dtype) -> None:
+    """The tensor-core kernel (MLXCEL_ROW_MMA, app/runtime/row_mma.cu): one block tiling up to 16
+    rows and another past them, the same bits for every row; affine 4- and 8-bit too."""
+    mx.random.seed(4)
+    for depth, columns in ((256, 1024), (2048, 6144), (6144, 2048)):
+        weight = (mx.random.normal((columns, depth)) * depth**-0.5).astype(dtype)
+        x = mx.random.normal((140, depth)).astype(dtype)
+        layers: list[nn.QuantizedLinear | None] = [None]
+        if dtype == mx.bfloat16:
+            for bits in row_invariant.QUANTIZED_BITS:
+                layer = nn.QuantizedLinear(depth, columns, bias=False, group_size=64, bits=bits)
+                q, scales, biases = mx.quantize(weight, group_size=64, bits=bits)
+                layer.update({"weight": q, "scales": scales.astype(dtype), "biases": biases.astype(dtype)})
+                layers.append(layer)
+        for layer in layers:
+
+            def product(a: mx.array, layer: nn.QuantizedLinear | None = layer, weight: mx.array = weight) -> mx.array:
+                if layer is None:
+                    return row_invariant.row_matmul(a, weight, mma=True)
+                return row_invariant.row_quantized_matmul(a, layer, mma=True)
+
+            single = mx.concatenate([product(x[i : i + 1]) for i in range(x.shape[0])])
+            for rows in (2, 3, 5, 8, 16, 17, 40, 65, 100, 140):
+                assert mx.array_equal(product(x[:rows]), single[:rows]).item(), (depth, rows, layer is None)
+            reference = x @ weight.T if layer is None else nn.QuantizedLinear.__call__(layer, x)
+            close = mx.allclose(single.astype(mx.float32), reference.astype(mx.float32), atol=0.05, rtol=0.02)
+            assert close.item(), (depth, layer is None)
+
+
+@gpu_only
 @pytest.mark.parametrize("quantized", [False, True])
 def test_joined_sibling_products_are_each_layers_own(quantized: bool) -> None:
     """q/k/v and gate/up run as one call (row_invariant.Siblings); each layer's part has the bits
