@@ -58,7 +58,9 @@ Product = Callable[[mx.array], mx.array]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--quick", action="store_true", help="fewer shapes (no lm_head)")
     parser.add_argument("--quantized", action="store_true", help="also the affine 4- and 8-bit kernel")
     parser.add_argument("--tiles", action="store_true", help="also time the MMA block tilings")
