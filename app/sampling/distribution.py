@@ -7,10 +7,24 @@ rows become dense only where a rule needs p and q aligned (the residual, the clo
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
+
+from app.execution.device import backend
+
+STACKED_DRAWS = "MLXCEL_STACKED_DRAWS"  # =1: stacked draws on a GPU too (see `stacked_draws`)
+
+
+def stacked_draws() -> bool:
+    """Whether rows' draws are made stacked: `draw_each` in one graph, and a tick's rows of like
+    samplers in one pass (app/sampling/draws.py). On the CPU, where tests/sampling/test_draws.py
+    holds every stacked row to its lone bits. On a GPU only with MLXCEL_STACKED_DRAWS=1 until a
+    run there has held them too: its sorts, reductions and random bits may take other kernels for
+    sixteen rows than for one, and a seeded row's tokens must not depend on its batch-mates."""
+    return not backend().gpu or os.environ.get(STACKED_DRAWS) == "1"
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,9 @@ class Distribution:
 
         The rows' noises come from one vectorised draw: MLX's random bits of a stack of keys are
         each key's own bits, so row r's noise is its lone `[1, V]` draw's, bit for bit."""
+        if not stacked_draws():  # each row its lone draw, one after another
+            rows = [self[i].draw(key) if key is not None else self.ids[i : i + 1, 0] for i, key in enumerate(keys)]
+            return mx.concatenate(rows)
         # a forced row's key is any other's: its draw is discarded for its top candidate
         stand_in = next((key for key in keys if key is not None), None)
         if stand_in is None:

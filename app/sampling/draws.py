@@ -21,7 +21,7 @@ from typing import cast
 import mlx.core as mx
 
 from app.execution.steps import Draw, Steps
-from app.sampling.distribution import Distribution
+from app.sampling.distribution import Distribution, stacked_draws
 from app.sampling.pipeline import SamplerPipeline
 from app.sampling.rng import RowRng
 from app.sampling.streams import position_keys
@@ -43,7 +43,7 @@ class Sample(Draw):
     @property
     def kind(self) -> Hashable:
         shared = self.sampler.kind
-        if shared is None:  # state of its own: served alone
+        if shared is None or not stacked_draws():  # state of its own (or a GPU, for now): served alone
             return id(self)
         return (shared, self.logits.dtype, self.logits.shape[-1], self.coins is None, self.keys is None)
 

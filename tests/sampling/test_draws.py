@@ -7,6 +7,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+import app.sampling.distribution as distribution
+from app.execution.device import Backend
 from app.execution.steps import Steps, run_alone, run_together
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
 from app.sampling.draws import Sample
@@ -86,3 +88,21 @@ def test_a_row_draws_its_own_key_in_a_stack_as_alone() -> None:
     keys[3] = None
     lone = [p[r].draw(key) if key is not None else p[r].ids[:, 0] for r, key in enumerate(keys)]
     assert np.array(p.draw_each(keys)).tolist() == np.array(mx.concatenate(lone)).tolist()
+
+
+@pytest.mark.parametrize("switch", [None, "1"])
+def test_a_gpu_draws_each_row_alone_until_stacked_draws_are_switched_on(monkeypatch, switch: str | None) -> None:
+    """On a GPU the stacked pass has not yet been held to each row's lone bits on the device, so
+    there every row's draw is served alone and `draw_each` draws row by row, unless
+    MLXCEL_STACKED_DRAWS=1; the tokens are the same either way (here, on the CPU's kernels)."""
+    monkeypatch.setattr(distribution, "backend", lambda: Backend("cuda", 1024))
+    if switch is None:
+        monkeypatch.delenv(distribution.STACKED_DRAWS, raising=False)
+    else:
+        monkeypatch.setenv(distribution.STACKED_DRAWS, switch)
+    mates = [sample(SETTINGS[0], seed=seed, positions=1) for seed in range(3)]
+    assert (len({m.kind for m in mates}) == 1) is (switch == "1")
+    p = SamplerPipeline(SamplingParams(temperature=1.0), VOCAB).distribution(logits(3, 4))
+    keys = [RowRng(seed).next_key() for seed in range(4)]
+    lone = mx.concatenate([p[r].draw(key) for r, key in enumerate(keys)])
+    assert np.array(p.draw_each(keys)).tolist() == np.array(lone).tolist()
