@@ -55,7 +55,9 @@ def bits(array: mx.array) -> bytes:
 def test_rows_of_a_tick_draw_their_lone_bits_with_one_pass_per_kind(monkeypatch) -> None:
     """Sixteen-odd rows of every stage mixed in one tick, one to four positions each (a forced one
     among them): each row's tokens, candidates and probabilities are its lone pass's bit for bit,
-    and the chain runs once per kind of sampler, not once per row."""
+    and the chain runs once per kind of sampler, not once per row (stacked on a GPU too: this is
+    the run that checks them there)."""
+    monkeypatch.setenv(distribution.STACKED_DRAWS, "1")
     requests = [
         sample(settings, seed=10 * kind + copy, positions=1 + (copy % 3) * (kind % 2), forced=2 if copy == 2 else None)
         for kind, settings in enumerate(SETTINGS)
