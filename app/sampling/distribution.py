@@ -14,17 +14,22 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from app.execution.device import backend
+from app.runtime.env import truthy
 
-STACKED_DRAWS = "MLXCEL_STACKED_DRAWS"  # =1: stacked draws on a GPU too (see `stacked_draws`)
+STACKED_DRAWS = "MLXCEL_STACKED_DRAWS"  # set: stacked draws on or off whatever the device (`stacked_draws`)
 
 
 def stacked_draws() -> bool:
     """Whether rows' draws are made stacked: `draw_each` in one graph, and a tick's rows of like
-    samplers in one pass (app/sampling/draws.py). On the CPU, where tests/sampling/test_draws.py
-    holds every stacked row to its lone bits. On a GPU only with MLXCEL_STACKED_DRAWS=1 until a
-    run there has held them too: its sorts, reductions and random bits may take other kernels for
-    sixteen rows than for one, and a seeded row's tokens must not depend on its batch-mates."""
-    return not backend().gpu or os.environ.get(STACKED_DRAWS) == "1"
+    samplers in one pass (app/sampling/draws.py). On the CPU and on CUDA, where the stacked rows
+    are held to their lone bits (tests/sampling/test_draws.py, the seeded identity, the batched
+    steps and the sampler guards, run on an H100 on 2026-12-07). Not on Metal, where no run has
+    held them: its sorts, reductions and random bits may take other kernels for sixteen rows than
+    for one, and a seeded row's tokens must not depend on its batch-mates, so there each row draws
+    alone (correct by construction). MLXCEL_STACKED_DRAWS, when set, overrides the device's
+    default: on (1, true, yes, on) or off (anything else)."""
+    switch = os.environ.get(STACKED_DRAWS, "").strip()
+    return truthy(switch) if switch else backend().name != "metal"
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ class Distribution:
 
         The rows' noises come from one vectorised draw: MLX's random bits of a stack of keys are
         each key's own bits, so row r's noise is its lone `[1, V]` draw's, bit for bit."""
-        if not stacked_draws():  # each row its lone draw, one after another
+        if not stacked_draws():  # each row its lone draw, one after another (Metal)
             rows = [self[i].draw(key) if key is not None else self.ids[i : i + 1, 0] for i, key in enumerate(keys)]
             return mx.concatenate(rows)
         # a forced row's key is any other's: its draw is discarded for its top candidate

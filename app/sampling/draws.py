@@ -43,7 +43,7 @@ class Sample(Draw):
     @property
     def kind(self) -> Hashable:
         shared = self.sampler.kind
-        if shared is None or not stacked_draws():  # state of its own (or a GPU, for now): served alone
+        if shared is None or not stacked_draws():  # state of its own (or Metal): served alone
             return id(self)
         return (shared, self.logits.dtype, self.logits.shape[-1], self.coins is None, self.keys is None)
 

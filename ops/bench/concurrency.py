@@ -555,6 +555,8 @@ def main(argv: list[str] | None = None) -> None:
         widest = max(args.clients + (args.sampled_clients if any(args.temperatures) else []))
         managers = {}
         arms = args.profiles + ([] if args.no_fixed else fixed_arms(args.profiles))
+        if args.logs:
+            args.logs.mkdir(parents=True, exist_ok=True)  # the server refuses a log file in no folder
         for arm in arms + ([] if args.no_fast else fast_arms(args.profiles)):
             profile, env = arm_settings(arm)
             log = "stderr"

@@ -21,6 +21,9 @@ from app.profiles.loader import file_layer, profile_path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STDERR_TAIL = 4000  # bytes of a failed server's stderr quoted in the error
 STARTUP_S = 300  # a 1.2 B target's warm-up, with a dozen servers starting together on one GPU
+# Backend switches that change how a forward or a draw runs, never what a profile serves: a bench
+# run under one of them measures every arm with it (e.g. `MLXCEL_ROW_MMA=1 python -m ops.bench...`).
+BACKEND_SWITCHES = ("MLXCEL_ROW_MMA", "MLXCEL_STACKED_DRAWS")
 
 
 @contextmanager
@@ -28,11 +31,14 @@ def spawned_server(
     profile: str, log: str = "stderr", args: Sequence[str] = (), env: Mapping[str, str] | None = None
 ) -> Iterator[tuple[str, subprocess.Popen]]:
     """`mlxcel serve --profile PROFILE [ARGS]` logging to `log`. The environment holds no MLXCEL_
-    variable but the log's and `env`'s, so only the profile (and `args`, `env`) count. A server
+    variable but the log's, `env`'s and the bench's own `BACKEND_SWITCHES`, so only the profile
+    (and `args`, `env`) choose what is served. A server
     that does not serve the drafter kind the arm asked for (`expected_drafter`) is an error: its
     rows would be another arm's (issue 46: drafting arms once measured target-only)."""
     command = [sys.executable, "-m", "app", "serve", "--profile", profile, *args]
-    with spawned(command, {"MLXCEL_LOGGING__DESTINATION": log, **(env or {})}, f"log: {log}") as (url, process):
+    switches = {name: os.environ[name] for name in BACKEND_SWITCHES if name in os.environ}
+    environment = {"MLXCEL_LOGGING__DESTINATION": log, **switches, **(env or {})}
+    with spawned(command, environment, f"log: {log}") as (url, process):
         require_drafter(url, f"--profile {profile} {' '.join(args)}".strip(), expected_drafter(profile, args, env))
         yield url, process
 

@@ -149,7 +149,7 @@ def test_a_tick_builds_as_many_sampler_passes_with_sixteen_rows_as_with_one(
     each pass is dozens of launches (top-k's partition, the ordering, softmax, top-p, the draw)."""
     passes = [(SamplerPipeline, "distribution")]
     with pytest.MonkeyPatch.context() as switch:
-        switch.setenv(STACKED_DRAWS, "1")  # stacked on a GPU too, where they wait for this run to be checked
+        switch.setenv(STACKED_DRAWS, "1")  # stacked on Metal too, where they are served only switched on
         one, sixteen = (calls_in_a_tick(waiting_builders[kind], WARM, rows, passes, monkeypatch) for rows in (1, 16))
     assert sixteen == one, (one, sixteen)
     assert 0 < one <= (5 if kind.startswith("draft-model") else 1), one  # a draft model: its width of q passes and p

@@ -55,8 +55,8 @@ def bits(array: mx.array) -> bytes:
 def test_rows_of_a_tick_draw_their_lone_bits_with_one_pass_per_kind(monkeypatch) -> None:
     """Sixteen-odd rows of every stage mixed in one tick, one to four positions each (a forced one
     among them): each row's tokens, candidates and probabilities are its lone pass's bit for bit,
-    and the chain runs once per kind of sampler, not once per row (stacked on a GPU too: this is
-    the run that checks them there)."""
+    and the chain runs once per kind of sampler, not once per row (stacked on Metal too: this is
+    the run that would check them there)."""
     monkeypatch.setenv(distribution.STACKED_DRAWS, "1")
     requests = [
         sample(settings, seed=10 * kind + copy, positions=1 + (copy % 3) * (kind % 2), forced=2 if copy == 2 else None)
@@ -92,18 +92,24 @@ def test_a_row_draws_its_own_key_in_a_stack_as_alone() -> None:
     assert np.array(p.draw_each(keys)).tolist() == np.array(mx.concatenate(lone)).tolist()
 
 
-@pytest.mark.parametrize("switch", [None, "1"])
-def test_a_gpu_draws_each_row_alone_until_stacked_draws_are_switched_on(monkeypatch, switch: str | None) -> None:
-    """On a GPU the stacked pass has not yet been held to each row's lone bits on the device, so
-    there every row's draw is served alone and `draw_each` draws row by row, unless
-    MLXCEL_STACKED_DRAWS=1; the tokens are the same either way (here, on the CPU's kernels)."""
-    monkeypatch.setattr(distribution, "backend", lambda: Backend("cuda", 1024))
+@pytest.mark.parametrize(
+    ("device", "switch", "stacked"),
+    [("metal", None, False), ("metal", "1", True), ("cuda", None, True), ("cuda", "0", False), ("cpu", "off", False)],
+)
+def test_metal_draws_each_row_alone_unless_stacked_draws_are_switched_on(
+    monkeypatch, device: str, switch: str | None, stacked: bool
+) -> None:
+    """On Metal the stacked pass has not been held to each row's lone bits on the device, so there
+    every row's draw is served alone and `draw_each` draws row by row; on the CPU and CUDA (held
+    there) rows of like samplers share a pass. MLXCEL_STACKED_DRAWS overrides either way; the
+    tokens are the same either way (here, on the CPU's kernels)."""
+    monkeypatch.setattr(distribution, "backend", lambda: Backend(device, 1024))
     if switch is None:
         monkeypatch.delenv(distribution.STACKED_DRAWS, raising=False)
     else:
         monkeypatch.setenv(distribution.STACKED_DRAWS, switch)
     mates = [sample(SETTINGS[0], seed=seed, positions=1) for seed in range(3)]
-    assert (len({m.kind for m in mates}) == 1) is (switch == "1")
+    assert (len({m.kind for m in mates}) == 1) is stacked
     p = SamplerPipeline(SamplingParams(temperature=1.0), VOCAB).distribution(logits(3, 4))
     keys = [RowRng(seed).next_key() for seed in range(4)]
     lone = mx.concatenate([p[r].draw(key) for r, key in enumerate(keys)])
