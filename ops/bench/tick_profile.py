@@ -1,6 +1,7 @@
 """Where a tick of B rows spends its time on the host: the tick's parts and its functions.
 
-B rows of the embedded pair (held-out code prompts, greedy, EOS ignored) step together through
+B rows of the embedded pair (held-out code prompts, greedy or seeded at `--temperature` with the
+server's other sampling defaults, EOS ignored) step together through
 `run_together`, as the engine's tick runs them, at their loop's own widths (no width choice:
 what a fixed-width arm does). After the prompts are in and `--warm` ticks, `--ticks` ticks are
 timed part by part (`TickClock`: the drafting phase, the target's forward, the rest) and run
@@ -9,7 +10,7 @@ including their callees, with their calls per tick. On a GPU the calls that wait
 (an array's `tolist`, `item`, `mx.eval`; `mx.async_eval` only queues) hold the GPU's time too:
 their own time is what the host waited, and their calls per tick are the tick's synchronisations.
 
-    python -m ops.bench.tick_profile [--loop target-only|draft-model|mtp] [--rows 16] [--ticks 24]
+    python -m ops.bench.tick_profile [--loop target-only|draft-model|mtp] [--rows 16] [--ticks 24] [--temperature 0]
 """
 
 from __future__ import annotations
@@ -89,14 +90,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ticks", type=int, default=24)
     parser.add_argument("--warm", type=int, default=8)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--temperature", type=float, default=0.0, help="above 0: row i seeded i")
     args = parser.parse_args(argv)
     stage(f"loading the {args.loop} loop")
     builder = builder_for(args.loop)
     encode = builder.target.tokenizer.encode
-    greedy = SamplingParams(temperature=0.0)
+    sampling = SamplingParams(temperature=args.temperature)
+    seeded = args.temperature > 0
     rows = [
         builder.build(
-            RowRequest(encode(HELD_OUT_CODE[i % len(HELD_OUT_CODE)]), greedy, max_tokens=4096, ignore_eos=True)
+            RowRequest(encode(HELD_OUT_CODE[i % len(HELD_OUT_CODE)]), sampling, max_tokens=4096, ignore_eos=True,
+                       **({"seed": i} if seeded else {}))  # fmt: skip
         )
         for i in range(args.rows)
     ]
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     emitted = sum(len(row.emitted) for row in rows) - emitted
     ms = lambda values: statistics.median(values) * 1e3  # noqa: E731
     total = [c.drafting_s + c.forward_s + c.rest_s for c in clocks]
-    print(f"{machine()}\n{args.loop}, {args.rows} rows, {args.ticks} ticks after {args.warm} warm ones")
+    print(f"{machine()}\n{args.loop}, {args.rows} rows at T = {args.temperature:g}, {args.ticks} ticks after {args.warm} warm ones")
     print(
         f"tick median {ms(total):.2f} ms: drafting {ms([c.drafting_s for c in clocks]):.2f} "
         f"({statistics.mean(c.passes for c in clocks):.1f} passes), target forward "
