@@ -99,8 +99,13 @@ def main(argv: list[str] | None = None) -> None:
     seeded = args.temperature > 0
     rows = [
         builder.build(
-            RowRequest(encode(HELD_OUT_CODE[i % len(HELD_OUT_CODE)]), sampling, max_tokens=4096, ignore_eos=True,
-                       **({"seed": i} if seeded else {}))  # fmt: skip
+            RowRequest(
+                encode(HELD_OUT_CODE[i % len(HELD_OUT_CODE)]),
+                sampling,
+                max_tokens=4096,
+                ignore_eos=True,
+                **({"seed": i} if seeded else {}),
+            )
         )
         for i in range(args.rows)
     ]
@@ -119,7 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     emitted = sum(len(row.emitted) for row in rows) - emitted
     ms = lambda values: statistics.median(values) * 1e3  # noqa: E731
     total = [c.drafting_s + c.forward_s + c.rest_s for c in clocks]
-    print(f"{machine()}\n{args.loop}, {args.rows} rows at T = {args.temperature:g}, {args.ticks} ticks after {args.warm} warm ones")
+    at = f"{args.rows} rows at T = {args.temperature:g}"
+    print(f"{machine()}\n{args.loop}, {at}, {args.ticks} ticks after {args.warm} warm ones")
     print(
         f"tick median {ms(total):.2f} ms: drafting {ms([c.drafting_s for c in clocks]):.2f} "
         f"({statistics.mean(c.passes for c in clocks):.1f} passes), target forward "
