@@ -21,8 +21,9 @@ read once; each kernel object is made once, and its compile-time constants once 
   block), up to the backend's `row_stable_rows`: what lets many rows' tokens share one tick.
   mlx-lm's affine 4- and 8-bit layers take the same walk, widening each weight from its group's
   scale and bias in registers.
-- the same products on the tensor cores (app/runtime/row_mma.cu, issue 48), behind the switch
-  MLXCEL_ROW_MMA=1 (read once, at import; off by default until measured): `mma.sync` m16n8k16
+- the same products on the tensor cores (app/runtime/row_mma.cu, issue 48), the default
+  (MLXCEL_ROW_MMA=0, read once at import, keeps the row kernel: measured and held to every row's
+  lone bits on an H100, docs/gpu.md): `mma.sync` m16n8k16
   tiles, K in chunks of 32 split over KSPLIT warps of a block in a fixed order and added in a fixed
   tree, so a row's bits depend on K alone, never on M or on the block tiling picked by M. It
   takes layers whose depth is a multiple of 32 (the others keep the row kernel),
@@ -57,7 +58,7 @@ HEAD_DIMS = tuple(range(32, 257, 32))  # a lane takes HEAD_DIM / 32 values; a wa
 COLUMNS_PER_BLOCK = 8
 HALF_TYPES = (mx.bfloat16, mx.float16)
 QUANTIZED_BITS = (4, 8)  # packings whose chunks of 8 values are whole 32-bit words
-ROW_MMA = truthy(os.environ.get("MLXCEL_ROW_MMA"))  # the tensor-core products (row_mma.cu), read once
+ROW_MMA = truthy(os.environ.get("MLXCEL_ROW_MMA", "1"))  # the tensor-core products (row_mma.cu), read once
 KSPLIT = 8  # warps of an MMA block splitting K (part of a row's sum order: fixed for every M)
 MMA_DEPTH_STEP = 32  # the MMA kernel walks K in chunks of 32
 # (row tiles of 16, column tiles of 8 per warp, column warps) per MMA block: how much one block does,
