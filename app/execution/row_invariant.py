@@ -36,7 +36,6 @@ MLX's kernels; the block loops' exactness probe then reports what remains.
 
 from __future__ import annotations
 
-import os
 import struct
 import threading
 import weakref
@@ -49,7 +48,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from app.execution.device import backend
-from app.runtime.env import truthy
+from app.runtime.env import switch
 
 WARPS = 16
 ATTENTION_ROWS = 32  # queries per attention call of one row (wider ones keep MLX's kernel)
@@ -58,7 +57,7 @@ HEAD_DIMS = tuple(range(32, 257, 32))  # a lane takes HEAD_DIM / 32 values; a wa
 COLUMNS_PER_BLOCK = 8
 HALF_TYPES = (mx.bfloat16, mx.float16)
 QUANTIZED_BITS = (4, 8)  # packings whose chunks of 8 values are whole 32-bit words
-ROW_MMA = truthy(os.environ.get("MLXCEL_ROW_MMA", "1"))  # the tensor-core products (row_mma.cu), read once
+ROW_MMA = switch("MLXCEL_ROW_MMA") is not False  # the tensor-core products (row_mma.cu), read once
 KSPLIT = 8  # warps of an MMA block splitting K (part of a row's sum order: fixed for every M)
 MMA_DEPTH_STEP = 32  # the MMA kernel walks K in chunks of 32
 # (row tiles of 16, column tiles of 8 per warp, column warps) per MMA block: how much one block does,

@@ -7,14 +7,13 @@ rows become dense only where a rule needs p and q aligned (the residual, the clo
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from app.execution.device import backend
-from app.runtime.env import truthy
+from app.runtime.env import switch
 
 STACKED_DRAWS = "MLXCEL_STACKED_DRAWS"  # set: stacked draws on or off whatever the device (`stacked_draws`)
 
@@ -28,8 +27,8 @@ def stacked_draws() -> bool:
     for one, and a seeded row's tokens must not depend on its batch-mates, so there each row draws
     alone (correct by construction). MLXCEL_STACKED_DRAWS, when set, overrides the device's
     default: on (1, true, yes, on) or off (anything else)."""
-    switch = os.environ.get(STACKED_DRAWS, "").strip()
-    return truthy(switch) if switch else backend().name != "metal"
+    on = switch(STACKED_DRAWS)
+    return backend().name != "metal" if on is None else on
 
 
 @dataclass(frozen=True)
