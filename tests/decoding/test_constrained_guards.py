@@ -21,7 +21,7 @@ from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams
 from app.sampling.grammar import Grammar
-from tests.support.batched import seeded_stream
+from tests.support.batched import run_rows, seeded_stream
 from tests.support.derived_models import fixed_distribution_pair
 from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
 
@@ -89,17 +89,25 @@ def constrained_stream(builder: LoopBuilder, n: int, unmasked: bool = False) -> 
     return seeded_stream(builder, request, n, fault)
 
 
+def greedy_request(target: LoadedModel, text: str) -> RowRequest:
+    return RowRequest(target.tokenizer.encode(text), GREEDY, max_tokens=96, seed=3, grammar=PERSON)
+
+
+@pytest.fixture(scope="module")
+def constrained_target_only(embedded_target) -> dict[str, Generation]:
+    """Each prompt's constrained target-only row, run once for every drafter kind's test."""
+    plain = LoopBuilder(embedded_target, None, LoopPlan())
+    return {text: run(plain.build(greedy_request(embedded_target, text))) for text in PROMPTS}
+
+
 @pytest.mark.parametrize("kind", ["draft-model", "prompt-lookup", *BLOCK_KINDS])
 def test_constrained_speculation_at_t0_is_byte_identical_to_constrained_target_only(
-    embedded_target, embedded_drafter, kind: str
+    embedded_target, embedded_drafter, constrained_target_only, kind: str
 ) -> None:
-    plain = LoopBuilder(embedded_target, None, LoopPlan())
     drafted = builder(embedded_target, embedded_drafter if kind == "draft-model" else None, kind)
     for text in PROMPTS:
-        prompt = embedded_target.tokenizer.encode(text)
-        request = RowRequest(prompt=prompt, sampling=GREEDY, max_tokens=96, seed=3, grammar=PERSON)
-        reference = run(plain.build(request))
-        speculative = run(drafted.build(request))
+        reference = constrained_target_only[text]
+        speculative = run(drafted.build(greedy_request(embedded_target, text)))
         assert speculative.speculation.rule in (Rule.GREEDY_ARGMAX, Rule.ARGMAX_AGAINST_ARGMAX)
         assert speculative.stats.acceptance.rounds > 0
         assert speculative.emitted == reference.emitted
@@ -111,10 +119,9 @@ def test_every_decided_token_is_within_the_grammar(embedded_target, embedded_dra
     """Sampled at a high temperature, the text is still a prefix of a valid document."""
     sampling = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0)
     drafted = builder(embedded_target, embedded_drafter, "draft-model", stochastic=True)
-    for seed, text in enumerate(PROMPTS):
-        prompt = embedded_target.tokenizer.encode(text)
-        request = RowRequest(prompt=prompt, sampling=sampling, max_tokens=400, seed=seed, grammar=PERSON)
-        generation = run(drafted.build(request))
+    requests = [RowRequest(embedded_target.tokenizer.encode(text), sampling, max_tokens=400, seed=seed, grammar=PERSON)
+                for seed, text in enumerate(PROMPTS)]  # fmt: skip
+    for generation in run_rows([drafted.build(request) for request in requests]):  # stepping together
         check = drafted.grammar_vocabulary.constraint(PERSON)
         check.consume(generation.emitted)  # raises on a token the grammar forbids
         if generation.stop_type == "eos":

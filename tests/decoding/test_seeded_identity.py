@@ -14,7 +14,9 @@ the first ALONE of them alone (one row per forward, each round's path once per t
 eight as a batch stepping together (the engine's tick, tests/support/batched.py) with other traffic
 joining, leaving and sampling at T = 0. The alone rows were all eight until issue 44: the batch
 runs the same rounds on every prompt, so three alone rows keep the solo path's 768 checked
-positions per drafter at 3/8 of its cost. The batched
+positions per drafter at 3/8 of its cost. The uncoupled variants run the batch alone: what they change is
+which stream a drafter's draws come from (app/sampling/streams.py), the same code in a lone row and
+in a batch, and the coupled variant of the same drafter holds the lone rows' path. The batched
 rows cover the sampler's stages (XTC, top-k, top-p, min-p, penalties, logit_bias, a JSON schema whose
 grammar forces tokens) and several widths (speculative.n_max). Nothing here depends on the
 device: the lead runs the same file on the GPU.
@@ -165,7 +167,7 @@ def first_difference(got: list[int], want: list[int]) -> int | None:
 )
 def test_seeded_sampler_match_emits_target_only_tokens(kind: str, coupled: bool, prompts, target_only) -> None:
     loops = builder(PROFILES[kind], coupled)
-    for i, tokens in enumerate(prompts[:ALONE]):
+    for i, tokens in enumerate(prompts[: ALONE if coupled else 0]):
         row = run(loops.build(alone_request(tokens, i)))
         speculation = row.speculation
         assert speculation.rule is Rule.SAMPLER_MATCH and row.stats.ran, (kind, i, [n.event for n in row.stats.notes])
@@ -180,5 +182,6 @@ def test_seeded_sampler_match_emits_target_only_tokens(kind: str, coupled: bool,
     for i, arrival in enumerate(identity):
         row, want = arrival.generation, target_only["batched"][i]
         assert row.speculation.rule is Rule.SAMPLER_MATCH, (kind, i)
+        assert row.speculation.coupled is (coupled and kind != "prompt-lookup"), (kind, i)
         assert row.emitted == want, (kind, i, BATCHED[i], first_difference(row.emitted, want))
     assert sum(arrival.generation.stats.acceptance.rounds for arrival in identity) > 0

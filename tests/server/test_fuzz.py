@@ -3,9 +3,11 @@ error in the envelope the schema documents (llama-server's; Ollama's `{"error": 
 
 Every operation in /schema/openapi.json gets EXAMPLES generated cases that fit the schema and
 EXAMPLES that do not (two tests, one server each), derandomized so a failure reproduces: 50 each
-in the suite (about 25 s each on 2 quiet cores), MLXCEL_FUZZ_EXAMPLES=100 for the longer run
-docs/reliability.md quotes. Generation is capped at 8 tokens and prompts at 256 tokens by the
-server's own limits.
+in the suite, MLXCEL_FUZZ_EXAMPLES=100 for the longer run docs/reliability.md quotes. A path that
+only spells another one's route differently (`/chat/completions` beside `/v1/chat/completions`,
+one handler, one schema: `aliases`) gets ALIAS_EXAMPLES: its cases would run the same validation
+and handler again, and the chat and Responses aliases were a quarter of the fuzz's time (issue 44).
+Generation is capped at 8 tokens and prompts at 256 tokens by the server's own limits.
 A T = 0 canary completion before and after must agree: the fuzz must not leave the engine
 wedged or serving different output.
 """
@@ -31,6 +33,7 @@ from tests.support.compat import OLLAMA, routes
 from tests.support.server import serve
 
 EXAMPLES = int(os.environ.get("MLXCEL_FUZZ_EXAMPLES", 50))
+ALIAS_EXAMPLES = 10  # enough to see an alias routed to its handler and answering in its envelope
 CALL_TIMEOUT_S = 30
 CANARY = {"prompt": "def fibonacci(n):", "n_predict": 8, "temperature": 0}
 LIMITS = {"MLXCEL_SERVER__MAX_TOKENS": "8", "MLXCEL_SERVER__MAX_PROMPT_TOKENS": "256"}
@@ -41,6 +44,29 @@ def documented_501s() -> set[str]:
     (`"METHOD /path"`, path templates as OpenAPI's)."""
     ids = {e.id for e in [*routes(), *routes(OLLAMA)] if e.error and e.error.status == 501}
     return {re.sub(r":(\w+)", r"{\1}", i) for i in ids}  # /slots/:id_slot, /api/blobs/:digest
+
+
+def aliases(schema: dict) -> set[str]:
+    """ "METHOD /path" of each operation that another one serves: compat/ records it as served by
+    another route (`aliased`, `served_as`), or it is the other's path without `/v1`; either way
+    only where the two operations are documented alike (parameters, body and answers)."""
+
+    def documented(method: str, path: str) -> str | None:
+        operation = schema["paths"].get(path, {}).get(method.lower())
+        if operation is None:
+            return None
+        return json.dumps({k: v for k, v in operation.items() if k not in ("operationId", "summary")}, sort_keys=True)
+
+    served_as = {e.id: e.served_as for e in [*routes(), *routes(OLLAMA)] if e.state == "aliased" and e.served_as}
+    found: dict[str, str] = {}  # alias -> the operation fuzzed in full
+    for path, operations in schema["paths"].items():
+        for method in operations:
+            name = f"{method.upper()} {path}"
+            serving = re.sub(r":(\w+)", r"{\1}", served_as.get(name, f"{method.upper()} /v1{path}"))
+            if serving != name and documented(method, path) == documented(*serving.split(" ", 1)) is not None:
+                found[name] = serving
+    # a pair that names each other (/health and /v1/health): the one compat/ records as served by the other is the alias
+    return {name for name, serving in found.items() if found.get(serving) != name or name in served_as}
 
 
 def canary(url: str) -> str:
@@ -58,13 +84,15 @@ def problem(method: str, path: str, response: requests.Response, allowed_501: se
     return ollama_error_problem(response) if path.startswith("/api/") else envelope_problem(response)
 
 
-def fuzz_operation(url: str, operation, mode: GenerationMode, allowed_501: set[str], found: list[str]) -> int:
-    """Run EXAMPLES cases of one operation in one mode; record problems instead of raising, so
+def fuzz_operation(
+    url: str, operation, mode: GenerationMode, allowed_501: set[str], found: list[str], examples: int = EXAMPLES
+) -> int:
+    """Run `examples` cases of one operation in one mode; record problems instead of raising, so
     hypothesis does not spend the time budget shrinking. Returns the number of cases sent."""
     sent = 0
 
     @hypothesis.settings(
-        max_examples=EXAMPLES,
+        max_examples=examples,
         deadline=None,
         derandomize=True,
         database=None,
@@ -98,16 +126,20 @@ def test_fuzz_the_openapi_schema(tmp_path: Path, mode: GenerationMode) -> None:
     with serve(tmp_path, "--profile", "target-only", env=LIMITS) as server:
         before = canary(server.url)
         schema = schemathesis.openapi.from_url(f"{server.url}/schema/openapi.json")
+        served_by_another = aliases(requests.get(f"{server.url}/schema/openapi.json", timeout=CALL_TIMEOUT_S).json())
         allowed_501 = documented_501s()
         found: list[str] = []
         cases, started = 0, time.monotonic()
         operations = [result.ok() for result in schema.get_all_operations()]
         for operation in operations:
-            cases += fuzz_operation(server.url, operation, mode, allowed_501, found)
+            alias = f"{operation.method.upper()} {operation.path}" in served_by_another
+            examples = ALIAS_EXAMPLES if alias else EXAMPLES
+            cases += fuzz_operation(server.url, operation, mode, allowed_501, found, examples)
         elapsed = time.monotonic() - started
         after = canary(server.url)
         health = requests.get(f"{server.url}/health", timeout=CALL_TIMEOUT_S)
-    summary = {"mode": str(mode), "operations": len(operations), "cases": cases, "problems": len(found)}
+    summary = {"mode": str(mode), "operations": len(operations), "aliases": len(served_by_another), "cases": cases}
+    summary["problems"] = len(found)
     summary["seconds"] = round(elapsed, 1)
     print(f"fuzz: {json.dumps(summary)}")  # the case count the reliability notes quote
     assert found == [], "\n".join(found[:40])
