@@ -10,7 +10,6 @@ other token comes from, through the residual.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
 from app.sampling import SamplingParams
 from ops.models.tiny import build_tiny_model
-from tests.support.batched import STREAM_ROWS, run_rows, seeded_rows
+from tests.support.batched import seeded_rows, seeded_stream
 from tests.support.derived_models import constant_output, scaled_block_drafter
 from tests.support.statistics import CRITICAL_DOF5_ALPHA_1E4, chi_square, sample_count
 
@@ -78,18 +77,15 @@ def fixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, dict[s
 
 
 def emitted_stream(builder: LoopBuilder, n: int, rule: Rule) -> list[int]:
-    """n tokens from STREAM_ROWS seeded rows stepping together. The target's row is the same at every
-    position, so every emitted token is one draw of the rule and how the stream is cut into rows
-    does not matter to the statistic; stepping together cut these streams from 31 s to 22 s of CPU
-    (issue 44: two rows of up to 3,000 tokens had run one after the other)."""
-    per_row = -(-n // STREAM_ROWS)
-    request = RowRequest(prompt=[1, 2, 3], sampling=WARM, max_tokens=per_row)
-    rows = run_rows([builder.build(replace(request, seed=seed)) for seed in range(STREAM_ROWS)])
+    """n tokens from seeded rows stepping together (`seeded_stream`). The target's row is the same at
+    every position, so every emitted token is one draw of the rule and how the stream is cut into
+    rows does not matter to the statistic; stepping together cut these streams from 31 s to 22 s
+    of CPU (issue 44: two rows of up to 3,000 tokens had run one after the other)."""
+    rows: list[Generation] = []
+    stream = seeded_stream(builder, RowRequest(prompt=[1, 2, 3], sampling=WARM, max_tokens=0), n, rows.append)
     for generation in rows:
         assert generation.speculation.rule is rule and generation.stats.acceptance.rounds > 0
-    stream = [token for generation in rows for token in generation.emitted]
-    assert len(stream) >= n, "a row ended early"
-    return stream[:n]
+    return stream
 
 
 @pytest.mark.slow

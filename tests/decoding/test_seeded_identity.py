@@ -55,7 +55,7 @@ PROFILES = {  # drafter kind -> its shipped profile
 }
 N_PREDICT = 256  # a lone row's tokens
 # a batched row's: each of its rounds is checked as a lone row's is, and at 128 tokens a drafting
-# row still has 45 to 100 rounds with tens of rejected positions (each a place where a drafter that
+# row still has about 40 to 100 rounds with tens of rejected positions (each a place where a drafter that
 # consumed the target's keys would show); at 256 (until issue 44) the batch was two thirds of the
 # file's time
 N_BATCHED = 128
