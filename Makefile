@@ -8,6 +8,11 @@ STAMP := $(VENV)/.installed
 SHIM := app/runtime/libmlxcel_sgemm.so
 # MLX's backend on Linux: cpu (OpenBLAS shim) or cuda (an NVIDIA GPU: docs/gpu.md).
 BACKEND ?= cpu
+# mimalloc (the cpu extra's cmeel-mimalloc) in place of glibc's malloc for the server and the suite:
+# MLX allocates an array's buffer on the thread that evaluates its graph and frees it on its
+# stream's thread, the pattern glibc's arenas serve worst (docs/deployment.md, "Operating notes").
+# Empty where it is not installed (the cuda extra, macOS): the system's malloc.
+MIMALLOC = $(abspath $(firstword $(wildcard $(VENV)/lib/python*/site-packages/cmeel.prefix/lib/libmimalloc.so)))
 
 .PHONY: run test bench install
 
@@ -34,7 +39,7 @@ $(SHIM): app/runtime/sgemm_rows.c $(STAMP)
 # process group reaches it as one stop (app/cli/serving.py), and it drains.
 run: install
 	@echo "make: starting mlxcel serve; it answers /health once its models are loaded (seconds)"
-	exec $(BIN)/mlxcel serve $(if $(PROFILE),--profile $(PROFILE)) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
+	export LD_PRELOAD=$(MIMALLOC); exec $(BIN)/mlxcel serve $(if $(PROFILE),--profile $(PROFILE)) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
 # The replica test runs real nginx and the web page's test headless Chromium: .ci/ensure-nginx and
 # .ci/ensure-chromium install Debian's packages where they are missing.
@@ -43,7 +48,7 @@ test: install
 	$(BIN)/ruff format --check .
 	bash .ci/ensure-nginx
 	bash .ci/ensure-chromium
-	$(BIN)/pytest
+	LD_PRELOAD=$(MIMALLOC) $(BIN)/pytest
 
 bench: install
 	$(BIN)/mlxcel bench --write
