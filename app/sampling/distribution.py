@@ -81,24 +81,26 @@ class Distribution:
         """
         return self._gumbel_max(mx.random.gumbel(shape=(self.rows, self.vocab), key=key))
 
-    def draw_each(self, keys: Sequence[mx.array | None]) -> mx.array:
+    def draw_each(self, keys: Sequence[mx.array | None] | mx.array) -> mx.array:
         """One token per row `[R]` (lazy), row r drawn with its own key `keys[r]` exactly as
         `self[r].draw(keys[r])` draws it, every row in one graph (a tick's rows of like samplers,
-        app/sampling/draws.py); None: a forced row, which takes its top candidate.
+        app/sampling/draws.py); None: a forced row, which takes its top candidate. `keys` may come
+        stacked `[R, 2]` already (`rng.next_keys`: no row forced).
 
         The rows' noises come from one vectorised draw: MLX's random bits of a stack of keys are
         each key's own bits, so row r's noise is its lone `[1, V]` draw's, bit for bit."""
+        forced = [False] * self.rows if isinstance(keys, mx.array) else [key is None for key in keys]
         if not stacked_draws():  # each row its lone draw, one after another (Metal)
-            rows = [self[i].draw(key) if key is not None else self.ids[i : i + 1, 0] for i, key in enumerate(keys)]
+            rows = [self.ids[i : i + 1, 0] if forced[i] else self[i].draw(keys[i]) for i in range(self.rows)]
             return mx.concatenate(rows)
-        # a forced row's key is any other's: its draw is discarded for its top candidate
-        stand_in = next((key for key in keys if key is not None), None)
-        if stand_in is None:
-            return self.ids[:, 0]
-        stacked = mx.stack([stand_in if key is None else key for key in keys])
-        noise = mx.vmap(lambda key: mx.random.gumbel(shape=(1, self.vocab), key=key))(stacked)
+        if not isinstance(keys, mx.array):
+            # a forced row's key is any other's: its draw is discarded for its top candidate
+            stand_in = next((key for key in keys if key is not None), None)
+            if stand_in is None:
+                return self.ids[:, 0]
+            keys = mx.stack([stand_in if key is None else key for key in keys])
+        noise = mx.vmap(lambda key: mx.random.gumbel(shape=(1, self.vocab), key=key))(keys)
         drawn = self._gumbel_max(noise.reshape(self.rows, self.vocab))
-        forced = [key is None for key in keys]
         return mx.where(mx.array(forced), self.ids[:, 0], drawn) if any(forced) else drawn
 
     def _gumbel_max(self, noise: mx.array) -> mx.array:

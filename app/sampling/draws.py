@@ -21,9 +21,9 @@ from typing import cast
 import mlx.core as mx
 
 from app.execution.steps import Draw, Steps
-from app.sampling.distribution import Distribution, stacked_draws
+from app.sampling.distribution import Distribution
 from app.sampling.pipeline import SamplerPipeline
-from app.sampling.rng import RowRng
+from app.sampling.rng import RowRng, next_keys
 from app.sampling.streams import position_keys
 
 
@@ -32,29 +32,36 @@ class Sample(Draw):
     """One row's rows of a distribution, and their draws: `logits` `[R, V]` through `sampler`
     (with the rows' history windows `contexts` and XTC `coins`, as `SamplerPipeline.distribution`
     takes them); `keys`: each row's draw key (None at a forced row, which takes its top candidate),
-    or None to draw nothing. Served as (the tokens `[R]`, None without keys; p)."""
+    or, for one row, `stream`: the row draws its stream's next key, split when the tick serves it
+    with every other such row's in one operation (`next_keys`); neither: draw nothing. Served as
+    (the tokens `[R]`, None without keys; p)."""
 
     logits: mx.array
     sampler: SamplerPipeline
     contexts: Sequence[Sequence[int]] | None = None
     coins: mx.array | None = None
     keys: tuple[mx.array | None, ...] | None = None
+    stream: RowRng | None = None
+
+    @property
+    def draws(self) -> bool:
+        return self.keys is not None or self.stream is not None
 
     @property
     def kind(self) -> Hashable:
         shared = self.sampler.kind
-        if shared is None or not stacked_draws():  # state of its own (or Metal): served alone
+        if shared is None:  # state of its own (or Metal): served alone
             return id(self)
-        return (shared, self.logits.dtype, self.logits.shape[-1], self.coins is None, self.keys is None)
+        return (shared, self.logits.dtype, self.logits.shape[-1], self.coins is None, self.draws)
 
     @staticmethod
     def serve(draws: Sequence[Draw]) -> list[object]:
         samples = cast("list[Sample]", list(draws))  # one kind: all Samples
         first = samples[0]
+        keys = _keys(samples) if first.draws else None
         if len(samples) == 1:
-            return [first.drawn(first.logits, first.coins, first.keys)]
+            return [first.drawn(first.logits, first.coins, keys)]
         coins = None if first.coins is None else mx.concatenate([s.coins for s in samples if s.coins is not None])
-        keys = None if first.keys is None else tuple(key for s in samples for key in s.keys or ())
         tokens, p = first.drawn(mx.concatenate([s.logits for s in samples]), coins, keys)
         served, start = [], 0
         for sample in samples:
@@ -64,11 +71,22 @@ class Sample(Draw):
         return served
 
     def drawn(
-        self, logits: mx.array, coins: mx.array | None, keys: tuple[mx.array | None, ...] | None
+        self, logits: mx.array, coins: mx.array | None, keys: Sequence[mx.array | None] | mx.array | None
     ) -> tuple[mx.array | None, Distribution]:
         """The distribution of `logits` under this row's sampler, and its rows drawn at `keys`."""
         p = self.sampler.distribution(logits, self.contexts, coins)
         return (None if keys is None else p.draw_each(keys)), p
+
+
+def _keys(samples: list[Sample]) -> Sequence[mx.array | None] | mx.array:
+    """The draw keys of the samples' rows in order: their own, and their streams' next, these split
+    together; stacked `[R, 2]` when every row draws from its stream (a tick of plain sampled rows)."""
+    streams = [sample.stream for sample in samples if sample.stream is not None]
+    fresh = next_keys(streams) if streams else None
+    if len(streams) == len(samples):
+        return fresh
+    taken = iter(range(len(streams)))
+    return [key for s in samples for key in (s.keys if s.stream is None else (fresh[next(taken)],))]
 
 
 def sampling(
@@ -80,10 +98,13 @@ def sampling(
 ) -> Steps[tuple[mx.array, Distribution | None]]:
     """Decide one token from one row of logits `[1, V]`, its draw asked for as a `Sample`; returns
     (the token `[1]`, lazy: the caller reads it with its batch-mates' in one wait; p or None if
-    greedy). Its keys are consumed here. `forced`: the grammar allows one token here, which is
-    decided drawing nothing (app/sampling/streams.py)."""
+    greedy). Its keys are consumed by then (a plain row's with the tick's others, `Sample.stream`).
+    `forced`: the grammar allows one token here, which is decided drawing nothing
+    (app/sampling/streams.py)."""
     if sampler.is_greedy:
         return sampler.greedy(logits, contexts)[:1], None
+    if not forced and not sampler.uses_coin:  # one key: the stream's next, split with the tick's others
+        return (yield Sample(logits, sampler, contexts, stream=rng))
     keys = position_keys(rng, [not forced], sampler.uses_coin)
     token, p = yield Sample(logits, sampler, contexts, keys.coins, tuple(keys.draws))
     keys.consume(1)

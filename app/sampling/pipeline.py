@@ -23,7 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 from app.sampling import stages
-from app.sampling.distribution import Distribution
+from app.sampling.distribution import Distribution, stacked_draws
 from app.sampling.dry import dry_penalties
 from app.sampling.infill import infill_rows
 from app.sampling.mirostat import MirostatState
@@ -154,10 +154,12 @@ class SamplerPipeline:
     @cached_property
     def kind(self) -> Hashable | None:
         """What the rows of a tick whose samplers share one pass of the chain agree on
-        (app/sampling/draws.py): every setting and the vocabulary. None for a sampler with state of
-        its own (mirostat's mu, the history's penalties and DRY, infill's tables), served alone."""
+        (app/sampling/draws.py): every setting and the vocabulary. None for a row served alone: a
+        sampler with state of its own (mirostat's mu, the history's penalties and DRY, infill's
+        tables), or any sampler where the device's draws are not stacked (`stacked_draws`: Metal),
+        decided once per row, not on every draw it asks for."""
         p = self.params
-        if self.mirostat is not None or self.needs_context or p.infill is not None:
+        if self.mirostat is not None or self.needs_context or p.infill is not None or not stacked_draws():
             return None
         # every field, not the ones the stages read today: a new stage's setting is in it already
         fields = (getattr(p, name) for name in p.__struct_fields__)

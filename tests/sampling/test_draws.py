@@ -11,7 +11,7 @@ import app.sampling.distribution as distribution
 from app.execution.device import Backend
 from app.execution.steps import Steps, run_alone, run_together
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
-from app.sampling.draws import Sample
+from app.sampling.draws import Sample, sampling
 from app.sampling.streams import position_keys
 
 VOCAB = 2048
@@ -73,6 +73,29 @@ def test_rows_of_a_tick_draw_their_lone_bits_with_one_pass_per_kind(monkeypatch)
     for (lone_tokens, lone_p), (tokens, p) in zip(alone, together, strict=True):
         assert bits(tokens) == bits(lone_tokens)
         assert (bits(p.ids), bits(p.probs)) == (bits(lone_p.ids), bits(lone_p.probs))
+
+
+@pytest.mark.parametrize("mates", ["alone in their kind", "beside rows with keys of their own"])
+def test_plain_rows_split_their_streams_together_and_draw_their_lone_tokens(mates: str) -> None:
+    """Plain sampled rows (`sampling`: one key, the stream's next) split their streams' keys in one
+    operation a tick (`next_keys`), alone in their kind or beside a verify round's rows that bring
+    keys of their own: over two ticks each row draws its lone tokens, and its stream ends where
+    drawing alone leaves it."""
+    sampler = SamplerPipeline(SamplingParams(**SETTINGS[0]), VOCAB)
+
+    def plain(seed: int, rng: RowRng, tick: int) -> Steps[tuple[mx.array, object]]:
+        return sampling(sampler, logits(10 * seed + tick, 1), None, rng)
+
+    lone_streams, streams = [RowRng(seed) for seed in range(6)], [RowRng(seed) for seed in range(6)]
+    lone = [[run_alone(plain(seed, rng, tick))[0] for tick in range(2)] for seed, rng in enumerate(lone_streams)]
+    together = []
+    for tick in range(2):
+        others = [served(sample(SETTINGS[0], seed=99 + tick, positions=3))] if mates != "alone in their kind" else []
+        outcomes = run_together([*others, *(plain(seed, rng, tick) for seed, rng in enumerate(streams))]).outcomes
+        together.append([tokens for tokens, _ in outcomes[len(others) :]])
+    for seed in range(6):
+        assert [bits(together[tick][seed]) for tick in range(2)] == [bits(token) for token in lone[seed]]
+        assert bits(streams[seed].next_key()) == bits(lone_streams[seed].next_key())
 
 
 @pytest.mark.parametrize("state", [{"mirostat": 2}, {"repeat_penalty": 1.3}, {"dry_multiplier": 0.8}])
