@@ -8,10 +8,10 @@ STAMP := $(VENV)/.installed
 SHIM := app/runtime/libmlxcel_sgemm.so
 # MLX's backend on Linux: cpu (OpenBLAS shim) or cuda (an NVIDIA GPU: docs/gpu.md).
 BACKEND ?= cpu
-# mimalloc (the cpu extra's cmeel-mimalloc) in place of glibc's malloc for the server and the suite:
-# MLX allocates an array's buffer on the thread that evaluates its graph and frees it on its
-# stream's thread, the pattern glibc's arenas serve worst (docs/deployment.md, "Operating notes").
-# Empty where it is not installed (the cuda extra, macOS): the system's malloc.
+# mimalloc (the dev extra's cmeel-mimalloc) for the suite's pytest processes alone: MLX allocates
+# an array's buffer on the thread that evaluates its graph and frees it on its stream's thread, the
+# pattern glibc's arenas serve worst. Servers and commands the tests start run on the system's
+# malloc, as operators run them (tests/conftest.py). Empty where it is not installed: glibc's.
 MIMALLOC = $(abspath $(firstword $(wildcard $(VENV)/lib/python*/site-packages/cmeel.prefix/lib/libmimalloc.so)))
 
 .PHONY: run test bench install
@@ -39,7 +39,7 @@ $(SHIM): app/runtime/sgemm_rows.c $(STAMP)
 # process group reaches it as one stop (app/cli/serving.py), and it drains.
 run: install
 	@echo "make: starting mlxcel serve; it answers /health once its models are loaded (seconds)"
-	export LD_PRELOAD=$(MIMALLOC); exec $(BIN)/mlxcel serve $(if $(PROFILE),--profile $(PROFILE)) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
+	exec $(BIN)/mlxcel serve $(if $(PROFILE),--profile $(PROFILE)) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
 # The replica test runs real nginx and the web page's test headless Chromium: .ci/ensure-nginx and
 # .ci/ensure-chromium install Debian's packages where they are missing.

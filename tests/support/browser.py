@@ -25,12 +25,6 @@ FLAGS = (
 )  # fmt: skip
 
 
-def without_preloads(environ: os._Environ[str]) -> dict[str, str]:
-    """The environment without LD_PRELOAD: Chromium brings its own allocator and closes its pipe at
-    once under the suite's mimalloc (the Makefile preloads it for MLX's processes)."""
-    return {name: value for name, value in environ.items() if name != "LD_PRELOAD"}
-
-
 class Browser:
     """One headless Chromium with one page; `evaluate` runs JavaScript in it."""
 
@@ -49,7 +43,6 @@ class Browser:
             [CHROMIUM, *FLAGS, f"--user-data-dir={profile_dir}", "about:blank"],
             preexec_fn=pipes_at_3_and_4,
             close_fds=False,
-            env=without_preloads(os.environ),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
