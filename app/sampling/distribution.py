@@ -85,7 +85,7 @@ class Distribution:
         """One token per row `[R]` (lazy), row r drawn with its own key `keys[r]` exactly as
         `self[r].draw(keys[r])` draws it, every row in one graph (a tick's rows of like samplers,
         app/sampling/draws.py); None: a forced row, which takes its top candidate. `keys` may come
-        stacked `[R, 2]` already (`rng.next_keys`: no row forced).
+        stacked `[R, 2]` already (`RowRng.next_keys`: no row forced).
 
         The rows' noises come from one vectorised draw: MLX's random bits of a stack of keys are
         each key's own bits, so row r's noise is its lone `[1, V]` draw's, bit for bit."""

@@ -23,7 +23,7 @@ import mlx.core as mx
 from app.execution.steps import Draw, Steps
 from app.sampling.distribution import Distribution
 from app.sampling.pipeline import SamplerPipeline
-from app.sampling.rng import RowRng, next_keys
+from app.sampling.rng import RowRng
 from app.sampling.streams import position_keys
 
 
@@ -33,7 +33,7 @@ class Sample(Draw):
     (with the rows' history windows `contexts` and XTC `coins`, as `SamplerPipeline.distribution`
     takes them); `keys`: each row's draw key (None at a forced row, which takes its top candidate),
     or, for one row, `stream`: the row draws its stream's next key, split when the tick serves it
-    with every other such row's in one operation (`next_keys`); neither: draw nothing. Served as
+    with every other such row's in one operation (`RowRng.next_keys`); neither: draw nothing. Served as
     (the tokens `[R]`, None without keys; p)."""
 
     logits: mx.array
@@ -82,7 +82,7 @@ def _keys(samples: list[Sample]) -> Sequence[mx.array | None] | mx.array:
     """The draw keys of the samples' rows in order: their own, and their streams' next, these split
     together; stacked `[R, 2]` when every row draws from its stream (a tick of plain sampled rows)."""
     streams = [sample.stream for sample in samples if sample.stream is not None]
-    fresh = next_keys(streams) if streams else None
+    fresh = RowRng.next_keys(streams) if streams else None
     if len(streams) == len(samples):
         return fresh
     taken = iter(range(len(streams)))

@@ -70,17 +70,17 @@ class RowRng:
     def uniform(self) -> float:
         return mx.random.uniform(key=self.next_key()).item()
 
-
-def next_keys(streams: Sequence[RowRng]) -> mx.array:
-    """Each stream's next key `[R, 2]`, the one its `next_key` would return, every stream advanced
-    past it: one split of their keys stacked, not one per stream (a tick's sampled rows). MLX's
-    random bits of a stack of keys are each key's own (tests/sampling/test_draws.py)."""
-    if len(streams) == 1:  # one row: its own split, as `next_key` makes it
-        return streams[0].next_key()[None]
-    pairs = mx.vmap(mx.random.split)(mx.stack([stream._key for stream in streams]))  # [R, 2, 2]
-    for row, stream in enumerate(streams):
-        stream._key, stream._peeked = pairs[row, 0], []
-    return pairs[:, 1]
+    @staticmethod
+    def next_keys(streams: Sequence[RowRng]) -> mx.array:
+        """Each stream's next key `[R, 2]`, the one its `next_key` would return, every stream
+        advanced past it: one split of their keys stacked, not one per stream (a tick's sampled
+        rows). MLX's random bits of a stack of keys are each key's own (tests/sampling/test_draws.py)."""
+        if len(streams) == 1:  # one row: its own split, as `next_key` makes it
+            return streams[0].next_key()[None]
+        pairs = mx.vmap(mx.random.split)(mx.stack([stream._key for stream in streams]))  # [R, 2, 2]
+        for row, stream in enumerate(streams):
+            stream._key, stream._peeked = pairs[row, 0], []
+        return pairs[:, 1]
 
 
 def _splits(key: mx.array, n: int) -> list[tuple[mx.array, mx.array]]:

@@ -78,7 +78,7 @@ def test_rows_of_a_tick_draw_their_lone_bits_with_one_pass_per_kind(monkeypatch)
 @pytest.mark.parametrize("mates", ["alone in their kind", "beside rows with keys of their own"])
 def test_plain_rows_split_their_streams_together_and_draw_their_lone_tokens(mates: str) -> None:
     """Plain sampled rows (`sampling`: one key, the stream's next) split their streams' keys in one
-    operation a tick (`next_keys`), alone in their kind or beside a verify round's rows that bring
+    operation a tick (`RowRng.next_keys`), alone in their kind or beside a verify round's rows that bring
     keys of their own: over two ticks each row draws its lone tokens, and its stream ends where
     drawing alone leaves it."""
     sampler = SamplerPipeline(SamplingParams(**SETTINGS[0]), VOCAB)
