@@ -31,6 +31,18 @@ def stacked_draws() -> bool:
     return backend().name != "metal" if on is None else on
 
 
+def stacked_keys(keys: Sequence[mx.array | None] | mx.array) -> tuple[mx.array | None, list[bool]]:
+    """Rows' draw keys stacked `[R, 2]` (a forced row's is any other row's: its draw is discarded
+    for its top candidate), None where every row is forced; and which rows are forced."""
+    if isinstance(keys, mx.array):
+        return keys, [False] * keys.shape[0]
+    forced = [key is None for key in keys]
+    stand_in = next((key for key in keys if key is not None), None)
+    if stand_in is None:
+        return None, forced
+    return mx.stack([stand_in if key is None else key for key in keys]), forced
+
+
 @dataclass(frozen=True)
 class Distribution:
     """R rows over C candidates each: row r gives probability `probs[r, c]` to `ids[r, c]`."""
@@ -89,18 +101,20 @@ class Distribution:
 
         The rows' noises come from one vectorised draw: MLX's random bits of a stack of keys are
         each key's own bits, so row r's noise is its lone `[1, V]` draw's, bit for bit."""
-        forced = [False] * self.rows if isinstance(keys, mx.array) else [key is None for key in keys]
         if not stacked_draws():  # each row its lone draw, one after another (Metal)
+            forced = [False] * self.rows if isinstance(keys, mx.array) else [key is None for key in keys]
             rows = [self.ids[i : i + 1, 0] if forced[i] else self[i].draw(keys[i]) for i in range(self.rows)]
             return mx.concatenate(rows)
-        if not isinstance(keys, mx.array):
-            # a forced row's key is any other's: its draw is discarded for its top candidate
-            stand_in = next((key for key in keys if key is not None), None)
-            if stand_in is None:
-                return self.ids[:, 0]
-            keys = mx.stack([stand_in if key is None else key for key in keys])
-        noise = mx.vmap(lambda key: mx.random.gumbel(shape=(1, self.vocab), key=key))(keys)
-        drawn = self._gumbel_max(noise.reshape(self.rows, self.vocab))
+        stacked, forced = stacked_keys(keys)
+        if stacked is None:
+            return self.ids[:, 0]
+        noise = mx.vmap(lambda key: mx.random.gumbel(shape=(1, self.vocab), key=key))(stacked)
+        return self.forced_to_top(self._gumbel_max(noise.reshape(self.rows, self.vocab)), forced)
+
+    def forced_to_top(self, drawn: mx.array | None, forced: Sequence[bool]) -> mx.array:
+        """The rows' tokens: `drawn` `[R]` (None: no row drew), each forced row's its top candidate."""
+        if drawn is None:
+            return self.ids[:, 0]
         return mx.where(mx.array(forced), self.ids[:, 0], drawn) if any(forced) else drawn
 
     def _gumbel_max(self, noise: mx.array) -> mx.array:

@@ -10,18 +10,24 @@ one `distribution` over their rows stacked `[R, V]` and one draw, each row with 
 probabilities and token are its lone pass's bit for bit (tests/sampling/test_draws.py); a sampler
 with state of its own (mirostat, the history's penalties and DRY, infill) is served alone, as is
 any row without batch-mates (`run_alone`), through the same `serve`.
+
+Switched on (`compiled_sampling`), a stateless sampler's chain and draw run as one compiled graph:
+`mx.compile` fuses the chain's elementwise operations, so a GPU's host encodes fewer launches per
+tick, whatever the rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
 import mlx.core as mx
 
 from app.execution.steps import Draw, Steps
-from app.sampling.distribution import Distribution
+from app.runtime.env import switch
+from app.sampling.distribution import Distribution, stacked_keys
 from app.sampling.pipeline import SamplerPipeline
 from app.sampling.rng import RowRng
 from app.sampling.streams import position_keys
@@ -74,8 +80,14 @@ class Sample(Draw):
         self, logits: mx.array, coins: mx.array | None, keys: Sequence[mx.array | None] | mx.array | None
     ) -> tuple[mx.array | None, Distribution]:
         """The distribution of `logits` under this row's sampler, and its rows drawn at `keys`."""
-        p = self.sampler.distribution(logits, self.contexts, coins)
-        return (None if keys is None else p.draw_each(keys)), p
+        if self.sampler.kind is None or not compiled_sampling():
+            p = self.sampler.distribution(logits, self.contexts, coins)
+            return (None if keys is None else p.draw_each(keys)), p
+        stacked, forced = (None, []) if keys is None else stacked_keys(keys)
+        inputs = [logits, *([] if coins is None else [coins]), *([] if stacked is None else [stacked])]
+        ids, probs, *drawn = _compiled(self.sampler, coins is not None, stacked is not None)(*inputs)
+        p = Distribution(ids, probs, logits.shape[-1])
+        return (None if keys is None else p.forced_to_top(drawn[0] if drawn else None, forced)), p
 
 
 def _keys(samples: list[Sample]) -> Sequence[mx.array | None] | mx.array:
@@ -87,6 +99,42 @@ def _keys(samples: list[Sample]) -> Sequence[mx.array | None] | mx.array:
         return fresh
     taken = iter(range(len(streams)))
     return [key for s in samples for key in (s.keys if s.stream is None else (fresh[next(taken)],))]
+
+
+COMPILED_SAMPLING = "MLXCEL_COMPILED_SAMPLING"  # on: stateless chains run compiled (`compiled_sampling`)
+COMPILED_KINDS = 64  # the compiled chains kept, the most recently used: kinds come from requests
+
+
+def compiled_sampling() -> bool:
+    """Whether a stateless sampler's chain and draw run compiled (`mx.compile`): off unless
+    MLXCEL_COMPILED_SAMPLING switches it on (1, true, yes, on). Meant for CUDA, where each of
+    the chain's few dozen operations is a launch the host encodes every tick; it stays opt-in
+    until a device run holds its bits to the uncompiled chain's there
+    (`test_a_compiled_chain_draws_the_uncompiled_bits` holds them on the CPU) and measures it.
+    On the CPU MLX's compiled kernels measured slower than its own (docs/benchmarks.md)."""
+    return bool(switch(COMPILED_SAMPLING))
+
+
+_COMPILED: OrderedDict[Hashable, Callable[..., list[mx.array]]] = OrderedDict()
+
+
+def _compiled(sampler: SamplerPipeline, coins: bool, draws: bool) -> Callable[..., list[mx.array]]:
+    """The compiled chain of samplers of `sampler`'s kind (every sampler of a kind computes the
+    same graph), taking (logits, coins if `coins`, stacked keys if `draws`) and returning the
+    distribution's ids and probabilities and, with keys, each row's draw."""
+    key = (sampler.kind, coins, draws)
+    if key in _COMPILED:
+        _COMPILED.move_to_end(key)
+        return _COMPILED[key]
+
+    def chain(logits: mx.array, *rest: mx.array) -> list[mx.array]:
+        p = sampler.distribution(logits, None, rest[0] if coins else None)
+        return [p.ids, p.probs, *([p.draw_each(rest[-1])] if draws else [])]
+
+    _COMPILED[key] = compiled = mx.compile(chain)
+    if len(_COMPILED) > COMPILED_KINDS:
+        _COMPILED.popitem(last=False)
+    return compiled
 
 
 def sampling(

@@ -41,11 +41,13 @@ class RowRng:
         self.seed = seed
         self._key = mx.random.key(seed)
         self._peeked: list[mx.array] = []
+        # (the stack of keys, this stream's row of it) while `_key` is that row, as `next_keys`
+        # leaves it: a tick of the same rows in the same order splits the stack as it is
+        self._stacked: tuple[mx.array, int] | None = None
 
     def next_key(self) -> mx.array:
         keys = mx.random.split(self._key)
-        self._key = keys[0]
-        self._peeked = []
+        self._key, self._peeked, self._stacked = keys[0], [], None
         return keys[1]
 
     def peek(self, n: int) -> list[mx.array]:
@@ -64,7 +66,7 @@ class RowRng:
     def advance(self, n: int) -> None:
         """Consume the first n keys of the last `peek`."""
         if n:
-            self._key = self._peeked[n - 1]
+            self._key, self._stacked = self._peeked[n - 1], None
         self._peeked = []
 
     def uniform(self) -> float:
@@ -74,13 +76,27 @@ class RowRng:
     def next_keys(streams: Sequence[RowRng]) -> mx.array:
         """Each stream's next key `[R, 2]`, the one its `next_key` would return, every stream
         advanced past it: one split of their keys stacked, not one per stream (a tick's sampled
-        rows). MLX's random bits of a stack of keys are each key's own (tests/sampling/test_draws.py)."""
+        rows). MLX's random bits of a stack of keys are each key's own (tests/sampling/test_draws.py).
+        The streams' keys are stacked only where they are not one stack already: the rows of the
+        tick before, in its order, split what that tick left (on a GPU a stack is a copy per row)."""
         if len(streams) == 1:  # one row: its own split, as `next_key` makes it
             return streams[0].next_key()[None]
-        pairs = mx.vmap(mx.random.split)(mx.stack([stream._key for stream in streams]))  # [R, 2, 2]
+        pairs = mx.vmap(mx.random.split)(_stacked_keys(streams))  # [R, 2, 2]
+        heads = pairs[:, 0]
         for row, stream in enumerate(streams):
-            stream._key, stream._peeked = pairs[row, 0], []
+            stream._key, stream._peeked, stream._stacked = heads[row], [], (heads, row)
         return pairs[:, 1]
+
+
+def _stacked_keys(streams: Sequence[RowRng]) -> mx.array:
+    """The streams' keys `[R, 2]`: the stack the tick before left them in where they are its rows
+    in order, every one of them (the same values either way)."""
+    first = streams[0]._stacked
+    if first is not None and first[0].shape[0] == len(streams):
+        stack = first[0]
+        if all(s._stacked is not None and s._stacked[0] is stack and s._stacked[1] == r for r, s in enumerate(streams)):
+            return stack
+    return mx.stack([stream._key for stream in streams])
 
 
 def _splits(key: mx.array, n: int) -> list[tuple[mx.array, mx.array]]:

@@ -23,7 +23,7 @@ STDERR_TAIL = 4000  # bytes of a failed server's stderr quoted in the error
 STARTUP_S = 300  # a 1.2 B target's warm-up, with a dozen servers starting together on one GPU
 # Backend switches that change how a forward or a draw runs, never what a profile serves: a bench
 # run under one of them measures every arm with it (e.g. `MLXCEL_ROW_MMA=0 python -m ops.bench...` for the row kernel).
-BACKEND_SWITCHES = ("MLXCEL_ROW_MMA", "MLXCEL_STACKED_DRAWS")
+BACKEND_SWITCHES = ("MLXCEL_ROW_MMA", "MLXCEL_STACKED_DRAWS", "MLXCEL_COMPILED_SAMPLING")
 
 
 @contextmanager

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import app.sampling.distribution as distribution
+import app.sampling.draws as draws
 from app.execution.device import Backend
 from app.execution.steps import Steps, run_alone, run_together
 from app.sampling import RowRng, SamplerPipeline, SamplingParams
@@ -79,23 +80,48 @@ def test_rows_of_a_tick_draw_their_lone_bits_with_one_pass_per_kind(monkeypatch)
 def test_plain_rows_split_their_streams_together_and_draw_their_lone_tokens(mates: str) -> None:
     """Plain sampled rows (`sampling`: one key, the stream's next) split their streams' keys in one
     operation a tick (`RowRng.next_keys`), alone in their kind or beside a verify round's rows that bring
-    keys of their own: over two ticks each row draws its lone tokens, and its stream ends where
-    drawing alone leaves it."""
+    keys of their own: over three ticks (the second splits the stack the first left, the third
+    without the last row, which draws alone meanwhile) each row draws its lone tokens, and its
+    stream ends where drawing alone leaves it."""
     sampler = SamplerPipeline(SamplingParams(**SETTINGS[0]), VOCAB)
+    ticks, rows = 3, 6
 
     def plain(seed: int, rng: RowRng, tick: int) -> Steps[tuple[mx.array, object]]:
         return sampling(sampler, logits(10 * seed + tick, 1), None, rng)
 
-    lone_streams, streams = [RowRng(seed) for seed in range(6)], [RowRng(seed) for seed in range(6)]
-    lone = [[run_alone(plain(seed, rng, tick))[0] for tick in range(2)] for seed, rng in enumerate(lone_streams)]
-    together = []
-    for tick in range(2):
+    lone_streams, streams = [RowRng(seed) for seed in range(rows)], [RowRng(seed) for seed in range(rows)]
+    lone = [[run_alone(plain(seed, rng, tick))[0] for tick in range(ticks)] for seed, rng in enumerate(lone_streams)]
+    together: list[list[mx.array]] = [[] for _ in range(rows)]
+    for tick in range(ticks):
         others = [served(sample(SETTINGS[0], seed=99 + tick, positions=3))] if mates != "alone in their kind" else []
-        outcomes = run_together([*others, *(plain(seed, rng, tick) for seed, rng in enumerate(streams))]).outcomes
-        together.append([tokens for tokens, _ in outcomes[len(others) :]])
-    for seed in range(6):
-        assert [bits(together[tick][seed]) for tick in range(2)] == [bits(token) for token in lone[seed]]
+        ticking = range(rows - 1) if tick == ticks - 1 else range(rows)
+        outcomes = run_together([*others, *(plain(seed, streams[seed], tick) for seed in ticking)]).outcomes
+        for seed, (tokens, _) in zip(ticking, outcomes[len(others) :], strict=True):
+            together[seed].append(tokens)
+        if tick == ticks - 1:
+            together[rows - 1].append(run_alone(plain(rows - 1, streams[rows - 1], tick))[0])
+    for seed in range(rows):
+        assert [bits(token) for token in together[seed]] == [bits(token) for token in lone[seed]]
         assert bits(streams[seed].next_key()) == bits(lone_streams[seed].next_key())
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=range(len(SETTINGS)))
+def test_a_compiled_chain_draws_the_uncompiled_bits(monkeypatch, settings: dict) -> None:
+    """`compiled_sampling` (opt-in) changes no bit: a tick's rows of one kind, with a
+    forced row among them and without keys, give the tokens, candidates and probabilities of the
+    uncompiled chain (run on the device to hold its kernels)."""
+    requests = [
+        sample(settings, seed=seed, positions=1 + seed % 3, forced=1 if seed == 2 else None) for seed in range(5)
+    ]
+    requests.append(Sample(logits(7, 2), requests[0].sampler))  # probabilities only: no keys
+    served_as = {}
+    for compiled in ("0", "1"):
+        monkeypatch.setenv(draws.COMPILED_SAMPLING, compiled)
+        outcomes = run_together([served(request) for request in requests]).outcomes
+        served_as[compiled] = [
+            (None if tokens is None else bits(tokens), bits(p.ids), bits(p.probs)) for tokens, p in outcomes
+        ]
+    assert served_as["1"] == served_as["0"]
 
 
 @pytest.mark.parametrize("state", [{"mirostat": 2}, {"repeat_penalty": 1.3}, {"dry_multiplier": 0.8}])
