@@ -10,7 +10,12 @@ including their callees, with their calls per tick. On a GPU the calls that wait
 (an array's `tolist`, `item`, `mx.eval`; `mx.async_eval` only queues) hold the GPU's time too:
 their own time is what the host waited, and their calls per tick are the tick's synchronisations.
 
+`--limit N` offers every row at most N drafts a tick, as the tick's choice would (0: plain rounds,
+each queuing the next a tick ahead, as the choice's held rows do): a drafting loop's plain ticks
+against target-only's.
+
     python -m ops.bench.tick_profile [--loop target-only|draft-model|mtp] [--rows 16] [--ticks 24] [--temperature 0]
+        [--limit N]
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import mlx.core as mx
 
 from app.decoding.builder import LoopBuilder, RowRequest
 from app.decoding.plan import LoopPlan, plan_from_settings
+from app.decoding.width import OWN_WIDTH, WidthOffer
 from app.execution.model import load_model
 from app.execution.steps import run_together
 from app.loading import EMBEDDED_DRAFTER, EMBEDDED_TARGET
@@ -91,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warm", type=int, default=8)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--temperature", type=float, default=0.0, help="above 0: row i seeded i")
+    parser.add_argument("--limit", type=int, help="at most N drafts per row and tick (0: plain, queued ahead)")
     args = parser.parse_args(argv)
     stage(f"loading the {args.loop} loop")
     builder = builder_for(args.loop)
@@ -109,22 +116,24 @@ def main(argv: list[str] | None = None) -> None:
         )
         for i in range(args.rows)
     ]
+    offer = OWN_WIDTH if args.limit is None else WidthOffer(limit=args.limit, then_plain=args.limit == 0)
     while not all(row.prefilled for row in rows):
         run_together([row.ticking() for row in rows])
     for _ in range(args.warm):
-        run_together([row.ticking() for row in rows])
+        run_together([row.ticking(offer) for row in rows])
     clocks, emitted = [], sum(len(row.emitted) for row in rows)
     profile = cProfile.Profile()
     with visible_waits():
         for _ in range(args.ticks):
             profile.enable()
-            result = run_together([row.ticking() for row in rows])
+            result = run_together([row.ticking(offer) for row in rows])
             profile.disable()
             clocks.append(result.clock)
     emitted = sum(len(row.emitted) for row in rows) - emitted
     ms = lambda values: statistics.median(values) * 1e3  # noqa: E731
     total = [c.drafting_s + c.forward_s + c.rest_s for c in clocks]
-    at = f"{args.rows} rows at T = {args.temperature:g}"
+    limited = "" if args.limit is None else f", at most {args.limit} drafts"
+    at = f"{args.rows} rows at T = {args.temperature:g}{limited}"
     print(f"{machine()}\n{args.loop}, {at}, {args.ticks} ticks after {args.warm} warm ones")
     print(
         f"tick median {ms(total):.2f} ms: drafting {ms([c.drafting_s for c in clocks]):.2f} "
