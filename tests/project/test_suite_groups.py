@@ -71,14 +71,27 @@ def test_groups_run_on_one_worker_under_the_suites_options(tmp_path: Path) -> No
     (tmp_path / "conftest.py").write_text(SUITE_HOOK)
     (tmp_path / "test_loose.py").write_text(LOOSE)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # none of the suite's own conftest or settings
-    flags = ["-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "base")]
+    # xdist alone of the installed plugins: autoloading them all (schemathesis, hypothesis, Faker,
+    # langsmith) costs each of the three processes about 3.5 s of CPU, two thirds of this test
+    flags = [
+        "-p",
+        "xdist",
+        "-n",
+        "2",
+        "--dist",
+        "loadgroup",
+        "-p",
+        "no:cacheprovider",
+        "--basetemp",
+        str(tmp_path / "base"),
+    ]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", *flags, "-q", str(tmp_path)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
-        env=os.environ | {"GROUPS_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)},
+        env=os.environ | {"GROUPS_OUT": str(tmp_path), "PYTHONPATH": str(ROOT), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     for group in ("grouped", "served"):  # by its own mark; by the suite's hook
