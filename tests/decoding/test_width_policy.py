@@ -14,7 +14,7 @@ import pytest
 from app.acceptance import Rule, Verdict
 from app.decoding.adaptive import ControlledWidth, FixedWidth, WidthController
 from app.decoding.builder import LoopBuilder, RowRequest
-from app.decoding.goodput import SURVEY_EVERY, Goodput
+from app.decoding.goodput import SURVEY_EVERY, Goodput, Tick
 from app.decoding.plan import LoopPlan, plan_from_settings
 from app.decoding.width import (
     FORGET,
@@ -241,6 +241,25 @@ def test_one_plain_tick_measured_cheap_reprices_width_0_at_once() -> None:
         goodput.measured(0.3 * plain if drafted == 0 else plain + drafted)
     assert goodput.ticks <= 3 * SURVEY_EVERY and goodput.plain_scale == pytest.approx(0.5)
     assert sum(widths_after(goodput, rows)) < drafting
+
+
+def test_a_drafting_tick_forfeits_the_plain_ticks_queued_overlap() -> None:
+    """Plain ticks measured at half their fits (their forwards queued a tick ahead) price width 0
+    at half; a tick where any row drafts runs its forward unqueued, so its first drafting row adds
+    the other half as well as its own costs, and every further drafting row only its own."""
+    rows = [policy(alpha=0.7) for _ in range(8)]
+    goodput = Goodput(lambda: measured(0.02, 0.0005))
+    goodput.plain_scale = 0.5
+    tick = Tick(goodput.prices(rows), rows, 0, plain=0.5)
+    plain = [0] * 8
+    assert tick.unqueuing == pytest.approx(tick.fixed)
+    one, two = [1] + [0] * 7, [1, 1] + [0] * 6
+    first, each = tick.costs[0]
+    assert tick.seconds(one) - tick.seconds(plain) == pytest.approx(tick.unqueuing + first + each)
+    assert tick.seconds(two) - tick.seconds(one) == pytest.approx(first + each)
+    assert tick.added(plain, 0, 1) == pytest.approx(tick.unqueuing + first + each)
+    assert tick.added(one, 1, 1) == pytest.approx(first + each)
+    assert Tick(goodput.prices(rows), rows, 0, plain=1.5).unqueuing == 0.0  # plain ticks dearer: no credit
 
 
 def test_held_rows_keep_their_width_and_lone_rows_are_chosen_too() -> None:
