@@ -208,12 +208,12 @@ def forward_rows(
     logits = [result.logits[a:b] for a, b in spans]
     # each hook's taps joined once for the whole tick, every row its slice of them: one operation
     # per hook, not one per row (on a GPU each is a launch, on the CPU a task); the same values
-    joined = {hook: _joined_taps(result.taps, hook, start) for hook in set(hooks) if hook}
+    joined = {hook: _joined_taps(result.taps, hook) for hook in set(hooks) if hook}
     features = [joined[hook][:, a:b] if hook else None for hook, (a, b) in zip(hooks, spans, strict=True)]
     return logits, features
 
 
-def _joined_taps(taps: dict[int | str, mx.array], hook: tuple[int | str, ...], positions: int) -> mx.array:
+def _joined_taps(taps: dict[int | str, mx.array], hook: tuple[int | str, ...]) -> mx.array:
     """The tick's outputs of the taps `hook` names, joined in its order along the features `[1, T, F]`."""
-    parts = [taps[name].reshape(1, positions, -1) for name in hook]
+    parts = [taps[name].reshape(1, taps[name].shape[0], -1) for name in hook]
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)

@@ -31,12 +31,17 @@ def stacked_draws() -> bool:
     return backend().name != "metal" if on is None else on
 
 
+def forced_rows(keys: Sequence[mx.array | None] | mx.array) -> list[bool]:
+    """Which rows are forced (no key: the grammar allows one token); none of keys stacked `[R, 2]`."""
+    return [False] * keys.shape[0] if isinstance(keys, mx.array) else [key is None for key in keys]
+
+
 def stacked_keys(keys: Sequence[mx.array | None] | mx.array) -> tuple[mx.array | None, list[bool]]:
     """Rows' draw keys stacked `[R, 2]` (a forced row's is any other row's: its draw is discarded
     for its top candidate), None where every row is forced; and which rows are forced."""
+    forced = forced_rows(keys)
     if isinstance(keys, mx.array):
-        return keys, [False] * keys.shape[0]
-    forced = [key is None for key in keys]
+        return keys, forced
     stand_in = next((key for key in keys if key is not None), None)
     if stand_in is None:
         return None, forced
@@ -102,12 +107,14 @@ class Distribution:
         The rows' noises come from one vectorised draw: MLX's random bits of a stack of keys are
         each key's own bits, so row r's noise is its lone `[1, V]` draw's, bit for bit."""
         if not stacked_draws():  # each row its lone draw, one after another (Metal)
-            forced = [False] * self.rows if isinstance(keys, mx.array) else [key is None for key in keys]
-            rows = [self.ids[i : i + 1, 0] if forced[i] else self[i].draw(keys[i]) for i in range(self.rows)]
+            rows = [
+                self.ids[i : i + 1, 0] if forced else self[i].draw(keys[i])
+                for i, forced in enumerate(forced_rows(keys))
+            ]
             return mx.concatenate(rows)
         stacked, forced = stacked_keys(keys)
         if stacked is None:
-            return self.ids[:, 0]
+            return self.forced_to_top(None, forced)
         noise = mx.vmap(lambda key: mx.random.gumbel(shape=(1, self.vocab), key=key))(stacked)
         return self.forced_to_top(self._gumbel_max(noise.reshape(self.rows, self.vocab)), forced)
 
