@@ -6,8 +6,8 @@ Each arm builds the graph (`build`: Python), hands it to MLX (`mx.async_eval`: o
 encodes every kernel launch here; on the CPU part of the graph already runs) and waits for it
 (`wait`), per tick, median over `--ticks` after 20. Arms:
 - `greedy`: one argmax over the rows;
-- `served`: the tick's path, the chain uncompiled (the default);
-- `compiled`: the same with `MLXCEL_COMPILED_SAMPLING=1` (app/sampling/draws.py);
+- `served`: the tick's path, the chain uncompiled (the CPU's default);
+- `compiled`: the same compiled (`MLXCEL_COMPILED_SAMPLING=1`, CUDA's default: app/sampling/draws.py);
 - `stacked`: compiled, and the rows' logits handed over already stacked: what the concatenation
   of the rows' logits costs, which the tick still pays.
 The served arms' tokens are compared with `served`'s, tick by tick: they must be equal.

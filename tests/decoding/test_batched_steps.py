@@ -16,8 +16,9 @@ from app.execution import forward as forward_module
 from app.execution.steps import TickResult, run_together
 from app.loading.paths import REPO_ROOT
 from app.profiles.schema import DrafterSettings, Settings
-from app.sampling import SamplerPipeline, SamplingParams
+from app.sampling import SamplingParams
 from app.sampling.distribution import STACKED_DRAWS
+from app.sampling.draws import Sample
 from tests.support.batched import Arrival, run_batched, run_rows
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -147,7 +148,7 @@ def test_a_tick_builds_as_many_sampler_passes_with_sixteen_rows_as_with_one(
     """Seeded T = 0.7 rows of one sampler share one pass of the chain per phase (app/sampling/draws.py:
     the target's p of every row, each draft step's q of every row), not one pass per row: on a GPU
     each pass is dozens of launches (top-k's partition, the ordering, softmax, top-p, the draw)."""
-    passes = [(SamplerPipeline, "distribution")]
+    passes = [(Sample, "drawn")]  # one pass of the chain, compiled (CUDA) or not: its trace runs once
     with pytest.MonkeyPatch.context() as switch:
         switch.setenv(STACKED_DRAWS, "1")  # stacked on Metal too, where they are served only switched on
         one, sixteen = (calls_in_a_tick(waiting_builders[kind], WARM, rows, passes, monkeypatch) for rows in (1, 16))

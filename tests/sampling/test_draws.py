@@ -107,7 +107,7 @@ def test_plain_rows_split_their_streams_together_and_draw_their_lone_tokens(mate
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=range(len(SETTINGS)))
 def test_a_compiled_chain_draws_the_uncompiled_bits(monkeypatch, settings: dict) -> None:
-    """`compiled_sampling` (opt-in) changes no bit: a tick's rows of one kind, with a
+    """`compiled_sampling` (CUDA's default) changes no bit: a tick's rows of one kind, with a
     forced row among them and without keys, give the tokens, candidates and probabilities of the
     uncompiled chain (run on the device to hold its kernels)."""
     requests = [
