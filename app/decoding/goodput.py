@@ -25,17 +25,26 @@ acceptance an accepted probe would leave it (`Acceptance.hopeful`) would not get
 (the tick's costs hold it there, or its rate rests on too many positions for one probe to move
 it) probes only every `PROBE_MAX` ticks: probes then cost more than they can tell. A probe
 due after a gap of `PROBE_FIRST` or more waits for the next tick that is a multiple of
-`PROBE_FIRST`, so the held rows probe together: on the other ticks every held row's plain step is
-queued a tick ahead (`WidthOffer.then_plain`), and a tick's forwards overlap the host only when
-all of them were queued. Every
-`SURVEY_EVERY`-th tick runs the load-free rows at half their widths, the next such tick at their
-own widths and the one after at width 0, so every record keeps seeing more than one width (a fit
-needs two) and the widths not chosen lately are timed afresh (a cost measured while another
-process held the cores must not keep them out for good). The plain survey matters most: while
-every row drafts, every row also verifies, so the host's fit cannot tell a row's own work from
-its verifying and charges a plain tick for both (on the CPU, 8 rows of the embedded pair: a
-plain tick priced at 32 ms that took 15 to 21, so drafting at 0.84x target-only's throughput
-looked like a gain). None is logged: the width in force has not moved.
+`PROBE_FIRST`, so the held rows probe together. Every `SURVEY_EVERY` ticks a survey runs the
+load-free rows at width 0, the next at half their chosen widths and the one after at their own,
+so every record keeps seeing more than one width (a fit needs two) and the widths not chosen
+lately are timed afresh (a cost measured while another process held the cores must not keep them
+out for good). The plain survey matters most, and comes first: while every row drafts, every row
+also verifies, so the host's fit cannot tell a row's own work from its verifying and charges a
+plain tick for both (on the CPU, 8 rows of the embedded pair: a plain tick priced at 32 ms that
+took 15 to 21, so drafting at 0.84x target-only's throughput looked like a gain).
+
+Probes and surveys are paid from an exploration budget: `EXPLORATION_SHARE` of every tick's
+seconds, kept up to `EXPLORATION_BANK` ticks' worth. A tick explores only where the budget
+covers what its probes or survey lose against the choice (the seconds past what their expected
+tokens take at the choice's rate), or where the budget is full; a
+survey that has to wait goes before any probe. So where drafting cannot pay (on a GPU, the
+embedded pair's draft model costs about what its target does), probing and surveying cost at
+most that share of the time, whatever the rows and however dear a probe tick is. The
+next tick's exploration is decided a tick ahead, so that on every other tick each held row's
+plain step is queued a tick ahead (`WidthOffer.then_plain`): a tick's forwards overlap the host
+only when all of them were queued. Probes and surveys log nothing: the width in force has not
+moved.
 """
 
 from __future__ import annotations
@@ -55,7 +64,9 @@ LEAVE_GAIN = 1.05  # and the rows' own widths by 5 %: a model's small gain is wi
 PROBE_FIRST = 4  # ticks at width 0 before a row's first probe round
 PROBE_MAX = 16  # the longest gap between two probe rounds of a row
 SURVEY_EVERY = 16  # ticks between two that run the load-free rows at half, then at their own widths, then at 0
-SURVEYS = 3  # the survey widths in turn: half the chosen, the rows' own, none
+SURVEYS = 3  # the survey widths in turn: none, half the chosen, the rows' own
+EXPLORATION_SHARE = 0.04  # probes and surveys may cost at most this share of the ticks' seconds
+EXPLORATION_BANK = 64  # ticks of that share the budget keeps (and starts with)
 
 
 @dataclass(frozen=True)
@@ -90,19 +101,22 @@ class Hold:
     since_probe: int = 0  # ticks at width 0 since the last probe round (or since it was held there)
     probe_at: int | None = None  # the row's verified rounds when its last probe was offered (None: no probe out)
 
-    def probe(self, tick: int, promising: bool, acceptance: Acceptance) -> bool:
+    def probe(self, tick: int, promising: bool, acceptance: Acceptance, exploring: bool) -> bool:
         """Whether `tick` is a probe round for the row held at width 0 (one draft, verified);
-        `promising`: a good probe could get the row drafting again (module docstring)."""
+        `promising`: a good probe could get the row drafting again; `exploring`: the tick may
+        explore (`Goodput`'s exploration budget), else a due probe waits (module docstring)."""
         self.since_probe += 1
-        probing = self.due(tick, self.since_probe, PROBE_MAX if not promising else self.probe_gap)
+        probing = exploring and self.due(tick, self.since_probe, self.gap(promising))
         if probing:
             self.since_probe, self.probe_at = 0, acceptance.rounds
         return probing
 
-    def plain_next(self, tick: int) -> bool:
-        """Whether no probe can be due at `tick` + 1, promising or not (a probe's gap is at most
-        `PROBE_MAX`, and a multiple of its alignment)."""
-        return not self.due(tick + 1, self.since_probe + 1, self.probe_gap)
+    def due_next(self, tick: int, promising: bool) -> bool:
+        """Whether a probe is due at `tick` + 1."""
+        return self.due(tick + 1, self.since_probe + 1, self.gap(promising))
+
+    def gap(self, promising: bool) -> int:
+        return self.probe_gap if promising else PROBE_MAX
 
     @staticmethod
     def due(tick: int, waited: int, gap: int) -> bool:
@@ -280,6 +294,10 @@ class Goodput:
     plain_scale: float = 1.0
     drafting_scale: float = 1.0
     plain_ticks: int = 0  # ticks that calibrated `plain_scale` (rare while every row drafts)
+    _surveys: int = field(default=0, repr=False)  # surveys run (their widths turn: `SURVEYS`)
+    _surveyed_at: int = field(default=0, repr=False)  # the tick of the latest survey
+    _bank: float | None = field(default=None, repr=False)  # the exploration budget, seconds (None: full)
+    _exploring: bool = field(default=False, repr=False)  # the next tick explores (announced: `then_plain`)
     _fitted: dict[int, TickPrices | None] = field(default_factory=dict, repr=False)  # by rows' bit length
     _expected: tuple[float, float] | None = field(default=None, repr=False)  # the latest tick's (plain, drafting)
     # what the choice keeps of each row (held width, probes), for as long as the row lives
@@ -342,33 +360,62 @@ class Goodput:
             if held != hold.held_at:
                 changes[i] = WidthChange(len(rows), held, hold.held_at, round(gain, 4), prices.summary())
                 hold.held_at = held
-        applied = list(best)
         seconds, tokens = tick.seconds(best), tick.tokens(best)
+        promising = {i: _promising(tick, best, i, seconds, tokens, rows[i].acceptance) for i in free if best[i] == 0}
+        exploring, self._exploring = self._exploring, False  # announced by the tick before
+        surveying = exploring and self._survey_due(self.ticks)
+        applied = self._surveyed(best, wanted, free) if surveying else list(best)
+        if surveying:
+            self._surveys, self._surveyed_at = self._surveys + 1, self.ticks
         for i in free:
-            if self.ticks % SURVEY_EVERY == 0:
-                applied[i] = (best[i] // 2, wanted[i], 0)[(self.ticks // SURVEY_EVERY - 1) % SURVEYS]
-            elif best[i] == 0 and holds[i].probe(
-                self.ticks, _promising(tick, best, i, seconds, tokens, rows[i].acceptance), rows[i].acceptance
-            ):
+            if surveying:
+                continue
+            if best[i] == 0 and holds[i].probe(self.ticks, promising[i], rows[i].acceptance, exploring):
                 applied[i] = 1
             elif best[i]:
                 holds[i].drafting()
+        rate = tokens / seconds if seconds > 0 else 0.0
+        ceiling = EXPLORATION_BANK * EXPLORATION_SHARE * seconds
+        banked = ceiling if self._bank is None else self._bank
+        self._bank = min(banked + EXPLORATION_SHARE * seconds, ceiling) - _loss(tick, applied, rate)
+        upcoming = self._upcoming(best, wanted, free, holds, promising)
+        # affordable, or the budget is full: one exploration dearer than the whole budget runs
+        # then, and the budget's debt holds the next back until the share has paid for it
+        self._exploring = upcoming is not None and self._bank >= min(_loss(tick, upcoming, rate), ceiling)
         self._expected = (tick.fixed, tick.seconds(applied) - tick.fixed)
         plain = tick.fixed / (len(rows) + positions)  # each row's share of the tick with no row drafting
         offers = tuple(
             WidthOffer(
                 applied[i] if i in free else None,
                 partial(_share, tick, applied, i, plain),
-                then_plain=i in free and applied[i] == 0 and self._plain_next(holds[i]),
+                # queued a tick ahead unless the next tick explores (then its probes and survey
+                # decide the row's width; the row's own release from the hold waits one tick)
+                then_plain=i in free and applied[i] == 0 and not self._exploring,
             )
             for i in range(len(rows))
         )
         return WidthChoice(offers, changes)
 
-    def _plain_next(self, hold: Hold) -> bool:
-        """Whether a row held at 0 this tick stays there next tick as far as the choice can tell:
-        no survey tick and no probe round due."""
-        return (self.ticks + 1) % SURVEY_EVERY != 0 and hold.plain_next(self.ticks)
+    def _survey_due(self, tick: int) -> bool:
+        return tick - self._surveyed_at >= SURVEY_EVERY
+
+    def _surveyed(self, best: list[int], wanted: list[int], free: list[int]) -> list[int]:
+        """The survey's widths of the free rows: none, half the chosen, the rows' own, in turn."""
+        surveyed = list(best)
+        for i in free:
+            surveyed[i] = (0, best[i] // 2, wanted[i])[self._surveys % SURVEYS]
+        return surveyed
+
+    def _upcoming(
+        self, best: list[int], wanted: list[int], free: list[int], holds: list[Hold], promising: dict[int, bool]
+    ) -> list[int] | None:
+        """The widths the next tick would explore at, at this tick's choice: the survey, once due
+        (before any probe: a survey the budget cannot pay yet waits for it, probes with it), or
+        the probes then due; None: nothing would be explored."""
+        if self._survey_due(self.ticks + 1):
+            return self._surveyed(best, wanted, free)
+        due = [i for i in promising if holds[i].due_next(self.ticks, promising[i])]
+        return [1 if i in due else w for i, w in enumerate(best)] if due else None
 
     def held_at(self, row: WidthPolicy) -> int | None:
         """The width the choice holds `row` at (None: its own)."""
@@ -455,6 +502,14 @@ def _best(tick: Tick, wanted: list[int], free: list[int]) -> list[int]:
             if achieved > best_rate:
                 best, best_rate = list(candidate), achieved
     return best
+
+
+def _loss(tick: Tick, widths: list[int], rate: float) -> float:
+    """The seconds a tick at `widths` loses against the choice's `rate`: what its seconds exceed
+    the time its expected tokens take at that rate (0 at the choice, and where no row drafts)."""
+    if not any(widths) or rate <= 0:
+        return 0.0
+    return max(0.0, tick.seconds(widths) - tick.tokens(widths) / rate)
 
 
 def _promising(
