@@ -299,7 +299,8 @@ class Goodput:
     _bank: float | None = field(default=None, repr=False)  # the exploration budget, seconds (None: full)
     _exploring: bool = field(default=False, repr=False)  # the next tick explores (announced: `then_plain`)
     _fitted: dict[int, TickPrices | None] = field(default_factory=dict, repr=False)  # by rows' bit length
-    _expected: tuple[float, float] | None = field(default=None, repr=False)  # the latest tick's (plain, drafting)
+    _priced: tuple[Tick, list[int]] | None = field(default=None, repr=False)  # the latest tick, its widths
+    _ran_plain: bool = field(default=False, repr=False)  # the tick measured last ran with no row drafting
     # what the choice keeps of each row (held width, probes), for as long as the row lives
     _holds: weakref.WeakKeyDictionary[WidthPolicy, Hold] = field(default_factory=weakref.WeakKeyDictionary, repr=False)
 
@@ -382,7 +383,7 @@ class Goodput:
         # affordable, or the budget is full: one exploration dearer than the whole budget runs
         # then, and the budget's debt holds the next back until the share has paid for it
         self._exploring = upcoming is not None and self._bank >= min(_loss(tick, upcoming, rate), ceiling)
-        self._expected = (tick.fixed, tick.seconds(applied) - tick.fixed)
+        self._priced = (tick, applied)
         plain = tick.fixed / (len(rows) + positions)  # each row's share of the tick with no row drafting
         offers = tuple(
             WidthOffer(
@@ -430,17 +431,36 @@ class Goodput:
         hold.settle(row.acceptance)
         return hold
 
-    def measured(self, seconds: float) -> float | None:
-        """The tick just chosen took `seconds` in all: the scales move toward what it says (a tick
-        with no drafting calibrates the plain part, one with drafting what the drafting added),
-        so what the parts' fits leave out is weighed all the same. The seconds the choice
-        predicted for it (None: it priced no tick)."""
-        if self._expected is None:
+    def expected(self, ran: Sequence[int] | None = None) -> tuple[float, float] | None:
+        """The latest tick's predicted seconds with no row drafting and what the drafting adds, at
+        the widths its rows `ran` at (None: as chosen); None: it priced no tick."""
+        if self._priced is None:
             return None
-        plain, drafting = self._expected
-        self._expected = None
-        if drafting <= PLAIN_TICK * plain:
-            # Plain ticks may come one in SURVEYS * SURVEY_EVERY while rows draft: their first few
+        tick, applied = self._priced
+        widths = applied if ran is None else list(ran)
+        return tick.fixed, tick.seconds(widths) - tick.fixed
+
+    def measured(self, seconds: float, ran: Sequence[int] | None = None) -> float | None:
+        """The tick just chosen took `seconds` in all, its rows at the widths they `ran` at (None:
+        as chosen; a row whose plain step was queued a tick ahead runs it whatever the offer):
+        the scales move toward what it says (a plain tick calibrates the plain part, one with
+        drafting what the drafting added), so what the parts' fits leave out is weighed all the
+        same. The seconds the choice predicted for it at those widths (None: it priced no tick)."""
+        expected = self.expected(ran)
+        if expected is None:
+            return None
+        plain, drafting = expected
+        drafted = any(self._priced[1] if ran is None else ran)
+        self._priced = None
+        queued, self._ran_plain = self._ran_plain, not drafted
+        if not drafted:
+            # Width 0's price is a plain tick's whose forwards were queued a tick ahead, as they
+            # are while rows stay plain: the first plain tick after drafting ran its forwards
+            # there and then (on the CPU, 8 rows of the embedded pair: 32 ms against 16), so only a plain tick after
+            # a plain tick calibrates it.
+            if not queued:
+                return plain
+            # Plain ticks may come two in SURVEYS * SURVEY_EVERY while rows draft: their first few
             # weigh as a running mean's, or the price of width 0 would trail the truth for hundreds
             # of ticks (and what drafting is weighed against with it).
             self.plain_ticks += 1
@@ -462,7 +482,6 @@ def _rescaled(scale: float, ratio: float, weight: float) -> float:
 
 NO_HOST = Plane(0.0, (0.0, 0.0, 0.0, 0.0))
 NO_PASS = Plane(0.0, (0.0, 0.0))  # prompt lookup's: nothing forwarded
-PLAIN_TICK = 0.02  # a tick whose drafting adds less than this share is a plain tick for the calibration
 CALIBRATION = 0.05  # weight of one tick in the scales
 SCALE_STEP = 2.0  # one tick moves a scale toward at most twice (or half) itself
 SCALE_RANGE = (0.25, 4.0)

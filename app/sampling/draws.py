@@ -102,7 +102,7 @@ def _keys(samples: list[Sample]) -> Sequence[mx.array | None] | mx.array:
     return [key for s in samples for key in (s.keys if s.stream is None else (fresh[next(taken)],))]
 
 
-COMPILED_SAMPLING = "MLXCEL_COMPILED_SAMPLING"  # set: compiled chains on or off whatever the device (`compiled_sampling`)
+COMPILED_SAMPLING = "MLXCEL_COMPILED_SAMPLING"  # set: compiled chains on or off, any device (`compiled_sampling`)
 COMPILED_KINDS = 64  # the compiled chains kept, the most recently used: kinds come from requests
 
 
