@@ -282,6 +282,26 @@ class Tick:
 
 
 @dataclass
+class ExplorationBudget:
+    """What probes and surveys may still cost, in seconds: `EXPLORATION_SHARE` of every tick's
+    seconds, kept up to `EXPLORATION_BANK` ticks' worth (where it starts: a fresh server explores
+    at once); an exploration dearer than the whole budget runs when the budget is full, and the
+    debt it leaves holds the next back until the share has paid for it."""
+
+    seconds: float | None = None  # None: full
+    ceiling: float = 0.0
+
+    def spend(self, tick_seconds: float, loss: float) -> None:
+        """A tick of `tick_seconds` whose exploration lost `loss` seconds (0: none explored)."""
+        self.ceiling = EXPLORATION_BANK * EXPLORATION_SHARE * tick_seconds
+        banked = self.ceiling if self.seconds is None else self.seconds
+        self.seconds = min(banked + EXPLORATION_SHARE * tick_seconds, self.ceiling) - loss
+
+    def affords(self, loss: float) -> bool:
+        return self.seconds is None or self.seconds >= min(loss, self.ceiling)
+
+
+@dataclass
 class Goodput:
     """Before each tick: every load-free row's width that maximises the tick's expected tokens per
     second, at the measured costs of the tick's parts (`TickPrices`); see the module docstring."""
@@ -296,7 +316,7 @@ class Goodput:
     plain_ticks: int = 0  # ticks that calibrated `plain_scale` (rare while every row drafts)
     _surveys: int = field(default=0, repr=False)  # surveys run (their widths turn: `SURVEYS`)
     _surveyed_at: int = field(default=0, repr=False)  # the tick of the latest survey
-    _bank: float | None = field(default=None, repr=False)  # the exploration budget, seconds (None: full)
+    _budget: ExplorationBudget = field(default_factory=ExplorationBudget, repr=False)  # probes and surveys
     _exploring: bool = field(default=False, repr=False)  # the next tick explores (announced: `then_plain`)
     _fitted: dict[int, TickPrices | None] = field(default_factory=dict, repr=False)  # by rows' bit length
     _priced: tuple[Tick, list[int]] | None = field(default=None, repr=False)  # the latest tick, its widths
@@ -376,13 +396,9 @@ class Goodput:
             elif best[i]:
                 holds[i].drafting()
         rate = tokens / seconds if seconds > 0 else 0.0
-        ceiling = EXPLORATION_BANK * EXPLORATION_SHARE * seconds
-        banked = ceiling if self._bank is None else self._bank
-        self._bank = min(banked + EXPLORATION_SHARE * seconds, ceiling) - _loss(tick, applied, best, rate)
+        self._budget.spend(seconds, _loss(tick, applied, best, rate))
         upcoming = self._upcoming(best, wanted, free, holds, promising)
-        # affordable, or the budget is full: one exploration dearer than the whole budget runs
-        # then, and the budget's debt holds the next back until the share has paid for it
-        self._exploring = upcoming is not None and self._bank >= min(_loss(tick, upcoming, best, rate), ceiling)
+        self._exploring = upcoming is not None and self._budget.affords(_loss(tick, upcoming, best, rate))
         self._priced = (tick, applied)
         plain = tick.fixed / (len(rows) + positions)  # each row's share of the tick with no row drafting
         offers = tuple(
@@ -446,18 +462,18 @@ class Goodput:
         the scales move toward what it says (a plain tick calibrates the plain part, one with
         drafting what the drafting added), so what the parts' fits leave out is weighed all the
         same. The seconds the choice predicted for it at those widths (None: it priced no tick)."""
-        expected = self.expected(ran)
-        if expected is None:
+        if self._priced is None:
             return None
-        plain, drafting = expected
-        drafted = any(self._priced[1] if ran is None else ran)
+        widths = self._priced[1] if ran is None else list(ran)
+        plain, drafting = self.expected(widths)
+        drafted = any(widths)
         self._priced = None
         queued, self._ran_plain = self._ran_plain, not drafted
         if not drafted:
             # Width 0's price is a plain tick's whose forwards were queued a tick ahead, as they
             # are while rows stay plain: the first plain tick after drafting ran its forwards
-            # there and then (on the CPU, 8 rows of the embedded pair: 32 ms against 16), so only a plain tick after
-            # a plain tick calibrates it.
+            # there and then (on the CPU, 8 rows of the embedded pair: 32 ms against 16), so
+            # only a plain tick after a plain tick calibrates it.
             if not queued:
                 return plain
             # Plain ticks may come two in SURVEYS * SURVEY_EVERY while rows draft: their first few
