@@ -69,6 +69,7 @@ SURVEY_EVERY = 16  # ticks between two that run the load-free rows at half, then
 SURVEYS = 3  # the survey widths in turn: none, half the chosen, the rows' own
 EXPLORATION_SHARE = 0.04  # probes and surveys may cost at most this share of the ticks' seconds
 EXPLORATION_BANK = 64  # ticks of that share the budget keeps (and starts with)
+SURVEY, PROBES = "survey", "probes"  # what a tick explores (`Goodput._upcoming`)
 
 
 @dataclass(frozen=True)
@@ -326,10 +327,9 @@ class Goodput:
     _surveys: int = field(default=0, repr=False)  # surveys run (their widths turn: `SURVEYS`)
     _surveyed_at: int = field(default=0, repr=False)  # the tick of the latest survey
     _budget: ExplorationBudget = field(default_factory=ExplorationBudget, repr=False)  # probes and surveys
-    _exploring: bool = field(default=False, repr=False)  # the next tick explores (announced: `then_plain`)
+    _exploring: str | None = field(default=None, repr=False)  # what the next tick explores (`_upcoming`)
     _fitted: dict[int, TickPrices | None] = field(default_factory=dict, repr=False)  # by rows' bit length
-    _priced: tuple[Tick, list[int]] | None = field(default=None, repr=False)  # the latest tick, its widths
-    _ran_plain: bool = field(default=False, repr=False)  # the tick measured last ran with no row drafting
+    _expected: tuple[float, float] | None = field(default=None, repr=False)  # the latest tick's (plain, drafting)
     _kinds: dict[bool, float] = field(default_factory=dict, repr=False)  # by sampled: rows' mean acceptance
     # what the choice keeps of each row (held width, probes), for as long as the row lives
     _holds: weakref.WeakKeyDictionary[WidthPolicy, Hold] = field(default_factory=weakref.WeakKeyDictionary, repr=False)
@@ -399,23 +399,22 @@ class Goodput:
                 hold.held_at = held
         seconds, tokens = tick.seconds(best), tick.tokens(best)
         promising = {i: _promising(tick, best, i, seconds, tokens, rows[i].acceptance) for i in free if best[i] == 0}
-        exploring, self._exploring = self._exploring, False  # announced by the tick before
-        surveying = exploring and self._survey_due(self.ticks)
+        exploring, self._exploring = self._exploring, None  # announced by the tick before
+        surveying = exploring == SURVEY and self._survey_due(self.ticks)
         applied = self._surveyed(best, wanted, free) if surveying else list(best)
         if surveying:
             self._surveys, self._surveyed_at = self._surveys + 1, self.ticks
         for i in free:
             if surveying:
                 continue
-            if best[i] == 0 and holds[i].probe(self.ticks, promising[i], rows[i].acceptance, exploring):
+            if best[i] == 0 and holds[i].probe(self.ticks, promising[i], rows[i].acceptance, exploring is not None):
                 applied[i] = 1
             elif best[i]:
                 holds[i].drafting()
         rate = tokens / seconds if seconds > 0 else 0.0
         self._budget.spend(seconds, _loss(tick, applied, best, rate))
-        upcoming = self._upcoming(best, wanted, free, holds, promising)
-        self._exploring = upcoming is not None and self._budget.affords(_loss(tick, upcoming, best, rate))
-        self._priced = (tick, applied)
+        self._exploring = self._upcoming(tick, best, wanted, free, holds, promising, rate)
+        self._expected = (tick.fixed, tick.seconds(applied) - tick.fixed)
         plain = tick.fixed / (len(rows) + positions)  # each row's share of the tick with no row drafting
         offers = tuple(
             WidthOffer(
@@ -423,7 +422,7 @@ class Goodput:
                 partial(_share, tick, applied, i, plain),
                 # queued a tick ahead unless the next tick explores (then its probes and survey
                 # decide the row's width; the row's own release from the hold waits one tick)
-                then_plain=i in free and applied[i] == 0 and not self._exploring,
+                then_plain=i in free and applied[i] == 0 and self._exploring is None,
             )
             for i in range(len(rows))
         )
@@ -453,15 +452,29 @@ class Goodput:
         return surveyed
 
     def _upcoming(
-        self, best: list[int], wanted: list[int], free: list[int], holds: list[Hold], promising: dict[int, bool]
-    ) -> list[int] | None:
-        """The widths the next tick would explore at, at this tick's choice: the survey, once due
-        (before any probe: a survey the budget cannot pay yet waits for it, probes with it), or
-        the probes then due; None: nothing would be explored."""
-        if self._survey_due(self.ticks + 1):
-            return self._surveyed(best, wanted, free)
+        self,
+        tick: Tick,
+        best: list[int],
+        wanted: list[int],
+        free: list[int],
+        holds: list[Hold],
+        promising: dict[int, bool],
+        rate: float,
+    ) -> str | None:
+        """What the next tick explores, at this tick's choice (`SURVEY`, `PROBES` or None):
+        the survey once due, where the budget pays for it; else the probes then due, where the
+        budget pays for them (not while a survey waits for it) or one of them is promising (an
+        accepted probe would get its row drafting again: worth its price, and charged all the
+        same). Decided a tick ahead: held rows queue their plain steps where nothing is explored."""
+        survey_waits = self._survey_due(self.ticks + 1)
+        if survey_waits and self._budget.affords(_loss(tick, self._surveyed(best, wanted, free), best, rate)):
+            return SURVEY
         due = [i for i in promising if holds[i].due_next(self.ticks, promising[i])]
-        return [1 if i in due else w for i, w in enumerate(best)] if due else None
+        if not due:
+            return None
+        probed = [1 if i in due else w for i, w in enumerate(best)]
+        paid = not survey_waits and self._budget.affords(_loss(tick, probed, best, rate))
+        return PROBES if paid or any(promising[i] for i in due) else None
 
     def held_at(self, row: WidthPolicy) -> int | None:
         """The width the choice holds `row` at (None: its own)."""
@@ -476,35 +489,16 @@ class Goodput:
         hold.settle(row.acceptance)
         return hold
 
-    def expected(self, ran: Sequence[int] | None = None) -> tuple[float, float] | None:
-        """The latest tick's predicted seconds with no row drafting and what the drafting adds, at
-        the widths its rows `ran` at (None: as chosen); None: it priced no tick."""
-        if self._priced is None:
+    def measured(self, seconds: float) -> float | None:
+        """The tick just chosen took `seconds` in all: the scales move toward what it says (a tick
+        with no drafting calibrates the plain part, one with drafting what the drafting added),
+        so what the parts' fits leave out is weighed all the same. The seconds the choice
+        predicted for it (None: it priced no tick)."""
+        if self._expected is None:
             return None
-        tick, applied = self._priced
-        widths = applied if ran is None else list(ran)
-        return tick.fixed, tick.seconds(widths) - tick.fixed
-
-    def measured(self, seconds: float, ran: Sequence[int] | None = None) -> float | None:
-        """The tick just chosen took `seconds` in all, its rows at the widths they `ran` at (None:
-        as chosen; a row whose plain step was queued a tick ahead runs it whatever the offer):
-        the scales move toward what it says (a plain tick calibrates the plain part, one with
-        drafting what the drafting added), so what the parts' fits leave out is weighed all the
-        same. The seconds the choice predicted for it at those widths (None: it priced no tick)."""
-        if self._priced is None:
-            return None
-        widths = self._priced[1] if ran is None else list(ran)
-        plain, drafting = self.expected(widths)
-        drafted = any(widths)
-        self._priced = None
-        queued, self._ran_plain = self._ran_plain, not drafted
-        if not drafted:
-            # Width 0's price is a plain tick's whose forwards were queued a tick ahead, as they
-            # are while rows stay plain: the first plain tick after drafting ran its forwards
-            # there and then (on the CPU, 8 rows of the embedded pair: 32 ms against 16), so
-            # only a plain tick after a plain tick calibrates it.
-            if not queued:
-                return plain
+        plain, drafting = self._expected
+        self._expected = None
+        if drafting <= PLAIN_TICK * plain:
             # Plain ticks may come two in SURVEYS * SURVEY_EVERY while rows draft: their first few
             # weigh as a running mean's, or the price of width 0 would trail the truth for hundreds
             # of ticks (and what drafting is weighed against with it).
@@ -527,6 +521,7 @@ def _rescaled(scale: float, ratio: float, weight: float) -> float:
 
 NO_HOST = Plane(0.0, (0.0, 0.0, 0.0, 0.0))
 NO_PASS = Plane(0.0, (0.0, 0.0))  # prompt lookup's: nothing forwarded
+PLAIN_TICK = 0.02  # a tick whose drafting adds less than this share is a plain tick for the calibration
 CALIBRATION = 0.05  # weight of one tick in the scales
 SCALE_STEP = 2.0  # one tick moves a scale toward at most twice (or half) itself
 SCALE_RANGE = (0.25, 4.0)
