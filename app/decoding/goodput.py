@@ -40,7 +40,9 @@ Probes and surveys are paid from an exploration budget: `EXPLORATION_SHARE` of e
 seconds, kept up to `EXPLORATION_BANK` ticks' worth. A tick explores only where the budget
 covers what its probes or survey lose against the choice (the seconds past what their expected
 tokens take at the choice's rate), or where the budget is full; a
-survey that has to wait goes before any probe. So where drafting cannot pay (on a GPU, the
+survey that has to wait for it goes before any probe the budget pays for, and a promising probe
+(an accepted one would get its row drafting again) runs when due whatever the budget, charged
+all the same. So where drafting cannot pay (on a GPU, the
 embedded pair's draft model costs about what its target does), probing and surveying cost at
 most that share of the time, whatever the rows and however dear a probe tick is. The
 next tick's exploration is decided a tick ahead, so that on every other tick each held row's
