@@ -36,19 +36,18 @@ also verifies, so the host's fit cannot tell a row's own work from its verifying
 plain tick for both (on the CPU, 8 rows of the embedded pair: a plain tick priced at 32 ms that
 took 15 to 21, so drafting at 0.84x target-only's throughput looked like a gain).
 
-Probes and surveys are paid from an exploration budget: `EXPLORATION_SHARE` of every tick's
-seconds, kept up to `EXPLORATION_BANK` ticks' worth. A tick explores only where the budget
-covers what its probes or survey lose against the choice (the seconds past what their expected
-tokens take at the choice's rate), or where the budget is full; a
-survey that has to wait for it goes before any probe the budget pays for, and a promising probe
-(an accepted one would get its row drafting again) runs when due whatever the budget, charged
-all the same. So where drafting cannot pay (on a GPU, the
-embedded pair's draft model costs about what its target does), probing and surveying cost at
-most that share of the time, whatever the rows and however dear a probe tick is. The
-next tick's exploration is decided a tick ahead, so that on every other tick each held row's
-plain step is queued a tick ahead (`WidthOffer.then_plain`): a tick's forwards overlap the host
-only when all of them were queued. Probes and surveys log nothing: the width in force has not
-moved.
+Probes and surveys are paid from an exploration budget (`ExplorationBudget`): `EXPLORATION_SHARE`
+of every tick's seconds, kept up to `EXPLORATION_BANK` ticks' worth. A tick explores where the
+budget covers what its probes or survey lose against the choice (the seconds past what their
+expected tokens take at the choice's rate, and the next tick's forfeited queue where the choice
+drafts nowhere), or where the budget is full; a survey that has to wait for it goes before any
+probe the budget pays for, and a promising probe (an accepted one would get its row drafting
+again) runs when due whatever the budget, charged all the same. So where drafting cannot pay (on
+a GPU, the embedded pair's draft model costs about what its target does), probing and surveying
+cost about that share of the time, whatever the rows and however dear a probe tick is. The next
+tick's exploration is decided a tick ahead, so that on every other tick each held row's plain
+step is queued a tick ahead (`WidthOffer.then_plain`): a tick's forwards overlap the host only
+when all of them were queued. Probes and surveys log nothing: the width in force has not moved.
 """
 
 from __future__ import annotations
