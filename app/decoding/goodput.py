@@ -2,9 +2,7 @@
 
 Every load-free row's width (0 included: the row decodes plainly this tick; which rows are
 load-free: app/decoding/width.py) is chosen to maximise the tick's expected tokens per second:
-each row's expected round length at its width, from its own acceptance (a row that has verified
-no round yet: its kind's, greedy or sampled, where rows of its kind have shown one; else it runs
-its own width once), against what the whole
+each row's expected round length at its width, from its own acceptance, against what the whole
 tick costs at those widths, measured (app/execution/cost.py): the target's forward at the
 positions the widths make, the drafter's passes (a draft model's or an MTP head's chain, one pass
 per draft position over the rows drafting that far; a DFlash-family block forward; prompt
@@ -218,17 +216,10 @@ class Tick:
     scale the tick with no row drafting and what the drafting adds (`Goodput.measured`)."""
 
     def __init__(
-        self,
-        prices: TickPrices,
-        rows: Sequence[WidthPolicy],
-        others: int,
-        plain: float = 1.0,
-        drafting: float = 1.0,
-        alphas: Sequence[float] | None = None,
+        self, prices: TickPrices, rows: Sequence[WidthPolicy], others: int, plain: float = 1.0, drafting: float = 1.0
     ) -> None:
         self.prices, self.rows, self.others, self.drafting = prices, rows, others, drafting
-        # each row's acceptance (`alphas`: as the choice reads it; None: the rows' own)
-        self.alphas = [min(a, MAX_ACCEPTANCE) for a in (alphas or [row.alpha for row in rows])]
+        self.alphas = [min(row.alpha, MAX_ACCEPTANCE) for row in rows]
         self.expected = [
             [expected_tokens(a, w) for w in range(row.n_max + 1)] for a, row in zip(self.alphas, rows, strict=True)
         ]
@@ -331,7 +322,6 @@ class Goodput:
     _exploring: str | None = field(default=None, repr=False)  # what the next tick explores (`_upcoming`)
     _fitted: dict[int, TickPrices | None] = field(default_factory=dict, repr=False)  # by rows' bit length
     _expected: tuple[float, float] | None = field(default=None, repr=False)  # the latest tick's (plain, drafting)
-    _kinds: dict[bool, float] = field(default_factory=dict, repr=False)  # by sampled: rows' mean acceptance
     # what the choice keeps of each row (held width, probes), for as long as the row lives
     _holds: weakref.WeakKeyDictionary[WidthPolicy, Hold] = field(default_factory=weakref.WeakKeyDictionary, repr=False)
 
@@ -374,16 +364,10 @@ class Goodput:
         prices = self.prices(rows) if rows else None
         if prices is None:
             return WidthChoice((OWN_WIDTH,) * len(rows))
-        self._learn_kinds(rows)
-        alphas = [self._alpha(row) for row in rows]
-        read = [row.alpha if alpha is None else alpha for alpha, row in zip(alphas, rows, strict=True)]
-        tick = Tick(prices, rows, positions, self.plain_scale, self.drafting_scale, read)
+        tick = Tick(prices, rows, positions, self.plain_scale, self.drafting_scale)
         wanted = [row.wanted() for row in rows]
-        # A row's first round runs at its own width, so that its acceptance is its own, not the
-        # prior; unless rows of its kind have shown theirs: then it is chosen like theirs, at
-        # their mean (else, where drafting cannot pay, every fresh row drafts once and the tick
-        # after runs unqueued: on the CPU, 8 rows at T = 0.7, 6 % of the time).
-        free = [i for i, row in enumerate(rows) if row.load_free and wanted[i] > 0 and alphas[i] is not None]
+        # a row's first round runs at its own width: its acceptance is then its own, not the prior
+        free = [i for i, row in enumerate(rows) if row.load_free and wanted[i] > 0 and row.acceptance.rounds]
         in_force = [min(w, holds[i].held_at) if i in free and holds[i].held_at is not None else w
                     for i, w in enumerate(wanted)]  # fmt: skip
         best = _best(tick, wanted, free)
@@ -428,19 +412,6 @@ class Goodput:
             for i in range(len(rows))
         )
         return WidthChoice(offers, changes)
-
-    def _learn_kinds(self, rows: Sequence[WidthPolicy]) -> None:
-        """The mean acceptance of the rows of each kind (greedy, sampled) with verified rounds,
-        kept from the latest tick that had any: a fresh row's acceptance until it has its own."""
-        for sampled in (False, True):
-            seen = [row.alpha for row in rows if row.sampled == sampled and row.acceptance.rounds]
-            if seen:
-                self._kinds[sampled] = sum(seen) / len(seen)
-
-    def _alpha(self, row: WidthPolicy) -> float | None:
-        """A row's acceptance as the choice reads it: its own once it has verified a round, else
-        its kind's (`_learn_kinds`); None: neither yet, so the row runs its own width."""
-        return row.alpha if row.acceptance.rounds else self._kinds.get(row.sampled)
 
     def _survey_due(self, tick: int) -> bool:
         return tick - self._surveyed_at >= SURVEY_EVERY

@@ -276,19 +276,6 @@ def test_held_rows_keep_their_width_and_lone_rows_are_chosen_too() -> None:
     assert widths_after(Goodput(lambda: measured(0.001, 0.001)), [fresh]) == [None]
 
 
-def test_a_fresh_row_is_chosen_at_its_kinds_acceptance_once_its_kind_has_shown_one() -> None:
-    """A row's first round runs at its own width until rows of its kind (greedy or sampled) have
-    verified rounds; then it is chosen at their mean acceptance from its first tick: where
-    drafting cannot pay, a fresh request does not draft once (and unqueue the tick after) first."""
-    goodput = Goodput(lambda: measured(0.001, 0.001))
-    seasoned = [policy(alpha=0.05) for _ in range(4)]
-    widths_after(goodput, seasoned)
-    fresh = WidthPolicy(FixedWidth(7), n_max=7, load_free=True)
-    sampled = WidthPolicy(FixedWidth(7), n_max=7, load_free=True, sampled=True)  # no sampled row seen
-    assert widths_after(goodput, [*seasoned, fresh, sampled])[4:] == [0, None]
-    assert fresh.acceptance.rounds == 0  # read, never changed
-
-
 def test_the_widths_in_force_hold_until_others_beat_them_clearly() -> None:
     rows = [policy(alpha=0.3) for _ in range(16)]
     goodput = Goodput(lambda: measured(0.001, 0.001))
