@@ -471,7 +471,7 @@ class Goodput:
         plain, drafting = self._expected
         self._expected = None
         if drafting <= PLAIN_TICK * plain:
-            # Plain ticks may come two in SURVEYS * SURVEY_EVERY while rows draft: their first few
+            # Plain ticks may come one in SURVEYS * SURVEY_EVERY while rows draft: their first few
             # weigh as a running mean's, or the price of width 0 would trail the truth for hundreds
             # of ticks (and what drafting is weighed against with it).
             self.plain_ticks += 1

@@ -38,11 +38,11 @@ class Reporter:
         """The tick's choice moved the width it holds a row at (app/decoding/goodput.py `Goodput`)."""
         speculation_width_changed(request_id=job.request_id, **dataclasses.asdict(change))
 
-    def timed(self, rows: int, widths: list[int], clock: TickClock, predicted: float | None) -> None:
-        """A tick of decoding `rows`, its drafting rows at the `widths` they ran at, part by part,
-        and the seconds the width choice predicted for it."""
+    def timed(self, rows: list[Row], clock: TickClock, predicted: float | None) -> None:
+        """A tick of decoding rows, part by part, and the seconds the width choice predicted."""
+        widths = [row.generation.widths.current or 0 for row in rows if row.generation.widths is not None]
         tick_timed(
-            rows=rows,
+            rows=len(rows),
             drafting_rows=len(widths),
             widths=widths,
             passes=clock.passes,

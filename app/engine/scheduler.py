@@ -329,8 +329,7 @@ class Scheduler:
         started = time.perf_counter()
         result = run_together(plan.steps())
         if plan.priced:
-            ran = [row.generation.widths.current or 0 for row in plan.rows if row.generation.widths is not None]
-            self.reporter.timed(len(plan.rows), ran, result.clock, self.goodput.measured(result.seconds))
+            self.reporter.timed(list(plan.rows), result.clock, self.goodput.measured(result.seconds))
         for row, outcome in zip(plan.rows, result.outcomes, strict=True):
             self._settle(row, outcome)
         if plan.heavy:  # costly rows' own tick, while cheap rows waited: they are owed their share
